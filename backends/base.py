@@ -1,0 +1,110 @@
+"""The Backend protocol, Reason, DeviceDesc and the data-driven capability check.
+
+Nothing here imports the router or a vendor package. A backend adapter is:
+capability data (capability_db/backends/<name>.json) + ``available()`` +
+``check(problem, device)`` + ``plan(problem, batch)`` + ``run(plan, batch)``.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from capability_db.schema import BackendCaps
+    from dispatch.problem import AttentionBatch, AttentionProblem
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a backend cannot serve a problem: the field, its value, what is allowed."""
+
+    field: str
+    value: Any
+    allowed: str
+    source: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.field}={self.value!r}: allowed {self.allowed}"
+        return f"{text} [{self.source}]" if self.source else text
+
+
+class BackendRejected(Exception):
+    """Raised by ``plan`` when a vendor refuses a configuration before any launch.
+
+    The router hands the problem to the next candidate (logged once); an error
+    after a kernel launched must never be turned into this exception.
+    """
+
+    def __init__(self, backend: str, reasons: list[Reason]):
+        self.backend = backend
+        self.reasons = list(reasons)
+        super().__init__(f"{backend} rejected the problem at plan time: " + "; ".join(map(str, reasons)))
+
+
+@dataclass(frozen=True)
+class DeviceDesc:
+    """A device as the capability checks see it: never the live GPU itself."""
+
+    name: str  # "h100", "cpu", "sm_90"
+    kind: str  # "cuda" | "cpu"
+    sm: int = 0  # 90 for sm_90; 0 for CPU
+    family: str = "cpu"  # ampere | ada | hopper | blackwell | blackwell_consumer | cpu
+    fp8: bool = False
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.sm}" if self.kind == "cuda" else "cpu"
+
+
+class Backend:
+    """Base class of every adapter. Subclasses set ``name`` and implement the rest.
+
+    ``check`` is data first (the backend's capability file, evaluated by
+    ``capability_db``), then ``extra_checks`` for what data cannot express.
+    """
+
+    name: ClassVar[str] = ""
+    # Python modules whose import makes the backend available, first found wins.
+    packages: ClassVar[tuple[str, ...]] = ()
+
+    @functools.cached_property
+    def caps(self) -> "BackendCaps":
+        from capability_db import backend_caps
+
+        return backend_caps(self.name)
+
+    # -- availability -------------------------------------------------------
+    def available(self) -> Reason | None:
+        """None when usable on this machine, else the reason (cached by subclasses)."""
+        return None
+
+    def version(self) -> str | None:
+        return None
+
+    # -- capability ---------------------------------------------------------
+    def check(self, problem: "AttentionProblem", device: DeviceDesc) -> list[Reason]:
+        reasons = self.caps.check(problem, device)
+        reasons.extend(self.extra_checks(problem, device))
+        return reasons
+
+    def extra_checks(self, problem: "AttentionProblem", device: DeviceDesc) -> list[Reason]:
+        return []
+
+    # -- execution ----------------------------------------------------------
+    def plan(self, problem: "AttentionProblem", batch: "AttentionBatch") -> Any:
+        """Host-side preparation; may raise BackendRejected. Must not launch kernels
+        that write caller memory."""
+        return None
+
+    def run(self, plan: Any, batch: "AttentionBatch") -> None:
+        """Write ``batch.out`` (and ``batch.lse`` when present). Errors propagate."""
+        raise NotImplementedError(f"backend {self.name!r} cannot run yet")
+
+
+def import_reason(package: str, exc: BaseException) -> Reason:
+    """The Reason shown by ``info``/``query`` when a vendor package is missing."""
+    missing = isinstance(exc, ModuleNotFoundError)
+    allowed = f"pip install 'attn-dispatch[{package}]'" if missing else "an importable installation"
+    what = "not installed" if missing else f"import failed: {type(exc).__name__}: {exc}"
+    return Reason(field=f"package {package}", value=what, allowed=allowed)

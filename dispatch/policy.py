@@ -1,0 +1,80 @@
+"""User overrides: an explicit backend (argument > context manager > environment) and strict mode.
+
+* ``backend=`` where the seed has it ("auto" means no choice);
+* ``with dispatch.use_backend("cudnn"): ...`` (restored on exit, per thread/task);
+* ``ATTN_DISPATCH_BACKEND=native-triton``;
+* ``ATTN_DISPATCH_STRICT=1`` or ``with dispatch.strict(): ...``: any fallback is an error.
+
+An explicit choice is honoured or refused with that backend's reasons: never
+silently replaced.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from typing import Iterator, Optional
+
+from capability_db import BACKEND_NAMES
+
+ENV_BACKEND = "ATTN_DISPATCH_BACKEND"
+ENV_STRICT = "ATTN_DISPATCH_STRICT"
+
+_scoped_backend: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("attn_dispatch_backend", default=None)
+_scoped_strict: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar("attn_dispatch_strict", default=None)
+
+# FlashInfer spellings accepted where the seed has a ``backend=`` argument.
+_ALIASES = {"trtllm": "trtllm-gen", "triton": "native-triton", "native": "native-triton", "torch": "torch-flash"}
+
+
+def normalize_backend_name(name: str, argument: str = "backend") -> Optional[str]:
+    """'auto'/None -> None; a known name -> that name; anything else -> ValueError."""
+    if name is None or name == "auto":
+        return None
+    canonical = _ALIASES.get(name, name)
+    if canonical not in BACKEND_NAMES:
+        raise ValueError(f"{argument}={name!r} is not a backend; valid options are: auto, {', '.join(BACKEND_NAMES)}")
+    return canonical
+
+
+@contextlib.contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Force a backend inside the block (an explicit choice: honoured or refused)."""
+    token = _scoped_backend.set(normalize_backend_name(name, "use_backend"))
+    try:
+        yield
+    finally:
+        _scoped_backend.reset(token)
+
+
+@contextlib.contextmanager
+def strict(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, any fallback (a candidate rejected before the chosen one) is an error."""
+    token = _scoped_strict.set(enabled)
+    try:
+        yield
+    finally:
+        _scoped_strict.reset(token)
+
+
+def explicit_choice(argument: Optional[str] = None) -> Optional[tuple[str, str]]:
+    """(backend, where the choice came from), or None for automatic choice."""
+    name = normalize_backend_name(argument) if argument is not None else None
+    if name is not None:
+        return name, "backend= argument"
+    scoped = _scoped_backend.get()
+    if scoped is not None:
+        return scoped, "dispatch.use_backend()"
+    env = os.environ.get(ENV_BACKEND)
+    if env:
+        name = normalize_backend_name(env, ENV_BACKEND)
+        if name is not None:
+            return name, ENV_BACKEND
+    return None
+
+
+def strict_mode() -> bool:
+    scoped = _scoped_strict.get()
+    if scoped is not None:
+        return scoped
+    return os.environ.get(ENV_STRICT, "0") not in ("", "0", "false", "False")

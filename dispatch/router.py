@@ -1,0 +1,250 @@
+"""Candidates -> checks -> choice -> fallback; decisions cached per problem key.
+
+The hot path is ``decide`` (a dict lookup after the first call for a key) and
+``execute`` (the chosen backend's plan cache + launch). Everything that explains
+a decision (reasons, fallbacks) is recorded on the Decision for ``explain()``.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+import capability_db
+from backends import BackendRejected, DeviceDesc, Reason, get_backend
+
+from . import policy
+from .problem import AttentionBatch, AttentionProblem
+
+log = logging.getLogger("attn_dispatch")
+
+
+class BackendRefusedError(ValueError):
+    """An explicitly chosen backend cannot serve the problem (its reasons attached)."""
+
+
+class NoBackendError(RuntimeError):
+    """No candidate accepts the problem (every backend's reasons attached)."""
+
+
+@dataclass
+class Candidate:
+    backend: str
+    why: str  # why it sits at this place in the priority list
+    reasons: list[Reason]  # empty = accepted
+
+    @property
+    def accepted(self) -> bool:
+        return not self.reasons
+
+
+@dataclass
+class Decision:
+    problem: AttentionProblem
+    device: DeviceDesc
+    candidates: list[Candidate]
+    chosen: Optional[str]
+    explicit: Optional[tuple[str, str]] = None
+    strict: bool = False
+    fallbacks: list[tuple[str, list[Reason]]] = field(default_factory=list)  # plan-time rejections
+
+    def accepted(self) -> list[str]:
+        return [c.backend for c in self.candidates if c.accepted]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "problem": self.problem.describe(),
+            "device": self.device.name,
+            "chosen": self.chosen,
+            "explicit": {"backend": self.explicit[0], "from": self.explicit[1]} if self.explicit else None,
+            "strict": self.strict,
+            "candidates": [
+                {"backend": c.backend, "accepted": c.accepted, "why_here": c.why, "reasons": [str(r) for r in c.reasons]}
+                for c in self.candidates
+            ],
+            "fallbacks": [{"backend": b, "reasons": [str(r) for r in rs]} for b, rs in self.fallbacks],
+        }
+
+    def explain(self) -> str:
+        lines = [f"{self.problem.describe()}", f"device: {self.device.name} ({self.device.arch})"]
+        if self.explicit:
+            lines.append(f"explicit choice: {self.explicit[0]} (from {self.explicit[1]})")
+        for c in self.candidates:
+            mark = "CHOSEN  " if c.backend == self.chosen else ("ok      " if c.accepted else "rejected")
+            lines.append(f"  {mark} {c.backend:14s} {c.why}")
+            lines.extend(f"             - {r}" for r in c.reasons)
+        for b, rs in self.fallbacks:
+            lines.append(f"  fallback: {b} refused at plan time: " + "; ".join(map(str, rs)))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:  # what a user sees when printing explain(...)
+        return self.explain()
+
+
+_decisions: dict[tuple, Decision] = {}
+_logged: set[tuple] = set()
+_lock = threading.Lock()
+_live_devices: dict[int, DeviceDesc] = {}
+
+
+def live_device(tensor: torch.Tensor) -> DeviceDesc:
+    """The DeviceDesc of the tensor's device (cached per CUDA device index)."""
+    if tensor.device.type != "cuda":
+        return capability_db.CPU_DEVICE
+    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    desc = _live_devices.get(index)
+    if desc is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+        desc = _live_devices[index] = capability_db.device_for_capability(major, minor, name)
+    return desc
+
+
+def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, live: bool) -> list[Reason]:
+    """Availability (only for a live device) plus capability reasons of one backend."""
+    backend = get_backend(name)
+    reasons = []
+    if live:
+        missing = backend.available()
+        if missing is not None:
+            reasons.append(missing)
+    reasons.extend(backend.check(problem, device))
+    return reasons
+
+
+def evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool = True) -> list[Candidate]:
+    """Every candidate of the device's priority list with its reasons (all, not the first)."""
+    return [
+        Candidate(e.backend, e.why, backend_reasons(e.backend, problem, device, live))
+        for e in capability_db.candidates(device, problem.phase, problem.entry)
+    ]
+
+
+def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tuple[str, str]] = None,
+           strict: Optional[bool] = None, live: bool = True) -> Decision:
+    """The cached decision for (problem, device, explicit, strict). Raises if nothing can serve."""
+    strict = policy.strict_mode() if strict is None else strict
+    key = (problem, device, explicit, strict, live)
+    decision = _decisions.get(key)
+    if decision is None:
+        decision = _decide(problem, device, explicit, strict, live)
+        with _lock:
+            _decisions[key] = decision
+    return decision
+
+
+def _decide(problem, device, explicit, strict, live) -> Decision:
+    candidates = evaluate(problem, device, live)
+    if explicit is not None:
+        name, source = explicit
+        reasons = backend_reasons(name, problem, device, live)
+        if reasons:
+            raise BackendRefusedError(_refusal_text(problem, device, name, source, reasons, candidates))
+        return Decision(problem, device, candidates, name, explicit, strict)
+    accepted = [c for c in candidates if c.accepted]
+    if not accepted:
+        raise NoBackendError(_nothing_text(problem, device, candidates))
+    chosen = accepted[0].backend
+    if strict:
+        _check_strict(problem, device, candidates, chosen)
+    decision = Decision(problem, device, candidates, chosen, None, strict)
+    if (problem, device) not in _logged:
+        _logged.add((problem, device))
+        log.info("attn_dispatch: %s -> %s (candidates: %s)", problem.describe(), chosen,
+                 ", ".join(f"{c.backend}{'' if c.accepted else ' (rejected)'}" for c in candidates))
+    return decision
+
+
+def _check_strict(problem, device, candidates, chosen) -> None:
+    """Strict: the first *installed* candidate must serve. Missing packages are not fallbacks."""
+    for c in candidates:
+        if c.backend == chosen:
+            return
+        installed = get_backend(c.backend).available() is None
+        if installed:
+            raise NoBackendError(
+                f"strict mode ({policy.ENV_STRICT}=1): {c.backend} would fall back to {chosen} for "
+                f"{problem.describe()} on {device.name}: " + "; ".join(map(str, c.reasons)))
+
+
+def _refusal_text(problem, device, name, source, reasons, candidates) -> str:
+    would = [c.backend for c in candidates if c.accepted]
+    return (f"backend {name!r} (chosen by {source}) cannot serve {problem.describe()} on {device.name}:\n"
+            + "\n".join(f"  - {r}" for r in reasons)
+            + f"\nbackends that would accept it: {', '.join(would) or 'none'}"
+            + (f"; force one with backend=... or {policy.ENV_BACKEND}=<name>" if would else ""))
+
+
+def _nothing_text(problem, device, candidates) -> str:
+    lines = [f"no backend can serve {problem.describe()} on {device.name}:"]
+    for c in candidates:
+        lines.append(f"  {c.backend}:")
+        lines.extend(f"    - {r}" for r in c.reasons)
+    return "\n".join(lines)
+
+
+@dataclass
+class Planned:
+    """What a wrapper keeps between plan() and run(): the backend and its plan."""
+
+    decision: Decision
+    backend: str
+    plan: Any
+
+
+def plan(decision: Decision, batch: AttentionBatch) -> Planned:
+    """Plan on the chosen backend; a plan-time rejection hands over to the next accepted one."""
+    order = [decision.chosen] if decision.explicit else [decision.chosen] + [
+        b for b in decision.accepted() if b != decision.chosen]
+    for name in order:
+        try:
+            return Planned(decision, name, get_backend(name).plan(decision.problem, batch))
+        except BackendRejected as exc:
+            _record_fallback(decision, name, exc)
+    raise NoBackendError(f"every accepted backend refused at plan time:\n{decision.explain()}")
+
+
+def _record_fallback(decision: Decision, name: str, exc: BackendRejected) -> None:
+    if decision.explicit or decision.strict:
+        raise BackendRefusedError(f"{name} refused at plan time ({exc}); no fallback under "
+                                  + ("an explicit choice" if decision.explicit else "strict mode")) from exc
+    with _lock:
+        if all(b != name for b, _ in decision.fallbacks):
+            decision.fallbacks.append((name, exc.reasons))
+            log.warning("attn_dispatch: %s refused %s at plan time, falling back: %s",
+                        name, decision.problem.describe(), "; ".join(map(str, exc.reasons)))
+
+
+def run(planned: Planned, batch: AttentionBatch) -> Planned:
+    """Launch. A BackendRejected raised by run() *before any launch* still falls back;
+    any other error propagates (a launched kernel may have poisoned the context)."""
+    try:
+        get_backend(planned.backend).run(planned.plan, batch)
+        return planned
+    except BackendRejected as exc:
+        _record_fallback(planned.decision, planned.backend, exc)
+        rest = planned.decision.accepted()
+        nxt = rest[rest.index(planned.backend) + 1:] if planned.backend in rest else []
+        for name in nxt:
+            try:
+                replanned = Planned(planned.decision, name, get_backend(name).plan(planned.decision.problem, batch))
+                return run(replanned, batch)
+            except BackendRejected as exc2:
+                _record_fallback(planned.decision, name, exc2)
+        raise NoBackendError(f"every accepted backend refused:\n{planned.decision.explain()}") from exc
+
+
+def execute(problem: AttentionProblem, batch: AttentionBatch, explicit: Optional[tuple[str, str]] = None) -> Planned:
+    """One-shot path for the functions: decide (cached), plan (backend-cached), run."""
+    decision = decide(problem, live_device(batch.q), explicit)
+    return run(plan(decision, batch), batch)
+
+
+def clear_caches() -> None:
+    """Forget cached decisions (tests, or after installing a package)."""
+    with _lock:
+        _decisions.clear()
+        _logged.clear()
