@@ -1,11 +1,431 @@
-"""cuDNN SDPA (nvidia-cudnn-frontend graph API): STUB, replaced by its adapter."""
+"""cuDNN SDPA through the nvidia-cudnn-frontend graph API (Python module ``cudnn``).
+
+What the adapter hands to cuDNN (one fused SDPA node per graph):
+
+* Q / O: the packed ``(total_q, H, D)`` tensors declared as ``(B, H, S_q, D)``
+  with the caller's token/head strides and a *ragged offset* tensor
+  ``(B+1, 1, 1, 1)`` int32 in ELEMENT units (``qo_indptr * token_stride``),
+  so cuDNN reads and writes the packed rows in place.
+* paged K / V: the page pool as ``(pages, Hkv, P, D)`` (a permuted view of our
+  logical NHD pool: whatever the physical layout, its strides are passed as they
+  are), page tables ``(B, 1, max_pages, 1)``, ``paged_attention_max_seq_len_kv``.
+* ragged / dense K / V: ``(B, Hkv, S_kv, D)`` with ragged offsets
+  ``kv_indptr * token_stride``.
+* ``seq_len_q`` / ``seq_len_kv`` ``(B, 1, 1, 1)`` int32 with the padding mask;
+  causal = bottom-right (``use_causal_mask_bottom_right``); a window adds
+  ``diagonal_band_left_bound = window_left + 1`` with bottom-right alignment and
+  right bound 0 (cuDNN excludes keys ``<= pos - left_bound``); sinks = the
+  ``sink_token`` input ``(1, Hq, 1, 1)`` fp32 (cuDNN >= 9.13, not for one-token queries).
+* Stats (LSE) with ``generate_stats``: natural log, declared ``(B, Hq, S_q, 1)``
+  with a ragged offset ``qo_indptr * lse_token_stride`` so cuDNN writes straight
+  into our packed ``(total_q, Hq)`` buffer; ``run`` then multiplies it by log2(e).
+* ``out_scale`` != 1 is applied to ``out`` after the graph (cuDNN has no output scale).
+
+Graph cache key (``GraphKey``): everything a built graph bakes in - dtypes, KV
+storage, batch size, *bucketed* max lengths (next power of two, at least 16;
+one-token queries stay 1 unless sinks or LSE are asked for: then 2), head counts and dims, the strides of every operand,
+the page-pool dims and page-table width, causal / window / sinks / LSE, and the
+softmax scale when it is a float (a float scale is a graph constant; a 0-dim
+device tensor scale is a runtime input and the key only records ``scale=None``).
+Per-call values (lengths, offsets, page tables, pointers) are graph inputs and
+never cause a rebuild. A serving loop with a fixed page pool therefore builds one
+graph per (bucket, phase); the first build of each key is logged.
+
+Workspace: allocated once per key at plan time; ``run`` only binds pointers and
+launches, so ``run`` can be captured in a CUDA graph after a warm-up plan.
+Build failures (``cudnnGraphNotSupportedError`` and friends) raise
+``BackendRejected`` from ``plan``; errors during ``run`` propagate.
+"""
 from __future__ import annotations
 
-from backends.base import Backend, Reason
+import functools
+import importlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from backends.base import Backend, BackendRejected, Reason, import_reason
+
+log = logging.getLogger("attn_dispatch")
+
+LOG2E = 1.4426950408889634
+MIN_BUCKET = 16
+INT32_MAX = 2**31 - 1
+SRC_CFE = "cudnn-frontend sdpa_support_surface.h (vendor-constraints.md section 2)"
+
+# uids of the graph's operands (stable: the variant pack is keyed on them)
+UID_Q, UID_K, UID_V, UID_O, UID_STATS = 1, 2, 3, 4, 5
+UID_SEQ_Q, UID_SEQ_KV, UID_TABLE_K, UID_TABLE_V = 10, 11, 12, 13
+UID_OFF_Q, UID_OFF_O, UID_OFF_K, UID_OFF_V, UID_OFF_STATS = 20, 21, 22, 23, 24
+UID_SINK, UID_SCALE = 30, 31
 
 
+def cudnn_module():
+    """The vendor module, imported lazily (tests inject a fake through sys.modules)."""
+    return importlib.import_module("cudnn")
+
+
+def bucket(n: int) -> int:
+    """Graph length for a batch maximum: 1 stays 1, else the next power of two >= 16."""
+    if n <= 1:
+        return 1
+    return max(MIN_BUCKET, 1 << (int(n) - 1).bit_length())
+
+
+# cuDNN backend-version gates: (min version, applies(problem, device), field, source)
+VERSION_GATES = (
+    (90500, lambda p, d: p.kv_storage == "paged", "kv_storage=paged", SRC_CFE + ": paged KV needs cuDNN >= 9.5"),
+    (90700, lambda p, d: p.kv_storage == "paged", "kv_storage=paged with ragged Q",
+     SRC_CFE + ": paged + ragged offsets need cuDNN >= 9.7"),
+    (91300, lambda p, d: p.has_sinks, "has_sinks", SRC_CFE + ": SINK_TOKEN needs cuDNN >= 9.13"),
+    (91801, lambda p, d: d.sm < 90, "ragged Q on sm < 90", SRC_CFE + ": ragged below SM90 needs cuDNN >= 9.18.1"),
+    (91900, lambda p, d: p.window_left >= 0 and not p.causal, "has_window without causal",
+     "FE 1.23 rejects a left bound without causal masking; probe: works on H100, cuDNN 9.19 / FE 1.32 (tools/results/cudnn-probe-h100.md)"),
+    (91002, lambda p, d: p.kv_storage == "paged" and max(p.head_dim_qk, p.head_dim_vo) > 128,
+     "paged head_dim > 128", SRC_CFE + ": paged with d > 128 needs cuDNN > 9.9"),
+)
+BROKEN_VERSIONS = {91000: "9.10.0", 91001: "9.10.1"}  # fp16/bf16 SDPA forward rejected by the FE
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """What a built cuDNN graph bakes in (see the module docstring)."""
+
+    io_dtype: str
+    kv_storage: str  # "paged" | "ragged" (dense is ragged with full lengths)
+    batch_size: int
+    s_q: int
+    s_kv: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int
+    q_strides: tuple  # (token, head) of the packed Q
+    o_strides: tuple
+    k_layout: tuple  # paged: (dims, strides) of the (pages, Hkv, P, D) pool; ragged: (token, head) strides
+    v_layout: tuple
+    table_width: int  # page-table columns (0 unless paged)
+    causal: bool
+    window_left: int
+    has_sinks: bool
+    lse_strides: Optional[tuple]  # None: no LSE
+    scale: Optional[float]  # None: a device tensor bound at run time
+
+
+@dataclass
+class GraphEntry:
+    graph: Any
+    workspace: torch.Tensor
+    build_seconds: float
+
+
+@dataclass
+class CudnnPlan:
+    """One call's bindings: the cached graph plus this batch's metadata buffers."""
+
+    key: GraphKey
+    entry: GraphEntry
+    inputs: dict  # uid -> tensor (metadata buffers and fixed views)
+    scale_tensor: Optional[torch.Tensor]
+
+
+# --------------------------------------------------------------------------- key
+def _pool_view(pool: torch.Tensor) -> torch.Tensor:
+    """(pages, P, Hkv, D) logical NHD pool -> the (pages, Hkv, P, D) view cuDNN reads."""
+    return pool.permute(0, 2, 1, 3)
+
+
+def _is_tensor_scale(scale) -> bool:
+    return isinstance(scale, torch.Tensor)
+
+
+def graph_key(problem, batch) -> GraphKey:
+    """The cache key of the graph serving this batch (host-only: shapes and strides)."""
+    paged = problem.kv_storage == "paged"
+    if paged:
+        kv = tuple((tuple(_pool_view(t).shape), tuple(_pool_view(t).stride())) for t in (batch.k, batch.v))
+        s_kv = min(bucket(batch.max_kv_len), batch.block_table.shape[1] * problem.page_size)
+        width = int(batch.block_table.shape[1])
+    else:
+        kv = tuple(tuple(t.stride()[:2]) for t in (batch.k, batch.v))
+        s_kv, width = bucket(batch.max_kv_len), 0
+    s_q = bucket(batch.max_q_len)
+    if s_q == 1 and (problem.has_sinks or batch.lse is not None):
+        s_q = 2  # one-row graphs: cuDNN refuses sink_token, and its Stats were not written (H100 probe)
+    scale = None if _is_tensor_scale(batch.sm_scale) else float(batch.sm_scale)
+    return GraphKey(
+        io_dtype=problem.q_dtype, kv_storage="paged" if paged else "ragged", batch_size=batch.batch_size,
+        s_q=s_q, s_kv=s_kv, num_qo_heads=problem.num_qo_heads, num_kv_heads=problem.num_kv_heads,
+        head_dim_qk=problem.head_dim_qk, head_dim_vo=problem.head_dim_vo,
+        q_strides=tuple(batch.q.stride()[:2]), o_strides=tuple(batch.out.stride()[:2]),
+        k_layout=kv[0], v_layout=kv[1], table_width=width, causal=problem.causal,
+        window_left=problem.window_left, has_sinks=problem.has_sinks,
+        lse_strides=tuple(batch.lse.stride()) if batch.lse is not None else None, scale=scale)
+
+
+# ------------------------------------------------------------------------- graph
+def _dtype(cudnn, name: str):
+    return {"float16": cudnn.data_type.HALF, "bfloat16": cudnn.data_type.BFLOAT16,
+            "float32": cudnn.data_type.FLOAT, "int32": cudnn.data_type.INT32}[name]
+
+
+def _offsets(g, cudnn, key: GraphKey, uid: int):
+    return g.tensor(name=f"offsets_{uid}", dim=(key.batch_size + 1, 1, 1, 1), stride=(1, 1, 1, 1),
+                    data_type=_dtype(cudnn, "int32"), uid=uid)
+
+
+def _packed(g, cudnn, key, name, uid, heads, dim, strides, s, off_uid):
+    """A packed (total, H, D) operand declared as (B, H, S, D) with ragged offsets."""
+    token, head = strides
+    t = g.tensor(name=name, dim=(key.batch_size, heads, s, dim), stride=(s * token, head, token, 1),
+                 data_type=_dtype(cudnn, key.io_dtype), uid=uid)
+    t.set_ragged_offset(_offsets(g, cudnn, key, off_uid))
+    return t
+
+
+def _kv_operands(g, cudnn, key: GraphKey):
+    """K and V operands plus the paged-attention keyword arguments."""
+    if key.kv_storage == "paged":
+        k = g.tensor(name="k", dim=key.k_layout[0], stride=key.k_layout[1], data_type=_dtype(cudnn, key.io_dtype), uid=UID_K)
+        v = g.tensor(name="v", dim=key.v_layout[0], stride=key.v_layout[1], data_type=_dtype(cudnn, key.io_dtype), uid=UID_V)
+        table_dim = (key.batch_size, 1, key.table_width, 1)
+        tk, tv = (g.tensor(name=n, dim=table_dim, stride=(key.table_width, key.table_width, 1, 1),
+                           data_type=_dtype(cudnn, "int32"), uid=u)
+                  for n, u in (("table_k", UID_TABLE_K), ("table_v", UID_TABLE_V)))
+        return k, v, dict(paged_attention_k_table=tk, paged_attention_v_table=tv,
+                          paged_attention_max_seq_len_kv=key.s_kv)
+    k = _packed(g, cudnn, key, "k", UID_K, key.num_kv_heads, key.head_dim_qk, key.k_layout, key.s_kv, UID_OFF_K)
+    v = _packed(g, cudnn, key, "v", UID_V, key.num_kv_heads, key.head_dim_vo, key.v_layout, key.s_kv, UID_OFF_V)
+    return k, v, {}
+
+
+def _mask_kwargs(cudnn, key: GraphKey) -> dict:
+    """Causal bottom-right, and the inclusive window as a left band bound of W + 1."""
+    if key.window_left >= 0:
+        return dict(diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
+                    diagonal_band_right_bound=0 if key.causal else None,
+                    diagonal_band_left_bound=key.window_left + 1)
+    return dict(use_causal_mask_bottom_right=key.causal)
+
+
+def _sdpa_kwargs(g, cudnn, key: GraphKey) -> dict:
+    length_dim = dict(dim=(key.batch_size, 1, 1, 1), stride=(1, 1, 1, 1), data_type=_dtype(cudnn, "int32"))
+    kwargs = dict(seq_len_q=g.tensor(name="seq_len_q", uid=UID_SEQ_Q, **length_dim),
+                  seq_len_kv=g.tensor(name="seq_len_kv", uid=UID_SEQ_KV, **length_dim),
+                  use_padding_mask=True, generate_stats=key.lse_strides is not None,
+                  compute_data_type=_dtype(cudnn, "float32"), **_mask_kwargs(cudnn, key))
+    if key.scale is None:
+        kwargs["attn_scale"] = g.tensor(name="attn_scale", dim=(1, 1, 1, 1), stride=(1, 1, 1, 1),
+                                        data_type=_dtype(cudnn, "float32"), uid=UID_SCALE)
+    else:
+        kwargs["attn_scale"] = key.scale
+    if key.has_sinks:
+        h = key.num_qo_heads
+        kwargs["sink_token"] = g.tensor(name="sink_token", dim=(1, h, 1, 1), stride=(h, 1, 1, 1),
+                                        data_type=_dtype(cudnn, "float32"), uid=UID_SINK)
+    return kwargs
+
+
+def _declare_outputs(g, cudnn, key: GraphKey, o, stats) -> None:
+    token, head = key.o_strides
+    o.set_output(True).set_dim([key.batch_size, key.num_qo_heads, key.s_q, key.head_dim_vo]) \
+        .set_stride([key.s_q * token, head, token, 1]).set_data_type(_dtype(cudnn, key.io_dtype)).set_uid(UID_O)
+    o.set_ragged_offset(_offsets(g, cudnn, key, UID_OFF_O))
+    if key.lse_strides is not None:
+        token, head = key.lse_strides
+        stats.set_output(True).set_dim([key.batch_size, key.num_qo_heads, key.s_q, 1]) \
+            .set_stride([key.s_q * token, head, token, 1]).set_data_type(_dtype(cudnn, "float32")).set_uid(UID_STATS)
+        stats.set_ragged_offset(_offsets(g, cudnn, key, UID_OFF_STATS))
+
+
+def build_graph(cudnn, key: GraphKey, handle) -> Any:
+    """Declare, validate and build one SDPA graph (raises the vendor's errors)."""
+    g = cudnn.pygraph(io_data_type=_dtype(cudnn, key.io_dtype), intermediate_data_type=_dtype(cudnn, "float32"),
+                      compute_data_type=_dtype(cudnn, "float32"), handle=handle)
+    q = _packed(g, cudnn, key, "q", UID_Q, key.num_qo_heads, key.head_dim_qk, key.q_strides, key.s_q, UID_OFF_Q)
+    k, v, paged = _kv_operands(g, cudnn, key)
+    o, stats = g.sdpa(name="sdpa", q=q, k=k, v=v, **paged, **_sdpa_kwargs(g, cudnn, key))
+    _declare_outputs(g, cudnn, key, o, stats)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return g
+
+
+# ---------------------------------------------------------------- per-call inputs
+def _lengths_column(values: torch.Tensor) -> torch.Tensor:
+    return values.to(torch.int32).reshape(-1, 1, 1, 1).contiguous()
+
+
+def _element_offsets(indptr: torch.Tensor, token_stride: int) -> torch.Tensor:
+    """Token prefix sums -> ragged offsets in ELEMENTS, (B+1, 1, 1, 1) int32 (device op, no sync)."""
+    return (indptr.to(torch.int32) * int(token_stride)).reshape(-1, 1, 1, 1)
+
+
+def _check_int32_extent(name: str, tensor: torch.Tensor) -> Optional[Reason]:
+    extent = tensor.shape[0] * tensor.stride(0)
+    if extent > INT32_MAX:
+        return Reason(f"{name} elements", extent, f"<= {INT32_MAX} (int32 ragged offsets)", "backends/cudnn.py")
+    return None
+
+
+def call_inputs(key: GraphKey, batch) -> dict:
+    """uid -> tensor for everything but Q/K/V/O/LSE pointers (built at plan time)."""
+    inputs = {
+        UID_SEQ_Q: _lengths_column(batch.qo_indptr[1:] - batch.qo_indptr[:-1]),
+        UID_SEQ_KV: _lengths_column(batch.kv_lens),
+        UID_OFF_Q: _element_offsets(batch.qo_indptr, key.q_strides[0]),
+        UID_OFF_O: _element_offsets(batch.qo_indptr, key.o_strides[0]),
+    }
+    if key.kv_storage == "paged":
+        table = batch.block_table.to(torch.int32).reshape(key.batch_size, 1, key.table_width, 1).contiguous()
+        inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = table
+    else:
+        inputs[UID_OFF_K] = _element_offsets(batch.kv_indptr, key.k_layout[0])
+        inputs[UID_OFF_V] = _element_offsets(batch.kv_indptr, key.v_layout[0])
+    if key.lse_strides is not None:
+        inputs[UID_OFF_STATS] = _element_offsets(batch.qo_indptr, key.lse_strides[0])
+    if key.has_sinks:
+        inputs[UID_SINK] = batch.sinks.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
+    return inputs
+
+
+def _scale_tensor(key: GraphKey, batch) -> Optional[torch.Tensor]:
+    if key.scale is not None:
+        return None
+    return batch.sm_scale.to(torch.float32).reshape(1, 1, 1, 1)
+
+
+# ----------------------------------------------------------------------- backend
 class CudnnBackend(Backend):
     name = "cudnn"
+    packages = ("cudnn",)
 
-    def available(self):
-        return Reason("adapter cudnn", "not implemented yet", "a finished adapter")
+    def __init__(self) -> None:
+        self._graphs: dict[GraphKey, GraphEntry] = {}
+        self._handles: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- availability -------------------------------------------------------
+    @functools.lru_cache(maxsize=None)
+    def available(self) -> Reason | None:
+        try:
+            cudnn = cudnn_module()
+        except Exception as exc:  # noqa: BLE001 - any import failure is a reason
+            return import_reason("cudnn", exc)
+        if not torch.cuda.is_available():
+            return Reason("device", "no CUDA device", "a CUDA GPU (SM80+)")
+        try:
+            backend = int(cudnn.backend_version())
+        except Exception as exc:  # noqa: BLE001 - libcudnn missing or broken
+            return Reason("cuDNN library", f"unusable: {type(exc).__name__}: {exc}", "cuDNN >= 9.5 loadable by cudnn-frontend")
+        if backend in BROKEN_VERSIONS:
+            return Reason("cuDNN library", BROKEN_VERSIONS[backend], "not 9.10.0/9.10.1 (SDPA forward broken)", SRC_CFE)
+        return None
+
+    @functools.lru_cache(maxsize=None)
+    def backend_version(self) -> Optional[int]:
+        try:
+            return int(cudnn_module().backend_version())
+        except Exception:  # noqa: BLE001 - not installed: version gates cannot apply
+            return None
+
+    def version(self) -> str | None:
+        try:
+            cudnn = cudnn_module()
+            return f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN {cudnn.backend_version_string()}"
+        except Exception:  # noqa: BLE001
+            return None
+
+    # -- capability ---------------------------------------------------------
+    def extra_checks(self, problem, device) -> list[Reason]:
+        reasons = []
+        if problem.kv_dtype != problem.q_dtype or problem.out_dtype != problem.q_dtype:
+            reasons.append(Reason("kv_dtype/out_dtype", f"{problem.kv_dtype}/{problem.out_dtype}",
+                                  f"equal to q_dtype ({problem.q_dtype}) in this adapter (no sdpa_fp8 path)",
+                                  "backends/cudnn.py"))
+        version = self.backend_version()
+        if version is not None and device.kind == "cuda":
+            for minimum, applies, field, source in VERSION_GATES:
+                if applies(problem, device) and version < minimum:
+                    reasons.append(Reason(field, f"cuDNN {version}", f"cuDNN >= {minimum}", source))
+        return reasons
+
+    # -- execution ----------------------------------------------------------
+    def _handle(self, cudnn, device: torch.device):
+        index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else -1)
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handles[index] = cudnn.create_handle()
+        if device.type == "cuda":
+            cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+        return handle
+
+    def _plan_time_reasons(self, problem, batch) -> list[Reason]:
+        tensors = [("q", batch.q), ("out", batch.out)] + ([] if problem.kv_storage == "paged" else [("k", batch.k), ("v", batch.v)])
+        reasons = [r for r in (_check_int32_extent(n, t) for n, t in tensors) if r is not None]
+        for name, t in tensors + [("k", batch.k), ("v", batch.v)]:
+            if t.stride(-1) != 1:
+                reasons.append(Reason(f"{name}.stride(-1)", t.stride(-1), "1 (contiguous head dim)", SRC_CFE))
+        return reasons
+
+    def _entry(self, cudnn, key: GraphKey, device: torch.device) -> GraphEntry:
+        entry = self._graphs.get(key)
+        if entry is not None:
+            return entry
+        with self._lock:
+            entry = self._graphs.get(key)
+            if entry is None:
+                entry = self._graphs[key] = self._build(cudnn, key, device)
+        return entry
+
+    def _build(self, cudnn, key: GraphKey, device: torch.device) -> GraphEntry:
+        start = time.perf_counter()
+        try:
+            graph = build_graph(cudnn, key, self._handle(cudnn, device))
+            size = int(graph.get_workspace_size())
+        except Exception as exc:  # noqa: BLE001 - nothing launched yet: a plan-time refusal
+            reason = Reason("cudnn graph", f"{type(exc).__name__}: {str(exc).strip()[:300]}",
+                            "a graph this cuDNN build supports", SRC_CFE)
+            raise BackendRejected(self.name, [reason]) from exc
+        workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+        seconds = time.perf_counter() - start
+        log.info("attn_dispatch: cudnn built a graph in %.3f s (workspace %d B) for %s", seconds, size, key)
+        return GraphEntry(graph, workspace, seconds)
+
+    def plan(self, problem, batch) -> CudnnPlan:
+        reasons = self._plan_time_reasons(problem, batch)
+        if reasons:
+            raise BackendRejected(self.name, reasons)
+        cudnn = cudnn_module()
+        key = graph_key(problem, batch)
+        entry = self._entry(cudnn, key, batch.q.device)
+        return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch))
+
+    def run(self, plan: CudnnPlan, batch) -> None:
+        cudnn = cudnn_module()
+        pack = dict(plan.inputs)
+        pack.update({UID_Q: batch.q, UID_O: batch.out})
+        if plan.key.kv_storage == "paged":
+            pack.update({UID_K: _pool_view(batch.k), UID_V: _pool_view(batch.v)})
+        else:
+            pack.update({UID_K: batch.k, UID_V: batch.v})
+        if plan.key.lse_strides is not None:
+            pack[UID_STATS] = batch.lse
+        if plan.scale_tensor is not None:
+            pack[UID_SCALE] = plan.scale_tensor
+        plan.entry.graph.execute(pack, plan.entry.workspace, handle=self._handle(cudnn, batch.q.device))
+        if batch.lse is not None:
+            batch.lse.mul_(LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
+        if _is_tensor_scale(batch.out_scale) or float(batch.out_scale) != 1.0:
+            batch.out.mul_(batch.out_scale)
+
+    # -- introspection (tests, probe) ----------------------------------------
+    def cached_keys(self) -> list[GraphKey]:
+        return list(self._graphs)

@@ -1,11 +1,123 @@
-"""PyTorch's bundled FA2 (aten._flash_attention_forward): STUB, replaced by its adapter."""
+"""PyTorch's bundled FlashAttention-2: ``torch.ops.aten._flash_attention_forward``.
+
+Translation (always the varlen form, so one path serves ragged and dense KV):
+
+* ``query`` (total_q, Hq, D), ``key``/``value`` (total_kv, Hkv, D) as given (last
+  dim stride 1), ``cum_seq_q = qo_indptr``, ``cum_seq_k = kv_indptr`` (int32),
+  ``max_q``/``max_k`` = the batch's upper bounds; GQA is native.
+* causal = bottom-right (FA2's own alignment); ``window_left = W`` ->
+  ``window_size_left=W, window_size_right=0`` with causal, ``-1`` (unbounded)
+  without; no window -> both None.
+* a float ``sm_scale`` goes to ``scale=``; a device-tensor scale is folded into q
+  (one elementwise pass; no host sync) and ``scale=1``.
+* the op allocates its output: ``out`` receives ``output * out_scale``.
+* LSE: natural log, head-major ``(Hq, total_q)`` (or padded ``(B, Hq, max_q)`` on
+  builds that return it) -> base 2, token-major ``(total_q, Hq)``; FA2 marks rows
+  with no key ``+inf``, our convention is ``-inf``.
+
+Not served: paged KV (the op's ``block_table`` needs pages of 256 and is absent on
+older builds), soft cap, sinks, custom masks, ALiBi (FlashInfer's signed bias vs
+FA2's |distance| bias is unverified), fp8.
+"""
 from __future__ import annotations
 
-from backends.base import Backend, Reason
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from backends.base import Backend, BackendRejected, Reason
+
+LOG2E = 1.4426950408889634
+SRC_PT = "PT flash_api.cpp @03b7c19 (vendor-constraints.md section 7)"
+
+
+def flash_op():
+    """The aten op (a function so tests can substitute a fake)."""
+    return torch.ops.aten._flash_attention_forward
+
+
+def window_args(causal: bool, window_left: int) -> tuple[Optional[int], Optional[int]]:
+    """FlashInfer's inclusive window_left -> FA2's (window_size_left, window_size_right)."""
+    if window_left < 0:
+        return None, None
+    return window_left, (0 if causal else -1)
+
+
+@dataclass
+class TorchFlashPlan:
+    causal: bool
+    window: tuple
+    lse_rows: Optional[tuple]  # (request index, row in request) per token, for a padded LSE
+
+
+def _token_rows(qo_indptr: torch.Tensor, total_q: int) -> tuple:
+    """Per packed token: its request and its row in the request (device ops, no sync)."""
+    lengths = (qo_indptr[1:] - qo_indptr[:-1]).long()
+    request = torch.repeat_interleave(torch.arange(lengths.numel(), device=qo_indptr.device), lengths,
+                                      output_size=total_q)
+    row = torch.arange(total_q, device=qo_indptr.device) - qo_indptr.long()[request]
+    return request, row
+
+
+def lse_to_packed_base2(lse_nat: torch.Tensor, lse_rows: Optional[tuple], out: torch.Tensor) -> None:
+    """(Hq, total_q) or (B, Hq, max_q) natural-log LSE -> ``out`` (total_q, Hq) base 2."""
+    if lse_nat.dim() == 2:
+        tokens = lse_nat.t()
+    else:
+        request, row = lse_rows
+        tokens = lse_nat[request, :, row]
+    out.copy_(tokens)
+    out.mul_(LOG2E)
+    out.masked_fill_(out == float("inf"), float("-inf"))
 
 
 class TorchFlashBackend(Backend):
     name = "torch-flash"
+    packages = ("torch",)
 
-    def available(self):
-        return Reason("adapter torch-flash", "not implemented yet", "a finished adapter")
+    @functools.lru_cache(maxsize=None)
+    def available(self) -> Reason | None:
+        if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+            return Reason("torch", torch.__version__, "a build with aten._flash_attention_forward", SRC_PT)
+        if not torch.cuda.is_available():
+            return Reason("device", "no CUDA device", "a CUDA GPU (SM80+)")
+        flash_built = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+        if not flash_built:
+            return Reason("torch", torch.__version__, "a CUDA build with flash attention compiled in", SRC_PT)
+        return None
+
+    def version(self) -> str | None:
+        return f"torch {torch.__version__}"
+
+    def extra_checks(self, problem, device) -> list[Reason]:
+        if problem.kv_dtype != problem.q_dtype or problem.out_dtype != problem.q_dtype:
+            return [Reason("kv_dtype/out_dtype", f"{problem.kv_dtype}/{problem.out_dtype}",
+                           f"equal to q_dtype ({problem.q_dtype})", SRC_PT + ": q/k/v/out share one dtype")]
+        return []
+
+    def plan(self, problem, batch) -> TorchFlashPlan:
+        if problem.kv_storage == "paged" or batch.kv_indptr is None:
+            raise BackendRejected(self.name, [Reason("kv_storage", problem.kv_storage, "ragged or dense (kv_indptr)", SRC_PT)])
+        bad = [Reason(f"{n}.stride(-1)", t.stride(-1), "1", SRC_PT)
+               for n, t in (("q", batch.q), ("k", batch.k), ("v", batch.v)) if t.stride(-1) != 1]
+        if bad:
+            raise BackendRejected(self.name, bad)
+        rows = _token_rows(batch.qo_indptr, batch.total_q) if batch.lse is not None else None
+        return TorchFlashPlan(problem.causal, window_args(problem.causal, problem.window_left), rows)
+
+    def run(self, plan: TorchFlashPlan, batch) -> None:
+        q, scale = batch.q, batch.sm_scale
+        if isinstance(scale, torch.Tensor):
+            q, scale = (q * scale.reshape(())).to(q.dtype), 1.0
+        left, right = plan.window
+        result = flash_op()(
+            q, batch.k, batch.v, batch.qo_indptr, batch.kv_indptr, batch.max_q_len, batch.max_kv_len,
+            0.0, plan.causal, False, scale=float(scale), window_size_left=left, window_size_right=right)
+        output, lse_nat = result[0], result[1]
+        batch.out.copy_(output)
+        if isinstance(batch.out_scale, torch.Tensor) or float(batch.out_scale) != 1.0:
+            batch.out.mul_(batch.out_scale)
+        if batch.lse is not None:
+            lse_to_packed_base2(lse_nat, plan.lse_rows, batch.lse)

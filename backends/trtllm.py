@@ -1,11 +1,78 @@
-"""TensorRT-LLM trtllm-gen context attention: STUB, replaced by its adapter."""
+"""TensorRT-LLM trtllm-gen context attention via ``flashinfer.prefill.trtllm_batch_context_with_kv_cache``.
+
+Translation (calling conventions 2.2, vendor-constraints.md section 3):
+* paged only; our logical NHD page views go over in the caller's physical layout
+  (kv_layout "NHD" or "HND"), block_table as is;
+* ``seq_lens`` = our kv_lens (total keys incl. the new tokens); cum_seq_lens_q = qo_indptr;
+  cum_seq_lens_kv is ignored by the kernel for paged KV, we pass the kv token prefix sums;
+* bmm1_scale = sm_scale, bmm2_scale = out_scale (float or device tensor: CUDA-graph safe);
+* window_left as is (the kernel uses window_left + 1 keys), sinks (Hq,) fp32 raw logits;
+* LSE: the kernel's is already (total_q, Hq) fp32 base 2 and is written into ours.
+``causal=False`` and the LSE need a FlashInfer whose function has ``causal``/``lse``
+(>= 0.6.17); older ones are refused at plan time. SM100/103/107 only: never run on our H100.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from backends import _vendor
 from backends.base import Backend, Reason
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FI tests use 128-256 MiB
+SRC = "calling conventions 2.2 (FI prefill.py trtllm_batch_context_with_kv_cache)"
+
+
+@dataclass
+class TrtllmPlan:
+    problem: Any
+    fn: Any
 
 
 class TrtllmGenBackend(Backend):
     name = "trtllm-gen"
+    packages = ("flashinfer",)
 
-    def available(self):
-        return Reason("adapter trtllm-gen", "not implemented yet", "a finished adapter")
+    def _loaded(self):
+        return _vendor.load("flashinfer.prefill", "flashinfer")
+
+    def available(self) -> Optional[Reason]:
+        return self._loaded().reason
+
+    def version(self) -> Optional[str]:
+        top = _vendor.load("flashinfer", "flashinfer")
+        return top.version if top.ok else None
+
+    def extra_checks(self, problem, device) -> list[Reason]:
+        fp8_q = problem.q_dtype == "float8_e4m3fn"
+        if not fp8_q and problem.kv_dtype != problem.q_dtype:
+            return [Reason("kv_dtype", problem.kv_dtype, f"equal to q_dtype {problem.q_dtype!r} "
+                           "(no bf16-Q + fp8-KV context kernel)", "vendor-constraints.md section 3 (vLLM PR #22095)")]
+        return []
+
+    def plan(self, problem, batch) -> TrtllmPlan:
+        fn = self._loaded().module.trtllm_batch_context_with_kv_cache
+        if not problem.causal and not _vendor.has_param(fn, "causal"):
+            raise _vendor.rejected(self.name, "causal", False, "True with this flashinfer (causal= needs >= 0.6.17)", SRC)
+        if problem.return_lse and not _vendor.has_param(fn, "lse"):
+            raise _vendor.rejected(self.name, "return_lse", True, "False with this flashinfer (lse= needs >= 0.6.17)", SRC)
+        _vendor.workspace("trtllm-gen", batch.q.device, WORKSPACE_BYTES, zeroed=True)
+        return TrtllmPlan(problem, fn)
+
+    def run(self, plan: TrtllmPlan, batch) -> None:
+        problem, dev = plan.problem, batch.q.device
+        k, v, layout = _vendor.physical_kv(problem, batch.k, batch.v)
+        out = _vendor.writable(batch.out)
+        kwargs = dict(out=out, out_dtype=out.dtype, kv_layout=layout, sinks=batch.sinks)
+        if _vendor.has_param(plan.fn, "causal"):
+            kwargs["causal"] = problem.causal
+        if batch.lse is not None:
+            kwargs["lse"] = batch.lse  # fp32 (total_q, Hq) base 2, filled in place
+        plan.fn(
+            batch.q, (k, v), _vendor.workspace("trtllm-gen", dev, WORKSPACE_BYTES, zeroed=True),
+            batch.block_table, batch.kv_lens, batch.max_q_len, batch.max_kv_len,
+            _vendor.device_scalar(batch.sm_scale, dev), _vendor.device_scalar(batch.out_scale, dev),
+            batch.batch_size, batch.qo_indptr, _vendor.cu_seqlens(batch.kv_lens), problem.window_left,
+            **kwargs,
+        )
+        _vendor.write_back(batch.out, out)

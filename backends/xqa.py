@@ -1,11 +1,123 @@
-"""TensorRT-LLM XQA decode: STUB, replaced by its adapter."""
+"""TensorRT-LLM XQA decode through ``flashinfer.decode.xqa_batch_decode_with_kv_cache``.
+
+Translation (calling conventions 2.3, vendor-constraints.md section 4):
+* paged only; our logical NHD page views go over in the caller's physical layout;
+* ``seq_lens`` = our kv_lens (they include the new/draft tokens), block_table as is;
+* window_left and sinks (Hq,) fp32 have our meaning already (window_left+1 keys; raw logits);
+* scales: bmm1_scale = sm_scale, and bmm2_scale is passed as 1 with the output multiplied
+  by out_scale afterwards. Why: the kernel applies its kv_scale only to a quantized
+  (fp8/int8) cache (csrc/xqa/mha.cu ``isKVCacheQuantized ? kvCacheScaleValue : 1``), while
+  FlashInfer 0.5.3 folds bmm2 into kv_scale and divides q_scale by it: with a 16-bit cache
+  a bmm2_scale != 1 scales the logits by 1/bmm2 and leaves the output unscaled.
+  With bmm2 = 1 every version computes softmax(bmm1 * q.k) v exactly;
+* no LSE (rejected by the data when return_lse);
+* workspace: one zeroed 128 MiB buffer per device (first 8 MiB = semaphores, which the
+  kernel leaves zeroed), allocated and zeroed once.
+Spec decode needs a FlashInfer whose function takes ``mask``/``q_len_per_req`` (>= 0.6);
+older ones are refused at plan time (BackendRejected), so the router falls back.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from backends import _vendor
 from backends.base import Backend, Reason
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+SRC = "vendor-constraints.md section 4 (FI decode.py, xqa.py, jit/xqa.py)"
+
+
+@dataclass
+class XqaPlan:
+    problem: Any
+    fn: Any
+    spec: dict = field(default_factory=dict)  # q_len_per_req, mask[, q_cu_seq_lens]
+
+
+def draft_mask(qo_indptr: torch.Tensor, max_q: int, causal: bool, device) -> torch.Tensor:
+    """XQA's uint16 draft mask, one row per query token: bit j of row i (uint32 words,
+    little-endian, viewed as uint16 pairs) = draft i sees draft j of its own request."""
+    q_lens = (qo_indptr[1:] - qo_indptr[:-1]).to(device=device, dtype=torch.int64)
+    req = torch.repeat_interleave(torch.arange(q_lens.numel(), device=device), q_lens)
+    row = torch.arange(req.numel(), device=device) - qo_indptr[:-1].to(device=device, dtype=torch.int64)[req]
+    words = (max_q + 31) // 32
+    col = torch.arange(words * 32, device=device)
+    keep = col[None, :] < q_lens[req][:, None]
+    if causal:
+        keep &= col[None, :] <= row[:, None]
+    weights = (2 ** torch.arange(32, device=device, dtype=torch.int64))
+    packed = (keep.view(-1, words, 32).to(torch.int64) * weights).sum(-1)  # (rows, words) < 2^32
+    packed = torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+    return packed.view(torch.uint16)
 
 
 class XqaBackend(Backend):
     name = "xqa"
+    packages = ("flashinfer",)
 
-    def available(self):
-        return Reason("adapter xqa", "not implemented yet", "a finished adapter")
+    def _loaded(self):
+        return _vendor.load("flashinfer.decode", "flashinfer")
+
+    def available(self) -> Optional[Reason]:
+        return self._loaded().reason
+
+    def version(self) -> Optional[str]:
+        top = _vendor.load("flashinfer", "flashinfer")
+        return top.version if top.ok else None
+
+    def extra_checks(self, problem, device) -> list[Reason]:
+        out = []
+        if problem.kv_dtype not in (problem.q_dtype, "float8_e4m3fn"):
+            out.append(Reason("kv_dtype", problem.kv_dtype, f"{problem.q_dtype!r} (= q_dtype) or 'float8_e4m3fn'",
+                              SRC + ": jit/xqa.py L73-80"))
+        if problem.out_dtype != problem.q_dtype:
+            out.append(Reason("out_dtype", problem.out_dtype, f"equal to q_dtype {problem.q_dtype!r}",
+                              SRC + ": xqa.py L370-375 (fp8 output not routed)"))
+        return out
+
+    def plan(self, problem, batch) -> XqaPlan:
+        fn = self._loaded().module.xqa_batch_decode_with_kv_cache
+        _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True)
+        if problem.phase != "spec_decode":
+            return XqaPlan(problem, fn)
+        return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
+
+    def _spec_kwargs(self, problem, batch, fn) -> dict:
+        if not (_vendor.has_param(fn, "mask") and _vendor.has_param(fn, "q_len_per_req")):
+            raise _vendor.rejected(self.name, "flashinfer version", self.version(),
+                                   ">= 0.6 (xqa_batch_decode_with_kv_cache takes mask=; 0.5.3 asserts q_len_per_req == 1)",
+                                   "flashinfer 0.5.3 decode.py xqa_batch_decode_with_kv_cache")
+        ragged = problem.q_len_per_req == 0
+        if ragged and not _vendor.has_param(fn, "q_cu_seq_lens"):
+            raise _vendor.rejected(self.name, "q_len_per_req", 0, "a fixed draft length with this flashinfer "
+                                   "(q_cu_seq_lens needs >= 0.6.17)", "calling conventions 2.3")
+        if problem.mask == "spec_bits":
+            mask = batch.spec_mask
+        else:
+            mask = draft_mask(batch.qo_indptr, batch.max_q_len, problem.causal, batch.q.device)
+        q_len = batch.max_q_len if ragged else problem.q_len_per_req
+        if not ragged:
+            mask = mask.reshape(batch.batch_size, q_len, -1)
+        kwargs = {"q_len_per_req": q_len, "mask": mask}
+        if ragged:
+            kwargs["q_cu_seq_lens"] = batch.qo_indptr
+        return kwargs
+
+    def run(self, plan: XqaPlan, batch) -> None:
+        problem = plan.problem
+        k, v, layout = _vendor.physical_kv(problem, batch.k, batch.v)
+        out = _vendor.writable(batch.out)
+        plan.fn(
+            batch.q.contiguous(), (k, v),
+            _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True),
+            batch.block_table, batch.kv_lens, batch.max_kv_len,
+            _vendor.device_scalar(batch.sm_scale, batch.q.device),  # bmm1_scale
+            1.0,  # bmm2_scale: out_scale is applied below, see the module docstring
+            problem.window_left,
+            out=out, sinks=batch.sinks, kv_layout=layout, **plan.spec,
+        )
+        _vendor.write_back(batch.out, out)
+        _vendor.apply_out_scale(batch.out, batch.out_scale)

@@ -1,0 +1,127 @@
+"""FlashInfer's own fa2 / fa3 kernels as a provider (BatchPrefillWith{Paged,Ragged}KVCacheWrapper).
+
+Translation (vendor-constraints.md section 10; calling conventions 2.4/2.5):
+* paged: our block_table + kv_lens -> (kv_indptr, kv_indices, last_page_len), the
+  caller's physical layout is handed over as is (NHD or HND views, no copy);
+* ragged/dense: kv_indptr as given;
+* sm_scale is a plan-time float for FlashInfer (a device tensor is read once at plan);
+  out_scale is applied after the kernel (FlashInfer itself does ``out *= v_scale``);
+* LSE is already (total_q, Hq) base 2: written in place.
+
+Wrappers are cached per (problem, device, kind); a plan remembers its arguments and
+re-plans the wrapper only when another plan used it in between.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from backends import _vendor
+from backends._providers import Provider
+from backends.base import Reason
+
+FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
+FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
+SRC_FI = "vendor-constraints.md section 10 (FI utils.py L427-481, L545-600)"
+
+
+@dataclass
+class FiState:
+    wrapper: Any
+    plan_args: tuple
+    plan_kwargs: dict
+    paged: bool
+    planned_for: list = field(default_factory=list)  # identity token of the last plan applied
+
+
+class FlashInferPrefill(Provider):
+    module = "flashinfer.prefill"
+    extra = "flashinfer"
+
+    def __init__(self, kind: str):
+        self.kind = kind  # "fa2" | "fa3": FlashInfer's backend= string
+        self.label = f"flashinfer {kind}"
+        self._wrappers: dict[tuple, Any] = {}
+
+    def limits(self, problem) -> list[Reason]:
+        out = []
+        if self.kind == "fa3":
+            if problem.head_dim_qk not in FA3_HEAD_DIMS:
+                out.append(Reason("head_dim_qk", problem.head_dim_qk, f"one of {FA3_HEAD_DIMS}", SRC_FI))
+            if problem.mask == "custom":
+                out.append(Reason("mask", problem.mask, "'none' (fa3 has no custom mask)", SRC_FI))
+            if problem.pos_encoding != "NONE":
+                out.append(Reason("pos_encoding", problem.pos_encoding, "'NONE' for fa3", SRC_FI))
+            if problem.q_dtype.startswith("float8") or problem.kv_fp8:
+                out.append(Reason("kv_dtype", problem.kv_dtype, "16-bit (FI paged fa3 run passes no fp8 scales)",
+                                  "flashinfer 0.5.3 prefill.py run(): scale_q/k/v 'not supported yet'"))
+        return out
+
+    # -- plan ------------------------------------------------------------------------------
+    def _wrapper(self, problem, device, paged: bool):
+        key = (problem, str(device), paged)
+        w = self._wrappers.get(key)
+        if w is None:
+            prefill = self.loaded().module
+            ws = _vendor.workspace("flashinfer-float", device, FLOAT_WORKSPACE_BYTES, zeroed=False)
+            if paged:
+                w = prefill.BatchPrefillWithPagedKVCacheWrapper(ws, problem.kv_layout, backend=self.kind)
+            else:
+                w = prefill.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=self.kind)
+            self._wrappers[key] = w
+        return w
+
+    def _common_kwargs(self, problem, batch) -> dict:
+        kwargs = dict(
+            head_dim_vo=problem.head_dim_vo,
+            causal=problem.causal,
+            pos_encoding_mode=problem.pos_encoding,
+            sm_scale=_vendor.host_float(batch.sm_scale),
+            window_left=problem.window_left,
+            logits_soft_cap=problem.logits_soft_cap,
+            q_data_type=batch.q.dtype,
+            kv_data_type=batch.k.dtype,
+        )
+        if problem.pos_encoding == "ROPE_LLAMA":
+            kwargs.update(rope_scale=problem.rope_scale, rope_theta=problem.rope_theta)
+        if problem.mask == "custom":
+            kwargs["custom_mask"] = batch.custom_mask
+        return kwargs
+
+    def plan(self, problem, batch) -> FiState:
+        paged = problem.kv_storage == "paged"
+        wrapper = self._wrapper(problem, batch.q.device, paged)
+        kwargs = self._common_kwargs(problem, batch)
+        if paged:
+            indptr, indices, last = _vendor.paged_csr(batch.block_table, batch.kv_lens, problem.page_size)
+            args = (batch.qo_indptr, indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
+                    problem.head_dim_qk, problem.page_size)
+            kwargs["seq_lens"] = batch.kv_lens
+        else:
+            args = (batch.qo_indptr, batch.kv_indptr, problem.num_qo_heads, problem.num_kv_heads,
+                    problem.head_dim_qk)
+        state = FiState(wrapper, args, kwargs, paged)
+        self._apply_plan(state)
+        return state
+
+    @staticmethod
+    def _apply_plan(state: FiState) -> None:
+        state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
+        state.wrapper._attn_dispatch_plan = state  # who planned it last
+
+    # -- run -------------------------------------------------------------------------------
+    def run(self, problem, state: FiState, batch) -> None:
+        if getattr(state.wrapper, "_attn_dispatch_plan", None) is not state:
+            self._apply_plan(state)  # another plan of the same problem used the wrapper meanwhile
+        out = _vendor.writable(batch.out)
+        lse = _vendor.writable(batch.lse)
+        if state.paged:
+            k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
+            state.wrapper.run(batch.q, (k, v), out=out, lse=lse, return_lse=lse is not None)
+        else:
+            state.wrapper.run(batch.q, batch.k, batch.v, out=out, lse=lse, return_lse=lse is not None)
+        _vendor.write_back(batch.out, out)
+        _vendor.write_back(batch.lse, lse)
+        _vendor.apply_out_scale(batch.out, batch.out_scale)

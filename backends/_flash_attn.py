@@ -1,0 +1,116 @@
+"""Dao-AILab FlashAttention providers: ``flash_attn`` (FA2) and ``flash_attn_interface`` (FA3, Hopper).
+
+Translation (vendor-constraints.md sections 1.1-1.3, 5, 6):
+* paged: FA2 ``flash_attn_varlen_func(..., block_table=)`` with cu_seqlens_k built from
+  kv_lens; FA3 ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
+  page_table=, cu_seqlens_q=, max_seqlen_q=)``; ragged/dense: ``flash_attn_varlen_func``;
+* our logical NHD page views are passed as they are (FlashAttention reads strides);
+* window_left -> window_size=(W, 0) causal, (W, -1) otherwise (lower bound only);
+* scales: softmax_scale = sm_scale (host float), out_scale applied after the kernel;
+  fp8 (FA3): descales left at 1 because our scales are already folded;
+* LSE: natural log, head-major (Hq, total_q) -> base 2, token-major, in place.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from backends import _vendor
+from backends._providers import Provider
+from backends.base import Reason
+
+SRC_FA2 = "vendor-constraints.md section 5 (FA csrc/flash_attn/flash_api.cpp)"
+SRC_FA3 = "vendor-constraints.md section 6 (FA hopper/flash_api.cpp)"
+
+
+def alibi_slopes(num_heads: int, device) -> torch.Tensor:
+    """FlashInfer's ALiBi slopes (utils.get_alibi_slopes): 2^(-8h/n), with the interleaved
+    extension for non-power-of-two head counts; fp32 (Hq,)."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(num_heads - n)]
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
+
+
+def _split(result, want_lse: bool):
+    """Vendors return out, or (out, lse, ...) when asked for the LSE."""
+    if isinstance(result, (tuple, list)):
+        return result[0], (result[1] if want_lse else None)
+    return result, None
+
+
+def _finish(batch, out_v: torch.Tensor, lse) -> None:
+    batch.out.copy_(out_v.reshape(batch.out.shape))
+    _vendor.apply_out_scale(batch.out, batch.out_scale)
+    if batch.lse is not None:
+        _vendor.lse_natural_head_major(batch.lse, lse)
+
+
+class DaoFA2(Provider):
+    label = "flash_attn"
+    module = "flash_attn"
+    extra = "fa2"
+
+    def limits(self, problem) -> list[Reason]:
+        out = []
+        if problem.kv_storage == "paged" and problem.page_size % 256:
+            out.append(Reason("page_size", problem.page_size, "a multiple of 256", SRC_FA2 + " L613, L736"))
+        if problem.kv_dtype != problem.q_dtype:
+            out.append(Reason("kv_dtype", problem.kv_dtype, f"equal to q_dtype {problem.q_dtype!r}", SRC_FA2 + " L395-399"))
+        if problem.mask != "none":
+            out.append(Reason("mask", problem.mask, "'none' (no custom mask)", SRC_FA2))
+        if problem.pos_encoding == "ROPE_LLAMA":
+            out.append(Reason("pos_encoding", problem.pos_encoding, "'NONE' or 'ALIBI' (RoPE only when appending to a cache)", SRC_FA2))
+        if problem.pos_encoding == "ALIBI" and not problem.causal:
+            out.append(Reason("causal", False, "True with ALiBi (FA2's bias is -slope*|distance|, FlashInfer's is signed)", SRC_FA2 + " L349-360"))
+        return out
+
+    def run(self, problem, state, batch) -> None:
+        fa = self.loaded().module
+        paged = problem.kv_storage == "paged"
+        want_lse = batch.lse is not None
+        result = fa.flash_attn_varlen_func(
+            batch.q, batch.k, batch.v, batch.qo_indptr,
+            _vendor.cu_seqlens(batch.kv_lens) if paged else batch.kv_indptr,
+            batch.max_q_len, batch.max_kv_len,
+            dropout_p=0.0,
+            softmax_scale=_vendor.host_float(batch.sm_scale),
+            causal=problem.causal,
+            window_size=_vendor.window_size(problem),
+            softcap=problem.logits_soft_cap,
+            alibi_slopes=alibi_slopes(problem.num_qo_heads, batch.q.device) if problem.pos_encoding == "ALIBI" else None,
+            return_attn_probs=want_lse,
+            block_table=batch.block_table if paged else None,
+        )
+        _finish(batch, *_split(result, want_lse))
+
+
+class DaoFA3(Provider):
+    label = "flash_attn_interface"
+    module = "flash_attn_interface"
+    extra = "fa3"
+
+    def limits(self, problem) -> list[Reason]:
+        out = []
+        if problem.head_dim_qk != problem.head_dim_vo:
+            out.append(Reason("head_dim_vo", problem.head_dim_vo, f"equal to head_dim_qk {problem.head_dim_qk} (routed pairs)", SRC_FA3 + " L782-792"))
+        if problem.kv_dtype != problem.q_dtype:
+            out.append(Reason("kv_dtype", problem.kv_dtype, f"equal to q_dtype {problem.q_dtype!r}", SRC_FA3 + " L714-722"))
+        return out
+
+    def run(self, problem, state, batch) -> None:
+        fai = self.loaded().module
+        want_lse = batch.lse is not None
+        common = dict(softmax_scale=_vendor.host_float(batch.sm_scale), causal=problem.causal,
+                      window_size=_vendor.window_size(problem), softcap=problem.logits_soft_cap)
+        if problem.kv_storage == "paged":
+            result = fai.flash_attn_with_kvcache(
+                batch.q, batch.k, batch.v, cache_seqlens=batch.kv_lens, page_table=batch.block_table,
+                cu_seqlens_q=batch.qo_indptr, max_seqlen_q=batch.max_q_len,
+                return_softmax_lse=want_lse, **common)
+        else:
+            result = fai.flash_attn_varlen_func(
+                batch.q, batch.k, batch.v, batch.qo_indptr, batch.kv_indptr, batch.max_q_len, batch.max_kv_len,
+                return_attn_probs=want_lse, **common)
+        _finish(batch, *_split(result, want_lse))

@@ -1,0 +1,90 @@
+"""A backend served by one of several vendor packages ("providers"), first usable one wins.
+
+fa2 is served by ``flash_attn`` or by FlashInfer's own fa2 kernels, fa3 by
+``flash_attn_interface`` or FlashInfer's fa3 kernels. The backend's capability
+file declares what the backend accepts with *some* provider; each provider adds
+the few limits only it has (``limits``: a list of Reasons, empty = it serves the
+problem). ``plan`` picks the first installed provider without limits, or raises
+BackendRejected with every provider's reasons, so the router falls back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+from backends import _vendor
+from backends.base import Backend, BackendRejected, Reason
+
+
+class Provider:
+    """One vendor package behind a backend."""
+
+    label: ClassVar[str] = ""  # "flash_attn", "flashinfer fa2", ...
+    module: ClassVar[str] = ""  # what must import
+    extra: ClassVar[str] = ""  # pyproject extra that installs it
+
+    def loaded(self) -> _vendor.Loaded:
+        return _vendor.load(self.module, self.extra)
+
+    def version(self) -> Optional[str]:
+        top = _vendor.load(self.module.split(".")[0], self.extra)
+        return top.version if top.ok else None
+
+    def limits(self, problem) -> list[Reason]:
+        return []
+
+    def plan(self, problem, batch) -> Any:
+        return None
+
+    def run(self, problem, state: Any, batch) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class ProviderPlan:
+    provider: Provider
+    problem: Any
+    state: Any
+
+
+class MultiProviderBackend(Backend):
+    providers: ClassVar[tuple[Provider, ...]] = ()
+
+    def available(self) -> Reason | None:
+        reasons = [p.loaded().reason for p in self.providers]
+        if any(r is None for r in reasons):
+            return None
+        labels = " / ".join(p.label for p in self.providers)
+        return Reason(f"package {labels}", "not installed",
+                      " or ".join(f"pip install 'attn-dispatch[{p.extra}]'" for p in self.providers))
+
+    def version(self) -> str | None:
+        found = [f"{p.label} {p.version()}" for p in self.providers if p.loaded().ok]
+        return ", ".join(found) or None
+
+    def choose(self, problem) -> Provider:
+        """The first installed provider that serves the problem, else BackendRejected."""
+        why: list[Reason] = []
+        for p in self.providers:
+            loaded = p.loaded()
+            if not loaded.ok:
+                why.append(Reason(f"provider {p.label}", loaded.reason.value, loaded.reason.allowed))
+                continue
+            limits = p.limits(problem)
+            if not limits:
+                return p
+            why.extend(Reason(f"{p.label}: {r.field}", r.value, r.allowed, r.source) for r in limits)
+        raise BackendRejected(self.name, why)
+
+    def plan(self, problem, batch) -> ProviderPlan:
+        provider = self.choose(problem)
+        try:
+            state = provider.plan(problem, batch)
+        except BackendRejected:
+            raise
+        except _vendor.VENDOR_ERRORS as exc:  # the vendor refused while planning: nothing launched
+            raise _vendor.vendor_refused(self.name, provider.label, exc) from exc
+        return ProviderPlan(provider, problem, state)
+
+    def run(self, plan: ProviderPlan, batch) -> None:
+        plan.provider.run(plan.problem, plan.state, batch)

@@ -1,0 +1,184 @@
+"""Helpers shared by the vendor adapters (fa2, fa3, trtllm-gen, xqa).
+
+Everything here translates *our* AttentionBatch convention (dispatch/problem.py)
+into what a vendor function expects and back. No vendor package is imported at
+module import time: ``load`` imports lazily and caches the outcome.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from backends.base import BackendRejected, Reason, import_reason
+
+LOG2E = 1.0 / math.log(2.0)  # natural-log LSE * LOG2E = base-2 LSE
+VENDOR_ERRORS = (RuntimeError, ValueError, NotImplementedError, AssertionError, KeyError, TypeError)
+
+
+# -- imports and versions --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Loaded:
+    """One provider module: the module, or the Reason it cannot be used."""
+
+    module: Any
+    reason: Optional[Reason]
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    @property
+    def version(self) -> Optional[str]:
+        return getattr(self.module, "__version__", None) if self.module is not None else None
+
+
+_loaded: dict[str, Loaded] = {}
+
+
+def load(module: str, extra: str) -> Loaded:
+    """Import ``module`` once; a failure becomes the "not installed"/"import failed" Reason."""
+    hit = _loaded.get(module)
+    if hit is None:
+        try:
+            hit = Loaded(importlib.import_module(module), None)
+        except Exception as exc:  # ImportError, or a CUDA-less build failing at import
+            hit = Loaded(None, import_reason(extra, exc))
+        _loaded[module] = hit
+    return hit
+
+
+def forget_imports() -> None:
+    """Tests swap fake vendor modules in and out of sys.modules."""
+    _loaded.clear()
+    has_param.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def has_param(fn: Callable, name: str) -> bool:
+    """Whether a vendor function accepts ``name`` (its signature changed across releases)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# -- scales ----------------------------------------------------------------------------------
+def is_unit(scale) -> bool:
+    """True only for the Python float 1.0: a tensor is never assumed to hold 1."""
+    return not isinstance(scale, torch.Tensor) and float(scale) == 1.0
+
+
+def host_float(scale) -> float:
+    """A float for vendors that take the scale on the host (reads a device tensor: syncs)."""
+    return float(scale.reshape(-1)[0].item()) if isinstance(scale, torch.Tensor) else float(scale)
+
+
+def device_scalar(scale, device) -> Any:
+    """A float stays a float; a tensor becomes a 0-dim fp32 tensor on ``device``."""
+    if isinstance(scale, torch.Tensor):
+        return scale.reshape(()).to(device=device, dtype=torch.float32)
+    return float(scale)
+
+
+def apply_out_scale(out: torch.Tensor, out_scale) -> None:
+    """out *= out_scale in place (skipped for the float 1.0; a tensor is read on the device)."""
+    if not is_unit(out_scale):
+        out.mul_(out_scale.reshape(()) if isinstance(out_scale, torch.Tensor) else float(out_scale))
+
+
+# -- masks and windows -----------------------------------------------------------------------
+def window_size(problem) -> tuple[int, int]:
+    """Our inclusive window_left as FlashAttention's (left, right): right 0 with causal,
+    unbounded (-1) without, so non-causal keeps only the lower bound."""
+    if problem.window_left < 0:
+        return (-1, 0) if problem.causal else (-1, -1)
+    return (problem.window_left, 0 if problem.causal else -1)
+
+
+# -- paged KV ------------------------------------------------------------------------------
+def kv_page_counts(kv_lens: torch.Tensor, page_size: int) -> torch.Tensor:
+    return (kv_lens.to(torch.int64) + page_size - 1) // page_size
+
+
+def paged_csr(block_table: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+    """block_table (B, max_pages) + kv_lens -> FlashInfer's (kv_indptr, kv_indices, last_page_len).
+
+    Only the first ceil(kv_len/P) entries of a row are live; the tail may hold anything.
+    """
+    pages = kv_page_counts(kv_lens, page_size)
+    indptr = torch.zeros(pages.numel() + 1, dtype=torch.int32, device=kv_lens.device)
+    indptr[1:] = torch.cumsum(pages, 0).to(torch.int32)
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    live = cols[None, :] < pages.to(block_table.device)[:, None]
+    indices = block_table[live].to(torch.int32)  # row-major: request by request
+    last = kv_lens.to(torch.int64) - (pages - 1).clamp(min=0) * page_size
+    last = torch.where(pages > 0, last, torch.zeros_like(last)).to(torch.int32)
+    return indptr, indices, last
+
+
+def cu_seqlens(lens: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
+    out[1:] = torch.cumsum(lens.to(torch.int64), 0).to(torch.int32)
+    return out
+
+
+def physical_kv(problem, k: torch.Tensor, v: torch.Tensor):
+    """Our logical NHD page views -> (k, v, layout) in the caller's physical layout, so a
+    vendor that assumes its layout's strides reads the memory as it lies (never a copy)."""
+    if problem.kv_layout == "HND":
+        return k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), "HND"
+    return k, v, "NHD"
+
+
+# -- outputs -------------------------------------------------------------------------------
+def writable(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A contiguous buffer a vendor may write: ``t`` itself when contiguous, else a twin."""
+    if t is None or t.is_contiguous():
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def write_back(dst: Optional[torch.Tensor], src: Optional[torch.Tensor]) -> None:
+    if dst is not None and src is not None and src.data_ptr() != dst.data_ptr():
+        dst.copy_(src)
+
+
+def lse_natural_head_major(dst: torch.Tensor, lse: torch.Tensor) -> None:
+    """FlashAttention LSE (Hq, total_q) natural log -> ours (total_q, Hq) base 2, in place.
+
+    FA2 marks rows with no visible key +inf; our contract says -inf.
+    """
+    lse2 = lse.transpose(0, 1).float() * LOG2E
+    lse2 = torch.where(torch.isposinf(lse2), torch.full_like(lse2, -math.inf), lse2)
+    dst.copy_(lse2)
+
+
+# -- workspaces ----------------------------------------------------------------------------
+_workspaces: dict[tuple, torch.Tensor] = {}
+
+
+def workspace(tag: str, device: torch.device, nbytes: int, zeroed: bool) -> torch.Tensor:
+    """One uint8 buffer per (tag, device), allocated (and zeroed) once, reused by every call."""
+    key = (tag, str(device))
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < nbytes:
+        alloc = torch.zeros if zeroed else torch.empty
+        buf = _workspaces[key] = alloc(nbytes, dtype=torch.uint8, device=device)
+    return buf
+
+
+# -- rejections ----------------------------------------------------------------------------
+def rejected(backend: str, field: str, value: Any, allowed: str, source: str = "") -> BackendRejected:
+    return BackendRejected(backend, [Reason(field, value, allowed, source)])
+
+
+def vendor_refused(backend: str, provider: str, exc: BaseException) -> BackendRejected:
+    """A vendor error raised while *planning* (before any launch) -> hand over to the next backend."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return rejected(backend, f"{provider} plan", text[:300], "a configuration the vendor accepts at plan time")

@@ -1,0 +1,362 @@
+"""Triton kernels of the native-triton backend (imported lazily: triton is optional).
+
+One attention kernel serves every phase and KV storage; constexpr flags compile
+out what a problem does not use, so each configuration gets a lean specialization.
+
+* Tile = BLOCK_M rows x BLOCK_N keys. A row is one (query token, query head) pair:
+  row r is token ``r // HPP`` and head ``r % HPP`` of the program's head slice, so
+  with HPP = GQA group (decode) the whole group shares one K/V read and the tile
+  is tall enough for tensor cores; with HPP = 1 (prefill) rows are tokens.
+* Scores live in the log2 domain (exp2 is one MUFU op): s2 = s * log2(e).
+* Split-KV (flash-decoding): program z handles keys [z*kv_chunk, (z+1)*kv_chunk)
+  and writes a normalized partial output + its log2-sum-exp; ``_merge_splits``
+  combines them (and adds the sinks, which must be counted once).
+* Every index tensor is read on the device: no host synchronization, CUDA-graph safe.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2 / (exp(2x) + 1): saturates cleanly to +-1 (exp overflow -> inf -> 1).
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+
+
+@triton.jit
+def _kv_rows(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_page, stride_tok,
+             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Element offsets (int64) of key rows n: a page gather for paged KV, a slice otherwise."""
+    if PAGED:
+        page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        return page * stride_page + (n % PAGE_SIZE).to(tl.int64) * stride_tok
+    else:
+        return (kv_start + n).to(tl.int64) * stride_tok
+
+
+@triton.jit
+def _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
+               CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
+               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_MODE: tl.constexpr):
+    """Which (row, key) pairs are visible. MASK_MODE 0 none, 1 custom bool, 2 xqa bits."""
+    keep = row_ok[:, None] & n_ok[None, :]
+    if CAUSAL:
+        keep = keep & (n[None, :] <= pos[:, None])
+    if HAS_WINDOW:
+        keep = keep & (n[None, :] >= pos[:, None] - window_left)
+    if MASK_MODE == 1:
+        base = tl.load(MaskIndptr + b).to(tl.int64)
+        offs = base + t[:, None].to(tl.int64) * kv_len + n[None, :]
+        keep = keep & (tl.load(CustomMask + offs, mask=keep, other=0) != 0)
+    if MASK_MODE == 2:
+        # Drafts are the last q_len keys; the prefix before them is always visible.
+        j = n - (kv_len - q_len)
+        draft = j >= 0
+        jj = tl.maximum(j, 0)
+        # (B, Q, W) masks: row b*stride_spec_b + t; ragged (total_q, W): row q_start + t.
+        row = b.to(tl.int64) * stride_spec_b + (q_start * spec_ragged + t)[:, None].to(tl.int64) * stride_spec
+        word_ptr = SpecMask + row + (jj // 16)[None, :]
+        word = tl.load(word_ptr, mask=keep & draft[None, :], other=0).to(tl.int32) & 0xFFFF
+        bit = (word >> (jj % 16)[None, :]) & 1
+        keep = keep & ((~draft)[None, :] | (bit != 0))
+    return keep
+
+
+@triton.jit
+def _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI: tl.constexpr, SOFT_CAP: tl.constexpr,
+            DOT_F32: tl.constexpr):
+    """q.k in the log2 domain: scale, ALiBi bias, soft cap (in FlashInfer's order), * log2(e)."""
+    if DOT_F32:  # fp32 inputs, and the interpreter (its bf16 dot is wrong in Triton 3.9)
+        s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, k.to(q.dtype))
+    if HAS_ALIBI or SOFT_CAP:
+        s = s * scale
+        if HAS_ALIBI:  # FlashInfer: slope * (kv_idx - qo_idx), qo_idx the row within the request
+            s += slope[:, None] * (n[None, :] - t[:, None]).to(tl.float32)
+        if SOFT_CAP:
+            s = soft_cap * _tanh(s / soft_cap)
+        s = s * 1.4426950408889634
+    else:
+        s = s * (scale * 1.4426950408889634)
+    return s
+
+
+@triton.jit
+def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+          scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
+          stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
+          stride_spec, spec_ragged, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
+          BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+          CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, MASK_MODE: tl.constexpr,
+          HAS_ALIBI: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+    """One BLOCK_N tile of keys folded into the online softmax (m_i, l_i, acc), log2 domain.
+    MASKED=False: the caller guarantees every key is < hi and visible to every row."""
+    n = start + tl.arange(0, BLOCK_N)
+    dk = tl.arange(0, BLOCK_DQK)
+    dv = tl.arange(0, BLOCK_DV)
+    n_ok = n < hi
+    k_off = _kv_rows(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_kp, stride_kt, PAGED, PAGE_SIZE)
+    v_off = _kv_rows(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_vp, stride_vt, PAGED, PAGE_SIZE)
+    k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
+    v_ptr = V + v_off[:, None] + kvh * stride_vh + dv[None, :] * stride_vd
+    if MASKED:
+        k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
+        v = tl.load(v_ptr, mask=n_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    else:
+        if BLOCK_DQK == HEAD_DQK:
+            k = tl.load(k_ptr)
+        else:
+            k = tl.load(k_ptr, mask=dk[:, None] < HEAD_DQK, other=0.0)
+        if BLOCK_DV == HEAD_DV:
+            v = tl.load(v_ptr)
+        else:
+            v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
+    s = _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP, DOT_F32)
+    if MASKED:
+        keep = _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
+                          CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
+                          CAUSAL, HAS_WINDOW, MASK_MODE)
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoid (-inf) - (-inf)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if DOT_F32:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, Lse, PartO, PartLse,
+    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi,
+    sm_scale, out_scale, window_left, soft_cap, kv_chunk, num_kv_heads,
+    stride_qt, stride_qh, stride_qd,
+    stride_kp, stride_kt, stride_kh, stride_kd,
+    stride_vp, stride_vt, stride_vh, stride_vd,
+    stride_ot, stride_oh, stride_od,
+    stride_lt, stride_lh, stride_bt, stride_spec_b, stride_spec, spec_ragged,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
+    GROUP: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    HGROUPS: tl.constexpr = GROUP // HPP
+    b = pid_bh // (num_kv_heads * HGROUPS)
+    kvh = (pid_bh // HGROUPS) % num_kv_heads
+    head0 = kvh * GROUP + (pid_bh % HGROUPS) * HPP
+
+    q_start = tl.load(QoIndptr + b)
+    q_len = tl.load(QoIndptr + b + 1) - q_start
+    kv_len = tl.load(KvLens + b)
+    t_first = (pid_m * BLOCK_M) // HPP
+    if t_first >= q_len:  # the grid is sized by the longest request
+        return
+    t_last = tl.minimum(((pid_m + 1) * BLOCK_M - 1) // HPP, q_len - 1)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    t = rows // HPP
+    h = head0 + rows % HPP
+    row_ok = t < q_len
+    pos = kv_len - q_len + t  # bottom-right alignment
+    tok = (q_start + t).to(tl.int64)
+
+    # Keys this program visits: its split, cut by causality and the window.
+    lo = pid_s * kv_chunk
+    hi = tl.minimum(lo + kv_chunk, kv_len)
+    if CAUSAL:
+        hi = tl.minimum(hi, kv_len - q_len + t_last + 1)
+    if HAS_WINDOW:
+        first_visible = tl.maximum(kv_len - q_len + t_first - window_left, 0)
+        lo = tl.maximum(lo, (first_visible // BLOCK_N) * BLOCK_N)
+
+    if SCALE_PTR:
+        scale = tl.load(sm_scale).to(tl.float32)
+    else:
+        scale = sm_scale
+    dk = tl.arange(0, BLOCK_DQK)
+    dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(Q + tok[:, None] * stride_qt + h[:, None] * stride_qh + dk[None, :] * stride_qd,
+                mask=row_ok[:, None] & (dk[None, :] < HEAD_DQK), other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + h, mask=row_ok, other=0.0)
+
+    kv_start = 0
+    if not PAGED:
+        kv_start = tl.load(KvIndptr + b)
+    # Keys every valid row sees need no per-element mask: [lo_full, hi_full), whole tiles.
+    lo_full = lo
+    hi_full = hi
+    if HAS_WINDOW:
+        lo_full = tl.maximum(lo, (tl.maximum(kv_len - q_len + t_last - window_left, 0) + BLOCK_N - 1)
+                             // BLOCK_N * BLOCK_N)
+    if CAUSAL:
+        hi_full = tl.minimum(hi, kv_len - q_len + t_first + 1)
+    if MASK_MODE != 0:
+        lo_full = hi
+    lo_full = tl.minimum(lo_full, hi)
+    hi_full = lo_full + tl.maximum(hi_full - lo_full, 0) // BLOCK_N * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for start in range(lo, lo_full, BLOCK_N):  # window edge (or everything under a custom mask)
+        m_i, l_i, acc = _tile(
+            q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+            scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
+            stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
+            stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, PAGED, PAGE_SIZE, CAUSAL,
+            HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, DOT_F32, True)
+    for start in range(lo_full, hi_full, BLOCK_N):  # interior: no mask arithmetic
+        m_i, l_i, acc = _tile(
+            q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+            scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
+            stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
+            stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, PAGED, PAGE_SIZE, CAUSAL,
+            HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, DOT_F32, False)
+    for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
+        m_i, l_i, acc = _tile(
+            q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+            scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
+            stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
+            stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, PAGED, PAGE_SIZE, CAUSAL,
+            HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, DOT_F32, True)
+
+    if SPLIT:
+        # Normalized partial + its log2-sum-exp; empty splits give 0 / -inf.
+        o_part = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        lse_part = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        prow = pid_s.to(tl.int64) * stride_ps + tok * stride_pt + h * stride_ph
+        tl.store(PartO + prow[:, None] + dv[None, :], o_part, mask=row_ok[:, None] & (dv[None, :] < HEAD_DV))
+        tl.store(PartLse + pid_s.to(tl.int64) * stride_ls + tok * stride_lst + h, lse_part, mask=row_ok)
+    else:
+        _finish_rows(acc, m_i, l_i, h, tok, row_ok, dv, Out, Lse, Sinks, out_scale,
+                     stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
+                     HEAD_DV, HAS_SINKS, WRITE_LSE, OUT_SCALE_PTR)
+
+
+@triton.jit
+def _finish_rows(acc, m_i, l_i, h, tok, row_ok, dv, Out, Lse, Sinks, out_scale,
+                 stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
+                 HEAD_DV: tl.constexpr, HAS_SINKS: tl.constexpr, WRITE_LSE: tl.constexpr,
+                 OUT_SCALE_PTR: tl.constexpr):
+    """Add the sink to the denominator, normalize, scale, store out (and LSE)."""
+    any_key = m_i > float("-inf")
+    l_safe = tl.where(any_key, l_i, 1.0)
+    if WRITE_LSE:  # the LSE covers the keys only (not the sink), like backends/native/reference.py
+        lse = tl.where(any_key, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(Lse + tok * stride_lt + h * stride_lh, lse, mask=row_ok)
+    if HAS_SINKS:
+        sink2 = tl.load(Sinks + h, mask=row_ok, other=0.0) * 1.4426950408889634
+        m_fin = tl.maximum(m_i, sink2)
+        rescale = tl.exp2(m_i - m_fin)
+        l_i = l_i * rescale + tl.exp2(sink2 - m_fin)
+        acc = acc * rescale[:, None]
+        m_i = m_fin
+    if OUT_SCALE_PTR:
+        o_scale = tl.load(out_scale).to(tl.float32)
+    else:
+        o_scale = out_scale
+    out = acc * (o_scale / tl.where(any_key, l_i, 1.0))[:, None]
+    out = tl.where(any_key[:, None], out, 0.0)  # fully masked rows: 0
+    tl.store(Out + tok[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :] * stride_od,
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < HEAD_DV))
+
+
+@triton.jit
+def _merge_splits(
+    PartO, PartLse, Out, Lse, Sinks, out_scale, num_splits,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
+    stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
+    HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
+):
+    """One program per (token, head): softmax-weighted sum of the split partials."""
+    tok = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    dv = tl.arange(0, BLOCK_DV)
+    s_ok = sp < num_splits
+    lse = tl.load(PartLse + sp * stride_ls + tok * stride_lst + h, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    any_key = m > float("-inf")
+    m_safe = tl.where(any_key, m, 0.0)
+    w = tl.exp2(lse - m_safe)
+    keys_sum = tl.sum(w, 0)
+    denom = keys_sum
+    if HAS_SINKS:  # counted once, here; exp2 may overflow only if the sink exceeds the keys by >127
+        denom += tl.exp2(tl.load(Sinks + h) * 1.4426950408889634 - m_safe)
+    parts = tl.load(PartO + sp[:, None] * stride_ps + tok * stride_pt + h * stride_ph + dv[None, :],
+                    mask=s_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    if OUT_SCALE_PTR:
+        o_scale = tl.load(out_scale).to(tl.float32)
+    else:
+        o_scale = out_scale
+    denom_safe = tl.where(any_key, denom, 1.0)
+    out = tl.sum(parts * w[:, None], 0) * (o_scale / denom_safe)
+    out = tl.where(any_key, out, 0.0)
+    tl.store(Out + tok * stride_ot + h * stride_oh + dv * stride_od, out.to(Out.dtype.element_ty),
+             mask=dv < HEAD_DV)
+    if WRITE_LSE:
+        tl.store(Lse + tok * stride_lt + h * stride_lh,
+                 tl.where(any_key, m_safe + tl.log2(tl.where(any_key, keys_sum, 1.0)), float("-inf")))
+
+
+@triton.jit
+def _rope_rows(
+    X, Y, QoIndptr, KvLens, KvIndptr, BlockTable, log2_theta, rcp_scale,
+    stride_xp, stride_xt, stride_xh, stride_xd, stride_yp, stride_yt, stride_yh, stride_yd, stride_bt,
+    HEAD_D: tl.constexpr, HALF_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
+    IS_Q: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    """Rotate-half RoPE (LLaMA) of rows of q (position kv_len - q_len + i) or k (position
+    = key index) into a scratch copy Y laid out like X. Program: (request, row block, head)."""
+    b = tl.program_id(0)
+    i = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    head = tl.program_id(2)
+    kv_len = tl.load(KvLens + b)
+    if IS_Q:
+        start = tl.load(QoIndptr + b)
+        count = tl.load(QoIndptr + b + 1) - start
+        pos = kv_len - count + i
+        ok = i < count
+        x_off = (start + i).to(tl.int64) * stride_xt
+        y_off = (start + i).to(tl.int64) * stride_yt
+    else:
+        ok = i < kv_len
+        pos = i
+        kv_start = 0
+        if not PAGED:
+            kv_start = tl.load(KvIndptr + b)
+        x_off = _kv_rows(i, ok, b, kv_start, BlockTable, stride_bt, stride_xp, stride_xt, PAGED, PAGE_SIZE)
+        y_off = _kv_rows(i, ok, b, kv_start, BlockTable, stride_bt, stride_yp, stride_yt, PAGED, PAGE_SIZE)
+    half: tl.constexpr = HEAD_D // 2
+    d = tl.arange(0, HALF_BLOCK)
+    d_ok = ok[:, None] & (d[None, :] < half)
+    freq = tl.exp2(d.to(tl.float32) * (-2.0 / HEAD_D) * log2_theta) * rcp_scale
+    angle = pos.to(tl.float32)[:, None] * freq[None, :]
+    cos = tl.cos(angle)
+    sin = tl.sin(angle)
+    xb = X + x_off[:, None] + head * stride_xh
+    x1 = tl.load(xb + d[None, :] * stride_xd, mask=d_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(xb + (d[None, :] + half) * stride_xd, mask=d_ok, other=0.0).to(tl.float32)
+    yb = Y + y_off[:, None] + head * stride_yh
+    tl.store(yb + d[None, :] * stride_yd, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=d_ok)
+    tl.store(yb + (d[None, :] + half) * stride_yd, (x2 * cos + x1 * sin).to(Y.dtype.element_ty), mask=d_ok)

@@ -1,0 +1,399 @@
+"""``attn-dispatch``: info | query | explain | matrix | probe | bench.
+
+* ``info``    this machine: torch, CUDA, the GPU, and per backend installed / usable / why not.
+* ``query``   which backend would serve a problem on any GPU (``--gpu h100``); never touches a
+              GPU and never imports a vendor package (capability data only, ``live=False``).
+* ``explain`` the same on this machine's device (or ``--gpu``), with availability (``live=True``).
+* ``matrix``  the support matrix rendered from the capability data; ``--update-readme``.
+* ``probe`` / ``bench``  hand over to ``dispatch.probe`` / the benchmark scripts when present.
+
+Every inspecting command takes ``--json``. Bad arguments exit with status 2 and a message
+naming the option, its value and the allowed values.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import capability_db
+from backends import REGISTRY, DeviceDesc, Reason
+
+DTYPE_ALIASES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
+}
+ENTRY_POINTS = (
+    "cudnn_batch_prefill_with_kv_cache", "trtllm_batch_context_with_kv_cache", "xqa_batch_decode_with_kv_cache",
+    "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
+    "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
+)
+DEFAULT_ENTRY = "attn-dispatch cli"  # not an entry point: the family's own order applies
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- argument types (messages name the value and what is allowed) -------------------------
+def _dtype(text: str) -> str:
+    name = DTYPE_ALIASES.get(text.strip().lower())
+    if name is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a dtype; valid options are: {', '.join(DTYPE_ALIASES)}")
+    return name
+
+
+def _pair(what: str) -> Callable[[str], tuple[int, int]]:
+    """'32/8' -> (32, 8); '128' -> (128, 128)."""
+    def parse(text: str) -> tuple[int, int]:
+        parts = text.split("/")
+        try:
+            values = tuple(int(p) for p in parts)
+        except ValueError:
+            values = ()
+        if len(values) not in (1, 2) or min(values) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a valid {what}; expected N or N/M with positive integers, e.g. 32/8")
+        return (values[0], values[-1])
+    return parse
+
+
+def _gpu(text: str) -> DeviceDesc:
+    try:
+        return capability_db.resolve_device(text)
+    except ValueError as exc:  # the message already lists every valid option
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--gpu ")) from exc
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer >= 0 (window_left)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a number > 0 (0 = off: omit the option)")
+    return value
+
+
+# -- the parser ------------------------------------------------------------------------
+def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None:
+    p.add_argument("--gpu", type=_gpu, required=gpu_required, metavar="{sm_XX,h100,b200,a100,...,cpu}",
+                   help="device to answer for: an arch (sm_90), a name (h100) or cpu"
+                        + ("" if gpu_required else "; default: this machine's device"))
+    p.add_argument("--phase", choices=("prefill", "decode", "spec_decode"), default="prefill")
+    p.add_argument("--kv", choices=("paged", "ragged", "dense"), default="paged", help="KV storage")
+    p.add_argument("--dtype", type=_dtype, default="bfloat16", help="query dtype: bf16|fp16|fp8|e5m2|fp32")
+    p.add_argument("--kv-dtype", type=_dtype, help="KV dtype (default: --dtype)")
+    p.add_argument("--out-dtype", type=_dtype, help="output dtype (default: --dtype; bf16 when --dtype is fp8)")
+    p.add_argument("--heads", type=_pair("--heads"), default=(32, 8), help="qo/kv heads, e.g. 32/8")
+    p.add_argument("--head-dim", type=_pair("--head-dim"), default=(128, 128), help="qk[/vo], e.g. 128 or 192/128")
+    p.add_argument("--page-size", type=_positive_int, default=16, help="tokens per page (paged KV only)")
+    p.add_argument("--layout", choices=("NHD", "HND"), default="NHD")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--window", type=_non_negative_int, default=-1, metavar="N", help="window_left (inclusive)")
+    p.add_argument("--soft-cap", type=_positive_float, default=0.0, metavar="X")
+    p.add_argument("--sinks", action="store_true")
+    p.add_argument("--lse", action="store_true", help="return the log-sum-exp")
+    p.add_argument("--custom-mask", action="store_true")
+    pos = p.add_mutually_exclusive_group()
+    pos.add_argument("--alibi", action="store_true")
+    pos.add_argument("--rope", action="store_true", help="fused RoPE (ROPE_LLAMA)")
+    p.add_argument("--q-len-per-req", type=_positive_int, default=0, metavar="N",
+                   help="spec decode: fixed draft length (default: varies)")
+    p.add_argument("--cuda-graph", action="store_true", help="the caller will capture run() in a CUDA graph")
+    p.add_argument("--entry", choices=ENTRY_POINTS, default=DEFAULT_ENTRY, metavar="NAME",
+                   help="entry point (its own engine goes first): " + ", ".join(ENTRY_POINTS))
+    p.add_argument("--json", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attn-dispatch", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,query,explain,matrix,probe,bench}")
+    info = sub.add_parser("info", help="this machine: torch, CUDA, GPU, backends installed/usable")
+    info.add_argument("--json", action="store_true")
+    query = sub.add_parser("query", help="which backend would serve a problem on a given GPU (no GPU needed)")
+    _add_problem_options(query, gpu_required=True)
+    explain = sub.add_parser("explain", help="the router's decision on this machine (availability included)")
+    _add_problem_options(explain, gpu_required=False)
+    explain.add_argument("--backend", help="an explicit choice, as backend= would make it")
+    matrix = sub.add_parser("matrix", help="the support matrix rendered from capability_db")
+    matrix.add_argument("--json", action="store_true")
+    matrix.add_argument("--update-readme", action="store_true", help="rewrite the README's matrix block")
+    matrix.add_argument("--readme", type=Path, default=None, help="README to update (default: the repo's)")
+    for name, text in (("probe", "check the capability data against this GPU (dispatch.probe)"),
+                       ("bench", "benchmark sweeps (tools/bench*.py)")):
+        hook = sub.add_parser(name, help=text, add_help=False)
+        hook.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def build_problem(args: argparse.Namespace, device: DeviceDesc, parser: argparse.ArgumentParser):
+    """The AttentionProblem the options describe; parser.error (exit 2) on inconsistent options."""
+    from .problem import AttentionProblem
+
+    hq, hkv = args.heads
+    if hq % hkv:
+        parser.error(f"argument --heads: {hq}/{hkv} is not allowed; qo heads must be a multiple of kv heads")
+    kv_dtype = args.kv_dtype or args.dtype
+    out_dtype = args.out_dtype or ("bfloat16" if args.dtype.startswith("float8") else args.dtype)
+    return AttentionProblem(
+        entry=args.entry, phase=args.phase, kv_storage=args.kv, kv_layout=args.layout,
+        num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=args.head_dim[0], head_dim_vo=args.head_dim[1],
+        q_dtype=args.dtype, kv_dtype=kv_dtype, out_dtype=out_dtype,
+        page_size=args.page_size if args.kv == "paged" else 0,
+        causal=args.causal, window_left=args.window, mask="custom" if args.custom_mask else "none",
+        logits_soft_cap=args.soft_cap,
+        pos_encoding="ALIBI" if args.alibi else ("ROPE_LLAMA" if args.rope else "NONE"),
+        has_sinks=args.sinks, return_lse=args.lse, q_len_per_req=args.q_len_per_req,
+        device_type="cpu" if device.kind == "cpu" else "cuda", cuda_graph=args.cuda_graph,
+    )
+
+
+# -- JSON forms ------------------------------------------------------------------------
+def device_json(device: DeviceDesc) -> dict[str, Any]:
+    return {"name": device.name, "arch": device.arch, "kind": device.kind, "sm": device.sm,
+            "family": device.family, "fp8": device.fp8}
+
+
+def reason_json(reason: Reason) -> dict[str, Any]:
+    value = reason.value if isinstance(reason.value, (str, int, float, bool, type(None))) else str(reason.value)
+    return {"field": reason.field, "value": value, "allowed": reason.allowed, "source": reason.source,
+            "text": str(reason)}
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+# -- query / explain ------------------------------------------------------------------
+def cmd_query(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Capability data only (live=False): no GPU, no vendor import."""
+    from . import router
+
+    device = args.gpu
+    problem = build_problem(args, device, parser)
+    candidates = router.evaluate(problem, device, live=False)
+    chosen = next((c.backend for c in candidates if c.accepted), None)
+    if args.json:
+        _print_json({
+            "chosen": chosen, "device": device_json(device),
+            "problem": {"description": problem.describe(), **problem.facts()},
+            "candidates": [{"backend": c.backend, "accepted": c.accepted, "why_here": c.why,
+                            "reasons": [reason_json(r) for r in c.reasons]} for c in candidates],
+        })
+    else:
+        print(f"problem: {problem.describe()}")
+        print(f"device:  {device.name} ({device.arch}, {device.family}{', fp8' if device.fp8 else ''})")
+        print("candidates, in priority order (capability data only; installation not checked):")
+        for rank, c in enumerate(candidates, 1):
+            mark = "CHOSEN  " if c.backend == chosen else ("ok      " if c.accepted else "rejected")
+            print(f"  {rank}. {mark} {c.backend:14s} {c.why}")
+            for r in c.reasons:
+                print(f"               - {r}")
+        print(f"chosen: {chosen or 'none: no backend accepts this problem'}")
+    return 0 if chosen else 1
+
+
+def _this_device() -> DeviceDesc:
+    import torch
+
+    from . import router
+
+    if not torch.cuda.is_available():
+        return capability_db.CPU_DEVICE
+    return router.live_device(torch.empty(0, device="cuda"))
+
+
+def cmd_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import policy, router
+
+    device = args.gpu or _this_device()
+    problem = build_problem(args, device, parser)
+    try:
+        explicit = policy.explicit_choice(args.backend)
+    except ValueError as exc:
+        parser.error(f"argument --backend: {exc}")
+    try:
+        decision = router.decide(problem, device, explicit=explicit, live=True)
+    except (router.BackendRefusedError, router.NoBackendError) as exc:
+        if args.json:
+            _print_json({"chosen": None, "device": device_json(device), "error": str(exc)})
+        else:
+            print(exc)
+        return 1
+    if args.json:
+        _print_json({**decision.to_json(), "device": device_json(device)})
+    else:
+        print(decision.explain())
+    return 0
+
+
+# -- info ------------------------------------------------------------------------------
+def device_reasons(name: str, device: DeviceDesc) -> list[Reason]:
+    """Reasons from the constraints that depend on the device alone (no problem needed)."""
+    from capability_db.schema import DEVICE_FACTS
+
+    caps = capability_db.backend_caps(name)
+    facts = {"sm": device.sm, "family": device.family, "device_fp8": device.fp8, "device_kind": device.kind}
+    out = []
+    for c in caps.constraints:
+        device_only = c.fact in DEVICE_FACTS and all(k in DEVICE_FACTS for k in c.when)
+        if device_only and c.applies(facts) and not c.accepts(facts[c.fact]):
+            value = device.arch if c.fact == "sm" else facts[c.fact]
+            out.append(Reason(c.fact, value, c.allowed_text(), c.source))
+    kind = [r for r in out if r.field == "device_kind"]
+    return kind or out  # on the wrong kind of device, its SM limits add nothing
+
+
+def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
+    from backends import get_backend
+
+    caps = capability_db.backend_caps(name)
+    row: dict[str, Any] = {"backend": name, "title": caps.title, "installed": False, "version": None,
+                           "hardware": caps.hardware.model_dump()}
+    try:  # an adapter that fails to import or to answer is reported, not fatal
+        backend = get_backend(name)
+        missing = backend.available()
+        row["version"] = backend.version() if missing is None else None
+    except Exception as exc:  # noqa: BLE001 - shown to the user as the reason
+        missing = Reason(f"adapter {name}", f"{type(exc).__name__}: {exc}", "an importable adapter")
+    row["installed"] = missing is None
+    reasons = ([missing] if missing is not None else []) + device_reasons(name, device)
+    row["usable_here"] = not reasons
+    row["why_not"] = [reason_json(r) for r in reasons]
+    return row
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    device = _this_device()
+    cudnn = torch.backends.cudnn
+    return {
+        "torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
+        "gpu": None if device.kind == "cpu" else device.name, "device": device_json(device),
+        "cudnn": cudnn.version() if cudnn.is_available() else None,
+        "backends": [backend_info(name, device) for name in REGISTRY],
+    }
+
+
+def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    info = machine_info()
+    if args.json:
+        _print_json(info)
+        return 0
+    dev = info["device"]
+    print(f"torch {info['torch']}; CUDA available: {info['cuda_available']}"
+          + (f" (CUDA {info['cuda']})" if info["cuda"] else ""))
+    print(f"device: {dev['name']} ({dev['arch']}, {dev['family']})" + (f"; cuDNN {info['cudnn']}" if info["cudnn"] else ""))
+    print("backends (registry order):")
+    for b in info["backends"]:
+        state = "usable here" if b["usable_here"] else ("installed, not usable here" if b["installed"] else "unavailable")
+        version = f" {b['version']}" if b["version"] else ""
+        hw = b["hardware"]
+        print(f"  {b['backend']:14s} {state}{version}; hardware: {hw['status']}"
+              + (f" ({hw['where']})" if hw.get("where") else "") + (f", report {hw['report']}" if hw.get("report") else ""))
+        for r in b["why_not"]:
+            print(f"                 - {r['text']}")
+    return 0
+
+
+# -- matrix ----------------------------------------------------------------------------
+def cmd_matrix(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from capability_db import render
+
+    if args.update_readme:
+        path = args.readme or render.README_PATH
+        try:
+            changed = render.update_readme(path)
+        except (OSError, ValueError) as exc:
+            print(f"attn-dispatch matrix --update-readme: {path}: {exc}", file=sys.stderr)
+            return 1
+        print(f"{path}: matrix block {'updated' if changed else 'already up to date'}")
+        return 0
+    if args.json:
+        _print_json(render.render_json())
+    else:
+        print(render.render_markdown())
+    return 0
+
+
+# -- probe / bench hooks ------------------------------------------------------------------
+def _run_module_main(module: str, argv: list[str]) -> Optional[int]:
+    """``module.main(argv)`` when the module exists; None when it does not."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # the module exists but something it imports is missing
+            raise
+        return None
+    result = mod.main(argv)
+    return int(result or 0)
+
+
+def cmd_probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    result = _run_module_main("dispatch.probe", args.args)
+    if result is None:
+        print("attn-dispatch probe: dispatch/probe.py is not present in this installation; "
+              "nothing to run (it checks the capability data against the GPU)", file=sys.stderr)
+        return 1
+    return result
+
+
+def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    result = _run_module_main("dispatch.bench", args.args)
+    if result is not None:
+        return result
+    scripts = sorted((REPO_ROOT / "tools").glob("bench*.py"))
+    if not scripts:
+        print("attn-dispatch bench: no benchmark found (dispatch/bench.py or tools/bench*.py); "
+              "benchmarks run from a source checkout", file=sys.stderr)
+        return 1
+    import runpy
+
+    saved = sys.argv
+    sys.argv = [str(scripts[0])] + list(args.args)
+    try:
+        runpy.run_path(str(scripts[0]), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
+COMMANDS = {"info": cmd_info, "query": cmd_query, "explain": cmd_explain, "matrix": cmd_matrix,
+            "probe": cmd_probe, "bench": cmd_bench}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("probe", "bench"):
+        # everything after the hook's name is its own (argparse REMAINDER stops at options)
+        return COMMANDS[argv[0]](argparse.Namespace(command=argv[0], args=argv[1:]), parser)
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # for errors naming the sub-command
+    return COMMANDS[args.command](args, sub)

@@ -1,0 +1,277 @@
+"""Named scenarios: inputs for the PUBLIC entry points in their native calling conventions.
+
+Each scenario is ``function(entry, dtype, seed) -> Case``; a Case unpacks as
+``call, expected = case`` (``call()`` runs the entry point through ``import dispatch``;
+``expected`` is the fp64 oracle result in that entry's output convention) and also
+carries what the agreement tests check besides values: the NaN-poisoned buffers the
+entry must fill and return, the inputs that must be unchanged, buffers that must stay
+zero (xqa workspace), and the tolerance class.
+
+Entries (``ENTRIES``) and the conventions they follow (flashinfer-calling-conventions.md, section 2):
+  cudnn       cudnn_batch_prefill_with_kv_cache (element offsets, (B,1,1,1) lengths, padded base-2 LSE)
+  trtllm      trtllm_batch_context_with_kv_cache (5-D/tuple cache, default HND, seq_lens incl. new tokens)
+  xqa         xqa_batch_decode_with_kv_cache (default NHD, spec-decode uint16 bit masks, q_cu_seq_lens)
+  paged       BatchPrefillWithPagedKVCacheWrapper plan/run
+  ragged      BatchPrefillWithRaggedKVCacheWrapper plan/run
+  single      single_prefill_with_kv_cache (the first request of the scenario only)
+  single_lse  single_prefill_with_kv_cache_return_lse
+Shapes stay small (a few requests, <= 64 keys) so CPU CI and the Triton interpreter can run them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+import torch
+
+from oracle import as_float, batch_attention_fp64, pack_spec_bits, packbits_little, spec_decode_mask
+
+ENTRIES = ("cudnn", "trtllm", "xqa", "paged", "ragged", "single", "single_lse")
+PREFILL = ("cudnn", "trtllm", "paged", "ragged", "single", "single_lse")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+FP8 = torch.float8_e4m3fn
+HALF = ("fp16", "bf16")
+WORKSPACE_BYTES = 1 << 16
+
+
+@dataclass
+class Setup:
+    """What a scenario asks for; each entry builder renders it in its own convention."""
+
+    q_lens: list
+    kv_lens: list
+    hq: int = 4
+    hkv: int = 2
+    dqk: int = 64
+    dvo: Optional[int] = None  # None = dqk
+    causal: bool = True
+    window_left: int = -1
+    soft_cap: float = 0.0
+    sinks: bool = False
+    mask: str = ""  # "", "custom", "custom_packed", "spec_causal", "spec_random"
+    page_size: int = 16
+    layout: Optional[str] = None  # None = the entry's default (not passed)
+    cache_form: str = "5d"  # "5d" | "tuple" | "squeezed" (4-D, P=1) | "squeezed_tuple" (3-D, P=1)
+    permute_pages: bool = False
+    strided: bool = False
+    want_lse: bool = False
+    provide_out: bool = True
+    sm_scale: Optional[float] = None  # None = the entry's default 1/sqrt(dqk) (not passed)
+    scale_mode: str = ""  # "", "scales" (bmm1 0-dim tensor, bmm2 0.7 ...), "tensors" (both 0-dim)
+    fp8_kv: bool = False
+    pos_encoding: str = "NONE"
+    variant: str = ""  # entry-specific: token_offsets, lens_1d, ragged, cum_kv_garbage, lse_buffer_only, q_cu
+
+    @property
+    def d_v(self) -> int:
+        return self.dvo or self.dqk
+
+
+@dataclass
+class Expected:
+    out: torch.Tensor  # fp64, shape and layout of the entry's output
+    lse: Optional[torch.Tensor] = None  # fp64 base 2 in the entry's LSE layout, None if none is returned
+    lse_rows: Optional[torch.Tensor] = None  # bool mask of LSE entries defined by the contract (cuDNN padding)
+
+
+@dataclass
+class Case:
+    call: Callable[[], Any]
+    expected: Expected
+    unpack: Callable[[Any], tuple]  # raw result -> (out, lse or None)
+    out_dtype: torch.dtype
+    inputs: dict = field(default_factory=dict)  # name -> tensor that must be unchanged by the call
+    out_buffer: Optional[torch.Tensor] = None  # NaN-poisoned, must be filled and returned as is
+    lse_buffer: Optional[torch.Tensor] = None
+    zero_buffers: dict = field(default_factory=dict)  # must still be all zero after the call
+    fp8: bool = False
+
+    def __iter__(self):
+        yield self.call
+        yield self.expected
+
+
+# --- random data -------------------------------------------------------------------------
+
+
+def _randn(gen: torch.Generator, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+
+def _stored(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(stored tensor, its real fp64 value): fp8 stores x / scale and dequantizes by scale."""
+    stored = (x / scale).to(dtype) if dtype == FP8 else x.to(dtype)
+    return stored, stored.double() * scale
+
+
+def _strided_copy(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The same values as an x[..., :D] view of a buffer twice as wide (random, never zero, padding)."""
+    buf = _randn(gen, *x.shape[:-1], 2 * x.shape[-1]).to(x.dtype)
+    buf[..., : x.shape[-1]] = x
+    return buf[..., : x.shape[-1]]
+
+
+def _indptr(lens) -> torch.Tensor:
+    return torch.tensor([0] + list(_cumsum(lens)), dtype=torch.int32)
+
+
+def _cumsum(lens):
+    total = 0
+    for n in lens:
+        total += n
+        yield total
+
+
+def _poisoned(shape, dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=torch.float32).to(dtype)
+
+
+@dataclass
+class Data:
+    """Per-request real values (fp64) plus the stored packed query."""
+
+    q: torch.Tensor  # stored (total_q, Hq, Dqk)
+    q_real: list
+    k_real: list
+    v_real: list
+    masks: list  # per request bool (L, S) or None, for the oracle
+    sinks: Optional[torch.Tensor]
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    q_scale: float = 1.0
+    extra: dict = field(default_factory=dict)
+
+
+def _queries(s: Setup, gen, q_dtype) -> tuple[torch.Tensor, list, float]:
+    q_scale = 0.05 if q_dtype == FP8 else 1.0
+    q_all = _randn(gen, sum(s.q_lens), s.hq, s.dqk)
+    q, real = _stored(q_all, q_dtype, q_scale)
+    return q, list(real.split(list(s.q_lens))), q_scale
+
+
+def _masks(s: Setup, gen) -> list:
+    """Per-request bool (L, S) masks for custom/spec scenarios (None otherwise)."""
+    out = []
+    for b, (ql, kl) in enumerate(zip(s.q_lens, s.kv_lens)):
+        if s.mask in ("custom", "custom_packed"):
+            m = torch.rand(ql, kl, generator=gen) < 0.6
+            if b == 0 and ql > 1:
+                m[0] = False  # a fully masked row: out 0, lse -inf
+            out.append(m)
+        elif s.mask.startswith("spec"):
+            draft = torch.tril(torch.ones(ql, ql, dtype=torch.bool))
+            if s.mask == "spec_random":
+                draft = (torch.rand(ql, ql, generator=gen) < 0.5) | torch.eye(ql, dtype=torch.bool)
+            out.append(draft)
+        else:
+            out.append(None)
+    return out
+
+
+def _oracle_masks(s: Setup, data: Data) -> list:
+    if s.mask.startswith("spec"):
+        return [spec_decode_mask(d, kl) for d, kl in zip(data.masks, s.kv_lens)]
+    return data.masks
+
+
+def expected_packed(s: Setup, data: Data, sm_scale: float, out_scale: float) -> tuple:
+    """The oracle's (total_q, Hq, Dvo) out and (total_q, Hq) lse for the setup."""
+    causal = s.causal and not s.mask.startswith("spec")
+    return batch_attention_fp64(
+        data.q_real, data.k_real, data.v_real, _oracle_masks(s, data), sm_scale=sm_scale, causal=causal,
+        window_left=s.window_left, soft_cap=s.soft_cap, sinks=data.sinks, out_scale=out_scale,
+        pos_encoding=s.pos_encoding)
+
+
+# --- paged KV --------------------------------------------------------------------------
+
+
+@dataclass
+class Paged:
+    k_pages: torch.Tensor  # stored, logical NHD (pages, P, Hkv, D)
+    v_pages: torch.Tensor
+    block_table: torch.Tensor  # (B, max_pages) int32, tails random valid ids
+    page_ids: list  # per request list of page ids
+
+
+def make_paged(s: Setup, gen, data: Data, kv_dtype) -> Paged:
+    """A page pool with random garbage everywhere, requests' pages sequential or permuted."""
+    P = s.page_size
+    counts = [max(1, -(-kl // P)) for kl in s.kv_lens]
+    num_pages = sum(counts) + 2  # spare pages full of garbage
+    order = torch.randperm(num_pages, generator=gen) if s.permute_pages else torch.arange(num_pages)
+    ids, start = [], 0
+    for c in counts:
+        ids.append(order[start:start + c].tolist())
+        start += c
+    k_st, k_real = _stored(_randn(gen, num_pages, P, s.hkv, s.dqk), kv_dtype, data.k_scale)
+    v_st, v_real = _stored(_randn(gen, num_pages, P, s.hkv, s.d_v), kv_dtype, data.v_scale)
+    max_pages = max(counts) + 1
+    table = torch.randint(0, num_pages, (len(counts), max_pages), generator=gen, dtype=torch.int32)
+    for b, (pid, kl) in enumerate(zip(ids, s.kv_lens)):
+        table[b, : len(pid)] = torch.tensor(pid, dtype=torch.int32)
+        data.k_real.append(k_real[pid].reshape(-1, s.hkv, s.dqk)[:kl])
+        data.v_real.append(v_real[pid].reshape(-1, s.hkv, s.d_v)[:kl])
+    return Paged(k_st, v_st, table, ids)
+
+
+def paged_cache(s: Setup, pg: Paged, layout: str, gen):
+    """The caller's cache object: 5-D (pages, 2, ...) or a (K, V) tuple, NHD or HND, maybe strided."""
+    k, v = pg.k_pages, pg.v_pages
+    if s.cache_form.startswith("squeezed"):  # page size 1 with the P dim squeezed
+        k, v = k[:, 0], v[:, 0]
+        return torch.stack([k, v], 1) if s.cache_form == "squeezed" else (k.contiguous(), v.contiguous())
+    if layout == "HND":
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    if s.cache_form == "5d":
+        cache = torch.stack([k, v], 1)
+        return _strided_copy(cache, gen) if s.strided else cache
+    k, v = k.contiguous(), v.contiguous()
+    return (_strided_copy(k, gen), _strided_copy(v, gen)) if s.strided else (k, v)
+
+
+def _prepare(s: Setup, gen, q_dtype, kv_dtype) -> Data:
+    q, q_real, q_scale = _queries(s, gen, q_dtype)
+    sinks = torch.rand(s.hq, generator=gen) * 5 if s.sinks else None
+    data = Data(q, q_real, [], [], _masks(s, gen), sinks, q_scale=q_scale)
+    if kv_dtype == FP8:
+        data.k_scale, data.v_scale = 0.25, 0.5
+    return data
+
+
+def _ragged_kv(s: Setup, gen, data: Data, kv_dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    k, k_real = _stored(_randn(gen, sum(s.kv_lens), s.hkv, s.dqk), kv_dtype, data.k_scale)
+    v, v_real = _stored(_randn(gen, sum(s.kv_lens), s.hkv, s.d_v), kv_dtype, data.v_scale)
+    data.k_real.extend(k_real.split(list(s.kv_lens)))
+    data.v_real.extend(v_real.split(list(s.kv_lens)))
+    return k, v
+
+
+def _packed_views(gen, *tensors):
+    """Tensors (n, H_i, D_i) with equal n as column slices of one packed buffer (token stride > H*D)."""
+    n = tensors[0].shape[0]
+    widths = [t.shape[1] * t.shape[2] for t in tensors]
+    buf = _randn(gen, n, sum(widths) + 8).to(tensors[0].dtype)
+    views, col = [], 0
+    for t, w in zip(tensors, widths):
+        buf[:, col:col + w] = t.reshape(n, w)
+        views.append(buf[:, col:col + w].view(n, t.shape[1], t.shape[2]))
+        col += w
+    return views
+
+
+def _scale(value: float, as_tensor: bool):
+    return torch.tensor(value, dtype=torch.float32) if as_tensor else value
+
+
+def _out_buffer(s: Setup, data: Data, dtype) -> Optional[torch.Tensor]:
+    return _poisoned((data.q.shape[0], s.hq, s.d_v), dtype) if s.provide_out else None
+
+
+def _lse_buffer(s: Setup, data: Data) -> Optional[torch.Tensor]:
+    return _poisoned((data.q.shape[0], s.hq), torch.float32) if s.want_lse else None
+
+
+def _tuple_result(returns_lse: bool):
+    return (lambda r: (r[0], r[1])) if returns_lse else (lambda r: (r, None))

@@ -1,0 +1,268 @@
+"""The capability data: it loads, every fact exists and has a source, priorities and devices are
+complete, and the data never over-promises (vendor facts that must be refused are refused).
+
+``MUST_REJECT`` is the hook the project extends: one row per vendor fact (with its section in
+/work/shared/reference/vendor-constraints.md) that a backend's data must refuse.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+
+import pytest
+
+import capability_db
+from backends import get_backend
+from capability_db.schema import DEVICE_FACTS, BackendCaps
+from dispatch import problem as problem_module
+from dispatch.problem import DTYPE_NAMES, AttentionProblem
+
+REPO_ROOT = Path(capability_db.__file__).resolve().parent.parent
+GPU_TAIL = ["native-triton", "reference"]
+PHASES = ("prefill", "decode", "spec_decode")
+
+
+def base_problem(**overrides) -> AttentionProblem:
+    fields = dict(entry="test_capability_db", phase="prefill", kv_storage="paged", kv_layout="NHD",
+                  num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128,
+                  q_dtype="bfloat16", kv_dtype="bfloat16", out_dtype="bfloat16", page_size=16, causal=True)
+    fields.update(overrides)
+    return AttentionProblem(**fields)
+
+
+KNOWN_FACTS = set(base_problem().facts()) | set(DEVICE_FACTS)
+
+
+def _literal_domains() -> dict[str, set]:
+    """Fact -> its allowed values, for the Literal-typed fields of AttentionProblem."""
+    hints = typing.get_type_hints(AttentionProblem, vars(problem_module))
+    domains = {name: set(typing.get_args(tp)) for name, tp in hints.items() if typing.get_origin(tp) is typing.Literal}
+    dtypes = set(DTYPE_NAMES.values()) | {"uint8"}  # uint8 = NVFP4 storage
+    domains.update(q_dtype=dtypes, kv_dtype=dtypes, out_dtype=dtypes, device_kind={"cuda", "cpu"},
+                   family={d.family for d in capability_db.device_table().devices} | {"cpu"})
+    bools = [f.name for f in dataclasses.fields(AttentionProblem) if f.type in ("bool", bool)]
+    domains.update({name: {True, False} for name in bools + ["has_window", "has_soft_cap", "same_head_dims",
+                                                              "device_fp8"]})
+    return domains
+
+
+DOMAINS = _literal_domains()
+ALL_CAPS = [pytest.param(name, id=name) for name in capability_db.BACKEND_NAMES]
+
+
+# -- files load and validate ---------------------------------------------------------------
+def test_every_backend_file_exists_for_every_name_and_vice_versa():
+    files = {p.stem for p in (capability_db.DATA_DIR / "backends").glob("*.json")}
+    assert files == set(capability_db.BACKEND_NAMES)
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_backend_file_validates_fresh_from_disk(name):
+    raw = json.loads((capability_db.DATA_DIR / "backends" / f"{name}.json").read_text())
+    caps = BackendCaps.model_validate(raw)
+    assert caps.name == name and caps.title.strip()
+    assert caps.constraints, f"{name}: no constraints at all"
+    assert caps == capability_db.backend_caps(name)
+
+
+def test_devices_and_priorities_validate():
+    assert capability_db.device_table().devices
+    assert capability_db.priorities().families
+
+
+def test_a_broken_file_names_itself(tmp_path, monkeypatch):
+    (tmp_path / "backends").mkdir()
+    (tmp_path / "backends" / "xqa.json").write_text('{"name": "xqa"}')
+    monkeypatch.setattr(capability_db, "DATA_DIR", tmp_path)
+    capability_db.backend_caps.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"backends/xqa\.json is invalid"):
+            capability_db.backend_caps("xqa")
+    finally:
+        monkeypatch.undo()
+        capability_db.backend_caps.cache_clear()
+
+
+# -- every constraint: a source, a known fact, values of the right kind ---------------------------
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_every_constraint_has_a_source(name):
+    caps = capability_db.backend_caps(name)
+    assert caps.cuda_graph_source.strip()
+    for c in caps.constraints:
+        assert c.source.strip(), f"{name}: constraint on {c.fact!r} has no source"
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_every_named_fact_exists(name):
+    for c in capability_db.backend_caps(name).constraints:
+        assert c.fact in KNOWN_FACTS, f"{name}: unknown fact {c.fact!r}; known: {sorted(KNOWN_FACTS)}"
+        for key in c.when:
+            assert key in KNOWN_FACTS, f"{name}: constraint on {c.fact!r} has unknown when-fact {key!r}"
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_listed_values_are_values_the_fact_can_take(name):
+    """A typo ('bf16', 'paged_kv', 'Hopper') would silently never match."""
+    for c in capability_db.backend_caps(name).constraints:
+        listed = [(c.fact, v) for v in c.allowed or []] + [(k, v) for k, vs in c.when.items() for v in vs]
+        for fact, value in listed:
+            if fact in DOMAINS:
+                assert value in DOMAINS[fact], f"{name}: {fact}={value!r} is not one of {sorted(map(str, DOMAINS[fact]))}"
+            elif fact == "sm":
+                assert isinstance(value, int) and value >= 70, f"{name}: sm={value!r} is not an SM number"
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_page_size_constraints_do_not_refuse_unpaged_problems(name):
+    """page_size is 0 unless paged: an unconditional page-size rule would refuse ragged/dense."""
+    caps = capability_db.backend_caps(name)
+    for storage in ("ragged", "dense"):
+        facts = base_problem(kv_storage=storage, page_size=0).facts()
+        facts.update(sm=90, family="hopper", device_fp8=True, device_kind="cuda")
+        if any(c.applies(facts) and not c.accepts(storage) for c in caps.facts_about("kv_storage")):
+            continue  # the backend refuses this storage anyway: its page rule changes nothing
+        for c in caps.facts_about("page_size"):
+            if c.applies(facts) and not c.accepts(0):
+                pytest.fail(f"{name}: page_size rule ({c.allowed_text()}) applies to {storage} KV (page_size 0); "
+                            "add when: {kv_storage: [paged]}")
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_verified_hardware_claims_point_at_a_committed_report(name):
+    hw = capability_db.backend_caps(name).hardware
+    if hw.status in ("verified", "partial"):
+        assert hw.where.strip(), f"{name}: hardware {hw.status!r} without where"
+        assert hw.report.strip() and (REPO_ROOT / hw.report).exists(), (
+            f"{name}: hardware {hw.status!r} needs a committed report; {hw.report!r} not found")
+
+
+# -- priorities ---------------------------------------------------------------------------------
+def test_priorities_name_known_backends_once_with_a_why():
+    prio = capability_db.priorities()
+    for family, phases in prio.families.items():
+        for phase, entries in phases.items():
+            names = [e.backend for e in entries]
+            assert set(names) <= set(capability_db.BACKEND_NAMES), (family, phase, names)
+            assert len(names) == len(set(names)), f"{family}/{phase} lists a backend twice: {names}"
+            assert all(e.why.strip() for e in entries), (family, phase)
+    for entry, first in prio.entry_first.items():
+        assert first.backend in capability_db.BACKEND_NAMES and first.why.strip(), entry
+
+
+def test_every_family_has_every_phase_ending_with_the_safety_net():
+    prio = capability_db.priorities()
+    families = {d.family for d in capability_db.device_table().devices} | {"default", "cpu"}
+    assert families <= set(prio.families), f"families without priorities: {families - set(prio.families)}"
+    for family, phases in prio.families.items():
+        assert set(PHASES) <= set(phases), f"{family} lacks {set(PHASES) - set(phases)}"
+        for phase in PHASES:
+            names = [e.backend for e in phases[phase]]
+            tail = ["reference"] if family == "cpu" else GPU_TAIL
+            assert names[-len(tail):] == tail, f"{family}/{phase} must end with {tail}: {names}"
+
+
+# -- devices ------------------------------------------------------------------------------------
+def test_devices_cover_the_architectures_we_route_for():
+    sms = {d.sm for d in capability_db.device_table().devices}
+    assert {80, 86, 89, 90, 100, 103, 120} <= sms
+    archs = [d.arch for d in capability_db.device_table().devices]
+    assert archs == [f"sm_{d.sm}" for d in capability_db.device_table().devices]
+
+
+def test_device_names_are_unique_and_resolve_to_their_device():
+    names = capability_db.device_names()
+    assert len(names) == len(set(names)), "a device name is listed twice"
+    for d in capability_db.device_table().devices:
+        for name in [d.arch, *d.names]:
+            desc = capability_db.resolve_device(name.upper())
+            assert (desc.sm, desc.family, desc.fp8, desc.kind) == (d.sm, d.family, d.fp8, "cuda")
+    assert capability_db.resolve_device("cpu") == capability_db.CPU_DEVICE
+
+
+def test_unknown_device_lists_valid_options():
+    with pytest.raises(ValueError, match=r"'tpu-v5' is not a known device; valid options are: sm_80, a100"):
+        capability_db.resolve_device("tpu-v5")
+
+
+def test_unknown_live_sm_keeps_the_nearest_family_below():
+    desc = capability_db.device_for_capability(9, 5, "future hopper")
+    assert (desc.sm, desc.family, desc.name) == (95, "hopper", "future hopper")
+
+
+# -- the data never over-promises ------------------------------------------------------------------
+# Checked through the adapter's check() (capability data + extra_checks): what routing sees.
+# (backend, device, problem overrides of base_problem(), fields of which at least one must be
+#  named by a Reason, vendor-constraints.md section). Extend freely: one row per vendor fact.
+MUST_REJECT = [
+    ("trtllm-gen", "h100", {}, {"sm"}, "3: SM100/103/107 only"),
+    ("trtllm-gen", "rtx5090", {}, {"sm"}, "3: not SM120/121"),
+    ("trtllm-gen", "thor", {}, {"sm"}, "3: not SM110"),
+    ("trtllm-gen", "b200", {"kv_storage": "ragged", "page_size": 0}, {"kv_storage"}, "3: paged only"),
+    ("trtllm-gen", "b200", {"page_size": 24}, {"page_size"}, "3: power of 2"),
+    ("trtllm-gen", "b200", {"logits_soft_cap": 30.0}, {"has_soft_cap", "logits_soft_cap"}, "3: no soft cap"),
+    ("trtllm-gen", "b200", {"causal": False, "window_left": 64}, {"has_window", "window_left", "causal"},
+     "3: window only with causal"),
+    ("trtllm-gen", "b200", {"head_dim_vo": 64}, {"same_head_dims", "head_dim_vo"}, "3: qk == vo"),
+    ("trtllm-gen", "b200", {"kv_dtype": "float8_e4m3fn"}, {"kv_dtype", "q_dtype"},
+     "3: BF16-Q + FP8-KV context is not shipped"),
+    ("trtllm-gen", "b200", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "3: no ALiBi"),
+    ("xqa", "a100", {"phase": "decode"}, {"sm"}, "4: majors 9/10/12 only"),
+    ("xqa", "h100", {}, {"phase"}, "4: decode kernel"),
+    ("xqa", "h100", {"phase": "decode", "return_lse": True}, {"return_lse"}, "1.1: no LSE"),
+    ("xqa", "h100", {"phase": "decode", "page_size": 8}, {"page_size"}, "4: pages 16/32/64/128"),
+    ("xqa", "h100", {"phase": "decode", "q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype"},
+     "4: Q fp16/bf16 only"),
+    ("xqa", "h100", {"phase": "decode", "head_dim_qk": 120, "head_dim_vo": 120}, {"head_dim_qk"},
+     "4: multiple of 16"),
+    ("xqa", "h100", {"phase": "decode", "kv_storage": "ragged", "page_size": 0}, {"kv_storage"}, "4: paged only"),
+    ("fa3", "b200", {}, {"sm"}, "6: sm90 kernels only"),
+    ("fa3", "a100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"sm", "q_dtype", "device_fp8"},
+     "6: fp8 only on Hopper"),
+    ("fa3", "h100", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "6: no ALiBi"),
+    ("fa3", "h100", {"has_sinks": True}, {"has_sinks"}, "6: no sinks upstream"),
+    ("fa3", "h100", {"mask": "custom"}, {"mask"}, "6 and 10: no custom mask"),
+    ("fa3", "h100", {"q_dtype": "float8_e5m2", "kv_dtype": "float8_e5m2"}, {"q_dtype", "kv_dtype"}, "6: e4m3 only"),
+    ("fa2", "h100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype"}, "5 and 10: no fp8 Q"),
+    ("fa2", "h100", {"has_sinks": True}, {"has_sinks"}, "5: no sinks"),
+    ("fa2", "h100", {"head_dim_qk": 512, "head_dim_vo": 512}, {"head_dim_qk"}, "5: <= 256"),
+    ("torch-flash", "h100", {}, {"kv_storage"}, "7: no paged KV in the adapter"),
+    ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "logits_soft_cap": 30.0},
+     {"has_soft_cap", "logits_soft_cap"}, "7: no soft cap in the schema"),
+    ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "q_dtype": "float8_e4m3fn",
+                             "kv_dtype": "float8_e4m3fn"}, {"q_dtype"}, "7: fp16/bf16 only"),
+    ("cudnn", "h100", {"logits_soft_cap": 30.0}, {"has_soft_cap", "logits_soft_cap"}, "2: no soft cap via FI"),
+    ("cudnn", "h100", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "2: no ALiBi with bottom-right"),
+    ("cudnn", "h100", {"mask": "custom"}, {"mask"}, "2: no custom mask"),
+    ("cudnn", "h100", {"head_dim_qk": 100, "head_dim_vo": 100}, {"head_dim_qk"}, "2: multiple of 8"),
+    ("cudnn", "a100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype", "kv_dtype", "sm"},
+     "2: fp8 needs Hopper+"),
+]
+MUST_REJECT_IDS = [f"{b}-{gpu}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'base'}"
+                   for b, gpu, o, _, _ in MUST_REJECT]
+
+
+@pytest.mark.parametrize("backend, gpu, overrides, fields, fact", MUST_REJECT, ids=MUST_REJECT_IDS)
+def test_data_never_over_promises(backend, gpu, overrides, fields, fact):
+    device = capability_db.resolve_device(gpu)
+    reasons = get_backend(backend).check(base_problem(**overrides), device)  # data + extra_checks
+    named = {r.field for r in reasons}
+    assert named & fields, (f"{backend} on {gpu} accepts {overrides or 'the base problem'} "
+                            f"(vendor-constraints.md section {fact}); reasons named {sorted(named) or 'nothing'}")
+    assert all(r.source for r in reasons)
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_each_backend_accepts_a_problem_inside_its_documented_envelope(name):
+    """The base problem (paged bf16 d128 page 16 causal) is within every vendor's documented
+    envelope on some GPU; data that refuses it everywhere would make the backend unreachable."""
+    gpus = {"cudnn": "h100", "trtllm-gen": "b200", "xqa": "h100", "fa3": "h100", "fa2": "a100",
+            "torch-flash": "h100", "native-triton": "h100", "reference": "cpu"}
+    overrides = {"xqa": {"phase": "decode"}, "torch-flash": {"kv_storage": "ragged", "page_size": 0}}.get(name, {})
+    device = capability_db.resolve_device(gpus[name])
+    if name == "reference":
+        overrides = {"device_type": "cpu", "window_left": 5, "logits_soft_cap": 10.0, "has_sinks": True,
+                     "return_lse": True, "mask": "custom", "pos_encoding": "ALIBI"}
+    reasons = get_backend(name).check(base_problem(**overrides), device)
+    assert reasons == [], f"{name} refuses the base problem on {gpus[name]}: {[str(r) for r in reasons]}"

@@ -1,0 +1,400 @@
+"""The attn-dispatch command line: query (sm_80/90/100/120 and CPU), info, matrix, README sync.
+
+Query expectations come from the vendor facts in /work/shared/reference/vendor-constraints.md
+(section numbers cited per test), not from the capability files: a failure here means the data
+and the vendor facts disagree.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+import capability_db
+from backends import REGISTRY
+from capability_db import render
+from capability_db.schema import BackendCaps
+from dispatch import cli
+
+VENDOR_MODULES = ("cudnn", "flashinfer", "flash_attn", "flash_attn_interface", "tensorrt_llm")
+BASE = ["--heads", "32/8", "--head-dim", "128", "--dtype", "bf16"]
+
+
+def run_cli(capsys, *argv):
+    rc = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def query(capsys, gpu, *options):
+    rc, out, _ = run_cli(capsys, "query", "--gpu", gpu, *BASE, *options, "--json")
+    data = json.loads(out)
+    assert rc == (0 if data["chosen"] else 1)
+    return data
+
+
+def candidate(data, backend):
+    found = [c for c in data["candidates"] if c["backend"] == backend]
+    assert found, f"{backend} is not a candidate: {[c['backend'] for c in data['candidates']]}"
+    return found[0]
+
+
+def rejected_fields(data, backend):
+    c = candidate(data, backend)
+    assert not c["accepted"], f"{backend} accepted a problem the vendor facts exclude"
+    return {r["field"] for r in c["reasons"]}
+
+
+def accepted(data, backend):
+    c = candidate(data, backend)
+    assert c["accepted"], f"{backend} rejected: {[r['text'] for r in c['reasons']]}"
+    return True
+
+
+PAGED_PREFILL = ["--phase", "prefill", "--kv", "paged", "--page-size", "16", "--causal"]
+PAGED_DECODE = ["--phase", "decode", "--kv", "paged", "--page-size", "16"]
+
+
+# -- sm_90 (Hopper) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu", ["h100", "sm_90", "sm90", "9.0", "h200"])
+def test_query_sm90_paged_prefill_chooses_fa3(capsys, gpu):
+    data = query(capsys, gpu, *PAGED_PREFILL)
+    assert data["device"]["arch"] == "sm_90" and data["device"]["family"] == "hopper"
+    assert data["chosen"] == "fa3"  # section 6: sm_90, bf16, d128, any page size, causal
+    assert data["problem"]["page_size"] == 16 and data["problem"]["causal"] is True
+
+
+def test_query_sm90_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
+    data = query(capsys, "h100", *PAGED_PREFILL, "--entry", "trtllm_batch_context_with_kv_cache")
+    assert data["candidates"][0]["backend"] == "trtllm-gen"  # the entry's own engine goes first
+    assert "sm" in rejected_fields(data, "trtllm-gen")  # section 3: SM100/103/107 only
+    sm_reason = [r for r in candidate(data, "trtllm-gen")["reasons"] if r["field"] == "sm"][0]
+    assert sm_reason["value"] == "sm_90" and sm_reason["source"]
+    assert data["chosen"] == "fa3"
+
+
+def test_query_sm90_decode_xqa_accepted_torch_flash_rejects_paged(capsys):
+    data = query(capsys, "h100", *PAGED_DECODE)
+    assert accepted(data, "xqa")  # section 4: major 9, paged, page 16, bf16, d128
+    assert "kv_storage" in rejected_fields(data, "torch-flash")  # section 7: no paging in the adapter
+    assert data["chosen"] is not None and data["chosen"] != "torch-flash"
+
+
+def test_query_sm90_decode_with_lse_rejects_xqa(capsys):
+    data = query(capsys, "h100", *PAGED_DECODE, "--lse")
+    assert "return_lse" in rejected_fields(data, "xqa")  # section 1.1: XQA has no LSE
+    assert data["chosen"] != "xqa"
+
+
+def test_query_sm90_prefill_rejects_xqa_by_phase(capsys):
+    data = query(capsys, "h100", *PAGED_PREFILL, "--entry", "xqa_batch_decode_with_kv_cache")
+    assert "phase" in rejected_fields(data, "xqa")  # section 4: a decode kernel
+
+
+def test_query_sm90_fp8_prefill_fa3_with_bf16_out(capsys):
+    data = query(capsys, "h100", *PAGED_PREFILL[:-1], "--dtype", "fp8")
+    assert data["problem"]["q_dtype"] == "float8_e4m3fn" and data["problem"]["out_dtype"] == "bfloat16"
+    assert data["chosen"] == "fa3"  # section 6: e4m3 Q+KV, bf16 out on Hopper
+    assert "q_dtype" in rejected_fields(data, "fa2")  # section 5: no fp8 Q
+
+
+# -- sm_80 (Ampere) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu", ["a100", "sm_80"])
+def test_query_sm80_ragged_prefill_chooses_fa2(capsys, gpu):
+    data = query(capsys, gpu, "--phase", "prefill", "--kv", "ragged", "--causal")
+    assert data["device"]["arch"] == "sm_80"
+    assert data["chosen"] == "fa2"  # section 5: SM80+, bf16, d128, varlen; first in the Ampere list
+    assert all(c["backend"] not in ("fa3", "xqa", "trtllm-gen") for c in data["candidates"])
+
+
+def test_query_sm80_fp8_is_refused_by_fa2_and_cudnn(capsys):
+    data = query(capsys, "a100", *PAGED_PREFILL, "--dtype", "fp8")
+    assert "q_dtype" in rejected_fields(data, "fa2")  # section 5: fp16/bf16 only
+    assert rejected_fields(data, "cudnn") & {"q_dtype", "sm"}  # section 2: fp8 needs Hopper+
+    assert data["chosen"] not in ("fa2", "cudnn")
+
+
+def test_query_sm80_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
+    data = query(capsys, "a100", *PAGED_PREFILL, "--entry", "trtllm_batch_context_with_kv_cache")
+    assert "sm" in rejected_fields(data, "trtllm-gen")
+
+
+def test_query_sm80_head_dim_256_rejected_by_cudnn(capsys):
+    data = query(capsys, "a100", *PAGED_PREFILL, "--head-dim", "256")
+    assert "head_dim_qk" in rejected_fields(data, "cudnn")  # section 2: <= 128 on Ampere (cuDNN <= 9.9)
+    assert "kv_storage" in rejected_fields(data, "torch-flash")
+
+
+# -- sm_100 (Blackwell) ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu", ["b200", "sm_100"])
+def test_query_sm100_paged_prefill_chooses_trtllm_gen(capsys, gpu):
+    data = query(capsys, gpu, *PAGED_PREFILL)
+    assert data["device"]["arch"] == "sm_100"
+    assert data["chosen"] == "trtllm-gen"  # section 3: SM100, bf16, d128, page 16 (power of 2), causal
+
+
+def test_query_sm100_soft_cap_rejected_by_trtllm_gen_and_cudnn(capsys):
+    data = query(capsys, "b200", *PAGED_PREFILL, "--soft-cap", "30")
+    assert rejected_fields(data, "trtllm-gen") & {"has_soft_cap", "logits_soft_cap"}  # section 3
+    assert rejected_fields(data, "cudnn") & {"has_soft_cap", "logits_soft_cap"}  # section 2: not via FI
+    assert data["chosen"] not in ("trtllm-gen", "cudnn")
+
+
+def test_query_sm100_non_causal_window_rejected_by_trtllm_gen(capsys):
+    data = query(capsys, "b200", "--phase", "prefill", "--kv", "paged", "--page-size", "16", "--window", "128")
+    assert rejected_fields(data, "trtllm-gen") & {"has_window", "window_left", "causal"}  # section 3
+
+
+def test_query_sm100_causal_window_accepted_by_trtllm_gen(capsys):
+    data = query(capsys, "b200", *PAGED_PREFILL, "--window", "128")
+    assert data["chosen"] == "trtllm-gen"
+
+
+def test_query_sm100_split_head_dims_rejected_by_trtllm_gen(capsys):
+    data = query(capsys, "b200", *PAGED_PREFILL, "--head-dim", "192/128")
+    assert rejected_fields(data, "trtllm-gen") & {"same_head_dims", "head_dim_vo", "head_dim_qk"}
+
+
+def test_query_sm100_bf16_q_with_fp8_kv_rejected_by_trtllm_gen(capsys):
+    data = query(capsys, "b200", *PAGED_PREFILL, "--kv-dtype", "fp8")
+    # section 3: "BF16-Q + FP8-KV context is not shipped" ("Missing TRTLLM-GEN kernel")
+    assert rejected_fields(data, "trtllm-gen") & {"kv_dtype", "q_dtype"}
+
+
+def test_query_sm100_paged_decode_chooses_xqa(capsys):
+    data = query(capsys, "b200", *PAGED_DECODE)
+    assert data["chosen"] == "xqa"  # section 4: major 10; first in the Blackwell decode list
+
+
+# -- sm_120 (consumer Blackwell) -----------------------------------------------------------------
+@pytest.mark.parametrize("gpu", ["rtx5090", "sm_120"])
+def test_query_sm120_paged_decode_chooses_xqa(capsys, gpu):
+    data = query(capsys, gpu, *PAGED_DECODE)
+    assert data["device"]["arch"] == "sm_120"
+    assert data["chosen"] == "xqa"  # section 4: major 12
+
+
+def test_query_sm120_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
+    data = query(capsys, "rtx5090", *PAGED_PREFILL, "--entry", "trtllm_batch_context_with_kv_cache")
+    assert "sm" in rejected_fields(data, "trtllm-gen")  # section 3: not SM120/121
+
+
+def test_query_sm120_xqa_page_size_8_rejected(capsys):
+    data = query(capsys, "sm_120", "--phase", "decode", "--kv", "paged", "--page-size", "8")
+    assert "page_size" in rejected_fields(data, "xqa")  # section 4: {16, 32, 64, 128}
+
+
+def test_query_sm120_prefill_with_sinks_rejects_fa2(capsys):
+    data = query(capsys, "rtx5090", *PAGED_PREFILL, "--sinks")
+    assert "has_sinks" in rejected_fields(data, "fa2")  # section 5: no sinks
+    assert data["chosen"] != "fa2"
+
+
+# -- CPU ----------------------------------------------------------------------------------------
+def test_query_cpu_chooses_reference(capsys):
+    data = query(capsys, "cpu", *PAGED_PREFILL, "--window", "7", "--soft-cap", "20", "--sinks", "--lse")
+    assert data["device"]["kind"] == "cpu" and data["problem"]["device_type"] == "cpu"
+    assert data["chosen"] == "reference"
+    assert data["problem"]["window_left"] == 7 and data["problem"]["logits_soft_cap"] == 20.0
+
+
+# -- query: laptop-safe, clear errors, human output ----------------------------------------------
+def test_query_never_touches_a_gpu_nor_imports_vendor_packages(capsys, monkeypatch):
+    def no_gpu(*args, **kwargs):
+        raise AssertionError("query touched the CUDA runtime")
+
+    for name in ("is_available", "get_device_capability", "get_device_name", "current_device", "init"):
+        monkeypatch.setattr(torch.cuda, name, no_gpu)
+    before = {m for m in VENDOR_MODULES if m in sys.modules}
+    for gpu, options in (("h100", PAGED_PREFILL), ("b200", PAGED_DECODE), ("rtx5090", PAGED_DECODE)):
+        query(capsys, gpu, *options)
+    assert {m for m in VENDOR_MODULES if m in sys.modules} == before
+
+
+def test_query_human_output_lists_every_candidate_in_order(capsys):
+    rc, out, _ = run_cli(capsys, "query", "--gpu", "h100", *BASE, *PAGED_DECODE, "--lse")
+    data = query(capsys, "h100", *PAGED_DECODE, "--lse")
+    assert rc == 0
+    lines = [line for line in out.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
+    assert [line.split()[2] for line in lines] == [c["backend"] for c in data["candidates"]]
+    assert f"chosen: {data['chosen']}" in out
+    assert "return_lse=True: allowed" in out  # xqa's reason, with value and what is allowed
+    assert "device:  h100 (sm_90, hopper, fp8)" in out
+
+
+@pytest.mark.parametrize("argv, option, shown", [
+    (["--gpu", "sm_999"], "--gpu", ["'sm_999'", "h100", "sm_120", "cpu"]),
+    (["--gpu", "h100", "--dtype", "int8"], "--dtype", ["'int8'", "bf16", "fp8"]),
+    (["--gpu", "h100", "--heads", "32/5"], "--heads", ["32/5", "multiple of kv heads"]),
+    (["--gpu", "h100", "--heads", "x"], "--heads", ["'x'", "32/8"]),
+    (["--gpu", "h100", "--head-dim", "0"], "--head-dim", ["'0'", "positive"]),
+    (["--gpu", "h100", "--phase", "verify"], "--phase", ["'verify'", "prefill", "spec_decode"]),
+    (["--gpu", "h100", "--kv", "flat"], "--kv", ["'flat'", "paged", "ragged", "dense"]),
+    (["--gpu", "h100", "--window", "-3"], "--window", ["'-3'", ">= 0"]),
+    (["--gpu", "h100", "--soft-cap", "0"], "--soft-cap", ["'0'", "> 0"]),
+    (["--gpu", "h100", "--page-size", "0"], "--page-size", ["'0'", "positive"]),
+    (["--gpu", "h100", "--entry", "flash_attn"], "--entry", ["'flash_attn'", "xqa_batch_decode_with_kv_cache"]),
+    (["--gpu", "h100", "--alibi", "--rope"], "--rope", ["not allowed with argument --alibi"]),
+    (["--phase", "decode"], "--gpu", ["required"]),
+])
+def test_query_bad_arguments_exit_2_naming_option_value_and_allowed(capsys, argv, option, shown):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["query", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err, err
+    for text in shown:
+        assert text in err, err
+
+
+def test_explain_on_this_machine_prints_the_decision(capsys):
+    rc, out, _ = run_cli(capsys, "explain", *BASE, *PAGED_PREFILL)
+    device = cli._this_device()
+    assert rc == 0
+    assert f"device: {device.name} ({device.arch})" in out and "CHOSEN" in out
+    if device.kind == "cpu":
+        assert "CHOSEN   reference" in out
+
+
+def test_explain_with_refused_backend_names_its_reasons(capsys):
+    rc, out, _ = run_cli(capsys, "explain", "--gpu", "cpu", *BASE, *PAGED_PREFILL, "--backend", "xqa")
+    assert rc == 1
+    assert "'xqa' (chosen by backend= argument) cannot serve" in out
+    assert "device_kind='cpu'" in out and "backends that would accept it: reference" in out
+
+
+def test_explain_unknown_backend_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["explain", "--gpu", "cpu", "--backend", "nope"])
+    assert info.value.code == 2
+    assert "--backend" in capsys.readouterr().err
+
+
+# -- info --------------------------------------------------------------------------------------
+def test_info_json_lists_every_backend_with_reasons(capsys):
+    rc, out, _ = run_cli(capsys, "info", "--json")
+    data = json.loads(out)
+    assert rc == 0
+    assert data["torch"] == torch.__version__ and data["cuda_available"] == torch.cuda.is_available()
+    assert [b["backend"] for b in data["backends"]] == list(REGISTRY)
+    for b in data["backends"]:
+        assert b["usable_here"] == (not b["why_not"]), b
+        assert all(r["field"] and r["allowed"] for r in b["why_not"]), b
+        assert b["hardware"]["status"] == capability_db.backend_caps(b["backend"]).hardware.status
+    if not torch.cuda.is_available():
+        usable = {b["backend"] for b in data["backends"] if b["usable_here"]}
+        assert "reference" in usable
+        assert not usable & {"cudnn", "trtllm-gen", "xqa", "fa3", "fa2", "torch-flash"}  # CUDA-only engines
+
+
+def test_info_human_output_names_every_backend(capsys):
+    rc, out, _ = run_cli(capsys, "info")
+    assert rc == 0 and out.startswith(f"torch {torch.__version__}")
+    for name in REGISTRY:
+        assert f"  {name} " in out
+
+
+# -- matrix ------------------------------------------------------------------------------------
+def test_matrix_renders_every_backend(capsys):
+    rc, out, _ = run_cli(capsys, "matrix")
+    assert rc == 0
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("| Backend | Archs |") and set(lines[1]) <= {"|", "-"}
+    assert [line.split("|")[1].strip() for line in lines[2:]] == list(capability_db.BACKEND_NAMES)
+    width = len(render.COLUMNS) + 2
+    assert all(len(line.replace("\\|", "")) and line.replace("\\|", "").count("|") == width - 1 for line in lines)
+
+
+def test_matrix_json_rows_follow_the_data(capsys):
+    rc, out, _ = run_cli(capsys, "matrix", "--json")
+    data = json.loads(out)
+    assert rc == 0
+    assert [c["key"] for c in data["columns"]] == [k for k, _ in render.COLUMNS]
+    rows = {r["backend"]: r for r in data["rows"]}
+    assert list(rows) == list(capability_db.BACKEND_NAMES)
+    for name, row in rows.items():
+        caps = capability_db.backend_caps(name)
+        assert row["title"] == caps.title and row["hardware"].startswith(caps.hardware.status)
+    assert rows["reference"]["archs"] == "any (CPU too)"
+    assert rows["xqa"]["lse"] == "no"  # xqa.json: return_lse allowed [false]
+
+
+SYNTHETIC = {
+    "name": "synthetic", "title": "a made-up backend", "cuda_graph": "after_warmup",
+    "cuda_graph_source": "test", "hardware": {"status": "partial", "where": "H100 (sm_90)"},
+    "constraints": [
+        {"fact": "device_kind", "allowed": ["cuda"], "source": "t"},
+        {"fact": "sm", "min": 90, "source": "t"},
+        {"fact": "q_dtype", "allowed": ["bfloat16", "float8_e4m3fn"], "source": "t"},
+        {"fact": "head_dim_qk", "max": 256, "multiple_of": 8, "source": "t"},
+        {"fact": "head_dim_vo", "max": 256, "multiple_of": 8, "source": "t"},
+        {"fact": "page_size", "power_of_two": True, "when": {"kv_storage": ["paged"]}, "source": "t"},
+        {"fact": "has_window", "allowed": [False], "when": {"causal": [False]}, "source": "t"},
+        {"fact": "has_soft_cap", "allowed": [False], "source": "t"},
+        {"fact": "pos_encoding", "allowed": ["NONE", "ALIBI"], "source": "t"},
+        {"fact": "return_lse", "allowed": [False], "when": {"phase": ["decode"]}, "source": "t"},
+        {"fact": "phase", "allowed": ["prefill", "decode"], "source": "t"},
+        {"fact": "causal", "allowed": [True], "when": {"has_sinks": [True]}, "source": "t"},
+        {"fact": "gqa_group", "max": 16, "source": "t"},
+        {"fact": "cuda_graph", "allowed": [False], "source": "t"},
+    ],
+}
+
+
+def test_matrix_cells_are_derived_from_constraints():
+    row = render.matrix_row(BackendCaps.model_validate(SYNTHETIC))
+    assert row["archs"] == "CUDA; sm_90+"
+    assert row["q_dtype"] == "bf16, e4m3" and row["kv_dtype"] == "any"
+    assert row["head_dims"] == "qk, vo: <= 256, multiple of 8"
+    assert row["page_sizes"] == "power of 2"  # the kv_storage=paged condition is implied by the column
+    assert row["phases"] == "prefill, decode" and row["spec_decode"] == "no"
+    assert row["window"] == "yes (no if causal=no)"
+    assert row["soft_cap"] == "no" and row["alibi"] == "yes" and row["rope"] == "no"
+    assert row["lse"] == "yes (no if phase=decode)"
+    assert row["sinks"] == "yes (needs causal yes)"
+    assert row["causal"] == "yes" and row["custom_mask"] == "yes"
+    assert row["other"] == "gqa_group: <= 16"
+    assert row["cuda_graph"] == "never"  # a constraint refusing cuda_graph overrides the level
+    assert row["hardware"] == "partial (H100 (sm_90))"
+
+
+# -- README sync -----------------------------------------------------------------------------------
+def test_readme_matrix_block_equals_the_rendered_matrix():
+    block = render.readme_block(render.README_PATH.read_text())
+    assert block.strip() == render.render_markdown().strip(), (
+        "README matrix block is stale: run `attn-dispatch matrix --update-readme`")
+
+
+def test_update_readme_rewrites_only_the_block(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n{render.README_BEGIN}\nold table\n{render.README_END}\nafter\n")
+    rc, out, _ = run_cli(capsys, "matrix", "--update-readme", "--readme", str(readme))
+    assert rc == 0 and "updated" in out
+    text = readme.read_text()
+    assert text.startswith("# title\n\nbefore\n") and text.endswith(f"{render.README_END}\nafter\n")
+    assert render.readme_block(text).strip() == render.render_markdown()
+    rc, out, _ = run_cli(capsys, "matrix", "--update-readme", "--readme", str(readme))
+    assert rc == 0 and "already up to date" in out and readme.read_text() == text
+
+
+def test_update_readme_without_markers_fails_naming_them(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no block here\n")
+    rc, _, err = run_cli(capsys, "matrix", "--update-readme", "--readme", str(readme))
+    assert rc == 1 and render.README_BEGIN in err and readme.read_text() == "# no block here\n"
+
+
+# -- probe / bench hooks ------------------------------------------------------------------------------
+def test_probe_and_bench_hooks_hand_over_or_say_what_is_missing(capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli, "_run_module_main", lambda module, argv: calls.append((module, argv)) or 7)
+    assert cli.main(["probe", "--grid", "small"]) == 7
+    assert calls == [("dispatch.probe", ["--grid", "small"])]
+    monkeypatch.setattr(cli, "_run_module_main", lambda module, argv: None)
+    monkeypatch.setattr(cli, "REPO_ROOT", cli.Path("/nonexistent-attn-dispatch"))
+    assert cli.main(["probe"]) == 1
+    assert "dispatch/probe.py is not present" in capsys.readouterr().err
+    assert cli.main(["bench"]) == 1
+    assert "no benchmark found" in capsys.readouterr().err

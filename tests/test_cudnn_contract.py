@@ -1,0 +1,344 @@
+"""cuDNN adapter contract, without a GPU and without nvidia-cudnn-frontend.
+
+A fake ``cudnn`` module (injected through sys.modules) records the graph the
+adapter declares and *executes it the way cuDNN would read it*: every operand is
+addressed only through its declared dims / strides / ragged offsets / page table
+(as_strided on the bound buffer), attention is computed in fp64 with the declared
+masks, O and natural-log Stats are written back the same way. Comparing the
+adapter's final out / lse with the fp64 oracle therefore checks the translation
+(layouts, element offsets, page tables, masks, LSE base and layout, scales).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from backends import BackendRejected
+from backends import cudnn as adapter
+from capability_db import resolve_device
+from dispatch.probe import BASE, Case, make_batch, oracle, rel_error
+from dataclasses import replace
+
+CPU = torch.device("cpu")
+H100 = resolve_device("h100")
+
+
+class FakeNotSupported(Exception):
+    pass
+
+
+class FakeTensor:
+    def __init__(self, name="", dim=(), stride=(), data_type=None, uid=None, **_):
+        self.name, self.dim, self.stride, self.data_type, self.uid = name, tuple(dim), tuple(stride), data_type, uid
+        self.ragged, self.output = None, False
+
+    def set_ragged_offset(self, t):
+        self.ragged = t
+        return self
+
+    def set_output(self, v):
+        self.output = v
+        return self
+
+    def set_dim(self, d):
+        self.dim = tuple(d)
+        return self
+
+    def set_stride(self, s):
+        self.stride = tuple(s)
+        return self
+
+    def set_data_type(self, t):
+        self.data_type = t
+        return self
+
+    def set_uid(self, u):
+        self.uid = u
+        return self
+
+
+def _view(buf: torch.Tensor, t: FakeTensor, b: int, pack, rows: int) -> torch.Tensor:
+    """The first ``rows`` rows of request b of a declared (B, H, S, D) operand, addressed as cuDNN would."""
+    assert rows <= t.dim[2], "the declared max length must cover the request"
+    offset = int(pack[t.ragged.uid].reshape(-1)[b]) if t.ragged is not None else b * t.stride[0]
+    return buf.as_strided((t.dim[1], rows, t.dim[3]), t.stride[1:], buf.storage_offset() + offset)
+
+
+def _paged(buf, t: FakeTensor, table, b: int, n: int) -> torch.Tensor:
+    """(H, n, D) keys of request b gathered through the page table of the declared pool."""
+    pool = buf.as_strided(t.dim, t.stride, buf.storage_offset())
+    P = t.dim[2]
+    pages = table[b, 0, : math.ceil(n / P), 0].long()
+    return torch.cat([pool[p] for p in pages], dim=1)[:, :n]
+
+
+class FakeGraph:
+    built = 0
+
+    def __init__(self, module, **kwargs):
+        self.module, self.kwargs, self.sdpa_kwargs = module, kwargs, None
+        module.graphs.append(self)
+
+    def tensor(self, **kw):
+        return FakeTensor(**kw)
+
+    def sdpa(self, name, q, k, v, **kw):
+        self.q, self.k, self.v, self.sdpa_kwargs = q, k, v, kw
+        self.o, self.stats = FakeTensor(name="O"), FakeTensor(name="Stats") if kw.get("generate_stats") else None
+        return [self.o, self.stats]
+
+    def validate(self, *args):
+        pass
+
+    build_operation_graph = create_execution_plans = validate
+
+    def check_support(self):
+        if self.module.refuse:
+            raise FakeNotSupported("cudnnGraphNotSupportedError: no engine")
+
+    def build_plans(self):
+        FakeGraph.built += 1
+
+    def get_workspace_size(self):
+        return 4096
+
+    def execute(self, pack, workspace, handle=None):
+        assert workspace.numel() >= 4096
+        self.module.executions.append(pack)
+        kw = self.sdpa_kwargs
+        for b in range(self.q.dim[0]):
+            self._request(pack, kw, b)
+
+    def _request(self, pack, kw, b):
+        lq, lk = int(pack[kw["seq_len_q"].uid].reshape(-1)[b]), int(pack[kw["seq_len_kv"].uid].reshape(-1)[b])
+        q = _view(pack[self.q.uid], self.q, b, pack, lq).double()
+        if "paged_attention_k_table" in kw:
+            k = _paged(pack[self.k.uid], self.k, pack[kw["paged_attention_k_table"].uid], b, lk).double()
+            v = _paged(pack[self.v.uid], self.v, pack[kw["paged_attention_v_table"].uid], b, lk).double()
+        else:
+            k = _view(pack[self.k.uid], self.k, b, pack, lk).double()
+            v = _view(pack[self.v.uid], self.v, b, pack, lk).double()
+        group = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        scale = kw["attn_scale"]
+        scale = float(pack[scale.uid].reshape(-1)[0]) if isinstance(scale, FakeTensor) else scale
+        s = torch.einsum("hqd,hkd->hqk", q, k) * scale
+        pos = torch.arange(lq)[:, None] + lk - lq
+        key = torch.arange(lk)[None, :]
+        if kw.get("use_causal_mask_bottom_right") or kw.get("diagonal_band_right_bound") == 0:
+            s = s.masked_fill(key > pos, float("-inf"))
+        if kw.get("diagonal_band_left_bound") is not None:
+            s = s.masked_fill(key <= pos - kw["diagonal_band_left_bound"], float("-inf"))
+        parts = [s] + ([pack[kw["sink_token"].uid].double().reshape(-1, 1, 1).expand(-1, lq, 1)] if "sink_token" in kw else [])
+        lse = torch.logsumexp(torch.cat(parts, -1), -1)
+        o = torch.einsum("hqk,hkd->hqd", torch.exp(s - lse[..., None]), v)
+        _view(pack[self.o.uid], self.o, b, pack, lq).copy_(o)
+        if self.stats is not None:
+            _view(pack[self.stats.uid], self.stats, b, pack, lq)[..., 0].copy_(lse)
+
+
+def make_fake_cudnn(backend_version=91900, refuse=False) -> types.ModuleType:
+    m = types.ModuleType("cudnn")
+    m.graphs, m.executions, m.refuse = [], [], refuse
+    m.data_type = types.SimpleNamespace(HALF="HALF", BFLOAT16="BFLOAT16", FLOAT="FLOAT", INT32="INT32")
+    m.heur_mode = types.SimpleNamespace(A="A", FALLBACK="FALLBACK")
+    m.diagonal_alignment = types.SimpleNamespace(BOTTOM_RIGHT="BOTTOM_RIGHT", TOP_LEFT="TOP_LEFT")
+    m.cudnnGraphNotSupportedError = FakeNotSupported
+    m.pygraph = lambda **kw: FakeGraph(m, **kw)
+    m.backend_version = lambda: backend_version
+    m.backend_version_string = lambda: str(backend_version)
+    m.create_handle = lambda: object()
+    m.set_stream = lambda handle, stream: None
+    m.__version__ = "fake"
+    return m
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    module = make_fake_cudnn()
+    monkeypatch.setitem(sys.modules, "cudnn", module)
+    return module
+
+
+def fp32_case(name="c", lens=((7, 33, 2), (47, 33, 72)), **changes) -> Case:
+    problem = replace(BASE, q_dtype="float32", kv_dtype="float32", out_dtype="float32", device_type="cpu", **changes)
+    return Case(name, problem, *lens)
+
+
+def run_adapter(case: Case, seed=0):
+    backend = adapter.CudnnBackend()
+    batch = make_batch(case, CPU, seed=seed)
+    plan = backend.plan(case.problem, batch)
+    backend.run(plan, batch)
+    return backend, batch, plan
+
+
+# ------------------------------------------------------------------- absent
+def test_absent_module_is_a_not_installed_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # import raises ModuleNotFoundError
+    reason = adapter.CudnnBackend().available()
+    assert reason is not None and reason.value == "not installed" and "attn-dispatch[cudnn]" in reason.allowed
+    assert adapter.CudnnBackend().extra_checks(BASE, H100) == []
+
+
+def test_absent_module_shows_in_router_reasons(monkeypatch):
+    import backends
+    from dispatch.router import backend_reasons
+
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    monkeypatch.setitem(backends._INSTANCES, "cudnn", adapter.CudnnBackend())
+    reasons = backend_reasons("cudnn", BASE, H100, live=True)
+    assert [r.value for r in reasons][:1] == ["not installed"]
+
+
+# -------------------------------------------------------- numerical translation
+SCENARIOS = {
+    "prefill_paged_nhd": {},
+    "prefill_paged_hnd": dict(kv_layout="HND"),
+    "prefill_paged_page8_mha": dict(page_size=8, num_kv_heads=8),
+    "prefill_ragged": dict(kv_storage="ragged", page_size=0),
+    "prefill_noncausal": dict(causal=False),
+    "prefill_window5": dict(window_left=5),
+    "prefill_sinks": dict(has_sinks=True),
+    "prefill_d64_192_128": dict(head_dim_qk=192, head_dim_vo=128),
+    "decode_paged": dict(phase="decode", _lens=((1, 1, 1), (40, 3, 129))),
+    "decode_ragged_window": dict(phase="decode", kv_storage="ragged", page_size=0, window_left=7, _lens=((1, 1), (20, 9))),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_translation_matches_fp64_oracle(fake, name):
+    changes = dict(SCENARIOS[name])
+    lens = changes.pop("_lens", ((7, 33, 2), (47, 33, 72)))
+    case = fp32_case(name, lens, **changes)
+    _, batch, _ = run_adapter(case, seed=len(name))
+    ref_out, ref_lse = oracle(case.problem, batch)
+    assert not torch.isnan(batch.out).any() and not torch.isnan(batch.lse).any()  # every element written
+    assert rel_error(batch.out, ref_out) < 1e-5
+    assert rel_error(batch.lse, ref_lse) < 1e-5  # natural log -> base 2, (B,H,S,1) -> (total_q, H)
+
+
+def test_scales_tensor_and_out_scale(fake):
+    case = replace(fp32_case("scales"), out_scale=0.5, tensor_scales=True)
+    backend, batch, plan = run_adapter(case, seed=3)
+    ref_out, ref_lse = oracle(case.problem, batch)
+    assert plan.key.scale is None and adapter.UID_SCALE in fake.executions[-1]
+    assert rel_error(batch.out, ref_out) < 1e-5 and rel_error(batch.lse, ref_lse) < 1e-5
+
+
+def test_non_contiguous_q_uses_its_token_stride(fake):
+    case = fp32_case("strided")
+    batch = make_batch(case, CPU, seed=5)
+    wide = torch.randn(batch.q.shape[0], batch.q.shape[1], 3 * batch.q.shape[2])
+    wide[:, :, : batch.q.shape[2]] = batch.q
+    batch.q = wide[:, :, : batch.q.shape[2]]  # token stride 3*H*D, head stride 3*D
+    backend = adapter.CudnnBackend()
+    plan = backend.plan(case.problem, batch)
+    backend.run(plan, batch)
+    assert torch.equal(plan.inputs[adapter.UID_OFF_Q].reshape(-1), batch.qo_indptr * batch.q.stride(0))
+    assert rel_error(batch.out, oracle(case.problem, batch)[0]) < 1e-5
+
+
+# ------------------------------------------------------------- what is declared
+def test_declared_graph_offsets_tables_and_buckets(fake):
+    case = fp32_case("declared")
+    _, batch, plan = run_adapter(case)
+    g = fake.graphs[-1]
+    H, D = case.problem.num_qo_heads, case.problem.head_dim_qk
+    assert g.q.dim == (3, H, 64, D) and g.q.stride[1:] == (D, H * D, 1)  # max_q 33 -> bucket 64
+    offsets = plan.inputs[adapter.UID_OFF_Q].reshape(-1)
+    assert offsets.tolist() == [t * H * D for t in batch.qo_indptr.tolist()]  # elements, not tokens
+    assert plan.inputs[adapter.UID_OFF_STATS].reshape(-1).tolist() == [t * H for t in batch.qo_indptr.tolist()]
+    assert g.stats.dim == (3, H, 64, 1)
+    table = plan.inputs[adapter.UID_TABLE_K]
+    assert table.shape == (3, 1, batch.block_table.shape[1], 1) and table.dtype == torch.int32
+    assert g.sdpa_kwargs["paged_attention_max_seq_len_kv"] == min(128, batch.block_table.shape[1] * 16)
+    assert g.sdpa_kwargs["use_causal_mask_bottom_right"] is True and g.sdpa_kwargs["use_padding_mask"] is True
+
+
+def test_window_is_a_left_band_of_w_plus_one(fake):
+    run_adapter(fp32_case("w", window_left=5))
+    kw = fake.graphs[-1].sdpa_kwargs
+    assert kw["diagonal_band_left_bound"] == 6 and kw["diagonal_band_right_bound"] == 0
+    assert "use_causal_mask_bottom_right" not in kw
+
+
+def test_bucket():
+    assert [adapter.bucket(n) for n in (1, 2, 16, 17, 33, 4096, 4097)] == [1, 16, 16, 32, 64, 4096, 8192]
+
+
+# -------------------------------------------------------------- graph cache
+def test_same_bucket_reuses_the_graph(fake):
+    backend = adapter.CudnnBackend()
+    first = make_batch(fp32_case("a", ((7, 33, 2), (47, 33, 72))), CPU, seed=1)
+    second = make_batch(fp32_case("b", ((9, 40, 4), (40, 40, 70))), CPU, seed=2)  # same pool and table width
+    problem = fp32_case().problem
+    plan1, plan2 = backend.plan(problem, first), backend.plan(problem, second)
+    assert len(fake.graphs) == 1 and plan1.entry is plan2.entry  # lengths are runtime inputs
+    backend.run(plan2, second)
+    assert rel_error(second.out, oracle(problem, second)[0]) < 1e-5
+
+
+def test_new_bucket_or_float_scale_builds_a_new_graph(fake):
+    backend = adapter.CudnnBackend()
+    problem = fp32_case().problem
+    base = make_batch(fp32_case("a"), CPU, seed=1)
+    longer = make_batch(fp32_case("b", ((70, 3, 2), (80, 33, 72))), CPU, seed=2)  # max_q 70 -> bucket 128
+    rescaled = make_batch(fp32_case("a"), CPU, seed=1)
+    rescaled.sm_scale = 0.05  # a float scale is a graph constant: a key field
+    keys = [backend.plan(problem, b).key for b in (base, longer, rescaled)]
+    assert len(set(keys)) == 3 and len(fake.graphs) == 3
+    assert keys[1].s_q == 128 and keys[2].scale == 0.05
+
+
+def test_tensor_scale_values_share_one_graph(fake):
+    backend = adapter.CudnnBackend()
+    problem = fp32_case().problem
+    batches = [make_batch(replace(fp32_case("t"), tensor_scales=True), CPU, seed=s) for s in (1, 2)]
+    batches[1].sm_scale = torch.tensor(0.3)
+    plans = [backend.plan(problem, b) for b in batches]
+    assert len(fake.graphs) == 1 and plans[0].key.scale is None
+    backend.run(plans[1], batches[1])
+    assert rel_error(batches[1].out, oracle(problem, batches[1])[0]) < 1e-5
+
+
+# ---------------------------------------------------------- refusals, checks
+def test_build_failure_is_a_plan_time_rejection(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cudnn", make_fake_cudnn(refuse=True))
+    case = fp32_case("refused")
+    with pytest.raises(BackendRejected) as info:
+        adapter.CudnnBackend().plan(case.problem, make_batch(case, CPU))
+    assert info.value.reasons[0].field == "cudnn graph" and "no engine" in str(info.value.reasons[0].value)
+
+
+def test_version_gates_and_dtype_checks(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cudnn", make_fake_cudnn(backend_version=90400))
+    reasons = adapter.CudnnBackend().extra_checks(replace(BASE, kv_dtype="float8_e4m3fn", has_sinks=True), H100)
+    fields = {r.field for r in reasons}
+    assert {"kv_dtype/out_dtype", "kv_storage=paged", "has_sinks"} <= fields
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(logits_soft_cap=30.0), "has_soft_cap"),
+    (dict(causal=False, window_left=4), None),  # measured on H100 / cuDNN 9.19: a version gate, not data
+    (dict(phase="decode", has_sinks=True), None),  # the adapter declares two query rows (see graph_key)
+    (dict(page_size=12), "page_size"),
+    (dict(head_dim_qk=72, head_dim_vo=72), None),
+    (dict(head_dim_qk=100, head_dim_vo=100), "head_dim_qk"),
+    (dict(pos_encoding="ALIBI"), "pos_encoding"),
+])
+def test_capability_data(changes, field):
+    reasons = adapter.CudnnBackend().caps.check(replace(BASE, **changes), H100)
+    assert [r.field for r in reasons][:1] == ([field] if field else [])
+
+
+def test_one_token_queries_with_lse_or_sinks_get_two_rows(fake):
+    _, _, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode"))
+    assert plan.key.s_q == 2
+    _, batch, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode", return_lse=False))
+    assert plan.key.s_q == 1 and rel_error(batch.out, oracle(plan_problem := fp32_case(
+        "d", ((1, 1), (9, 20)), phase="decode", return_lse=False).problem, batch)[0]) < 1e-5
