@@ -197,7 +197,7 @@ def environment() -> dict:
     import flashinfer
     return {"gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "flashinfer": flashinfer.__version__,
-            "python": platform.python_version(), "date": datetime.datetime.utcnow().isoformat(timespec="seconds") + "Z"}
+            "python": platform.python_version(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def markdown(env, agree, perf) -> str:
