@@ -275,3 +275,259 @@ def _lse_buffer(s: Setup, data: Data) -> Optional[torch.Tensor]:
 
 def _tuple_result(returns_lse: bool):
     return (lambda r: (r[0], r[1])) if returns_lse else (lambda r: (r, None))
+
+
+# --- entry builders ------------------------------------------------------------------------
+
+
+def _default_sm(s: Setup) -> float:
+    return s.sm_scale if s.sm_scale is not None else 1.0 / math.sqrt(s.dqk)
+
+
+def _wrapper_scales(s: Setup, data: Data) -> tuple[dict, float, float]:
+    """run() k_scale/v_scale, and the oracle's (sm_scale, out_scale) on real values."""
+    extra_k, extra_v = (0.8, 0.7) if s.scale_mode else (1.0, 1.0)
+    kw = {}
+    if s.fp8_kv or s.scale_mode:
+        kw = {"k_scale": data.k_scale * extra_k, "v_scale": data.v_scale * extra_v}
+    return kw, _default_sm(s) * extra_k, extra_v
+
+
+def _plan_kwargs(s: Setup, dtype, data: Data) -> dict:
+    kw: dict = {"causal": s.causal}
+    if s.dvo:
+        kw["head_dim_vo"] = s.dvo
+    if s.mask == "custom":
+        kw["custom_mask"] = torch.cat([m.reshape(-1) for m in data.masks])
+    elif s.mask == "custom_packed":
+        kw["packed_custom_mask"] = torch.cat([packbits_little(m.reshape(-1)) for m in data.masks])
+    optional = {"pos_encoding_mode": (s.pos_encoding, "NONE"), "window_left": (s.window_left, -1),
+                "logits_soft_cap": (s.soft_cap, 0.0), "sm_scale": (s.sm_scale, None)}
+    kw.update({name: value for name, (value, default) in optional.items() if value != default})
+    if dtype != torch.float16:  # float16 is plan's default q_data_type: rely on it
+        kw["q_data_type"] = dtype
+    if s.fp8_kv:
+        kw["kv_data_type"] = FP8
+    return kw
+
+
+def _run_kwargs(s: Setup, data: Data, out, lse, scale_kw: dict) -> dict:
+    kw = dict(scale_kw)
+    if out is not None:
+        kw["out"] = out
+    if s.want_lse:
+        kw.update(lse=lse, return_lse=True)
+    return kw
+
+
+def _tensor_inputs(**named) -> dict:
+    found = {}
+    for name, value in named.items():
+        if isinstance(value, torch.Tensor):
+            found[name] = value
+        elif isinstance(value, (tuple, list)):
+            found.update({f"{name}[{i}]": t for i, t in enumerate(value) if isinstance(t, torch.Tensor)})
+        elif isinstance(value, dict):
+            found.update(_tensor_inputs(**{f"{name}.{k}": t for k, t in value.items()}))
+    return found
+
+
+def _wrapper_case(s, dtype, data, call, args, plan_kw, run_kw, out, lse) -> Case:
+    run_inputs = {k: v for k, v in run_kw.items() if k not in ("out", "lse")}
+    exp_out, exp_lse = expected_packed(s, data, data.extra["sm"], data.extra["out_scale"])
+    return Case(call, Expected(exp_out, exp_lse if s.want_lse else None), _tuple_result(s.want_lse), dtype,
+                _tensor_inputs(args=args, plan=plan_kw, run=run_inputs), out, lse, fp8=s.fp8_kv)
+
+
+def build_ragged(s: Setup, gen, dtype, entry) -> Case:
+    import dispatch
+
+    data = _prepare(s, gen, dtype, dtype)
+    k, v = _ragged_kv(s, gen, data, dtype)
+    q = data.q
+    if s.strided:  # q/k/v column slices of one packed QKV buffer (scenario uses q_len == kv_len)
+        q, k, v = _packed_views(gen, q, k, v)
+    qo, kv = _indptr(s.q_lens), _indptr(s.kv_lens)
+    scale_kw, data.extra["sm"], data.extra["out_scale"] = _wrapper_scales(s, data)
+    out, lse = _out_buffer(s, data, dtype), _lse_buffer(s, data)
+    plan_kw, run_kw = _plan_kwargs(s, dtype, data), _run_kwargs(s, data, out, lse, scale_kw)
+    ws = torch.empty(WORKSPACE_BYTES, dtype=torch.int8)
+
+    def call():
+        wrapper = dispatch.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+        wrapper.plan(qo, kv, s.hq, s.hkv, s.dqk, **plan_kw)
+        return wrapper.run(q, k, v, **run_kw)
+
+    return _wrapper_case(s, dtype, data, call, (q, k, v, qo, kv), plan_kw, run_kw, out, lse)
+
+
+def build_paged(s: Setup, gen, dtype, entry) -> Case:
+    import dispatch
+
+    kv_dtype = FP8 if s.fp8_kv else dtype
+    data = _prepare(s, gen, dtype, kv_dtype)
+    pg = make_paged(s, gen, data, kv_dtype)
+    cache = paged_cache(s, pg, s.layout or "NHD", gen)
+    q = _strided_copy(data.q, gen) if s.strided else data.q
+    qo = _indptr(s.q_lens)
+    kv_indptr = _indptr([len(p) for p in pg.page_ids])
+    indices = torch.tensor([i for p in pg.page_ids for i in p], dtype=torch.int32)
+    last = torch.tensor([(kl - 1) % s.page_size + 1 for kl in s.kv_lens], dtype=torch.int32)
+    scale_kw, data.extra["sm"], data.extra["out_scale"] = _wrapper_scales(s, data)
+    out, lse = _out_buffer(s, data, dtype), _lse_buffer(s, data)
+    plan_kw, run_kw = _plan_kwargs(s, dtype, data), _run_kwargs(s, data, out, lse, scale_kw)
+    if data.sinks is not None:
+        run_kw["sinks"] = data.sinks
+    ws = torch.empty(WORKSPACE_BYTES, dtype=torch.int8)
+    layout_args = (s.layout,) if s.layout else ()
+
+    def call():
+        wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(ws, *layout_args)
+        wrapper.plan(qo, kv_indptr, indices, last, s.hq, s.hkv, s.dqk, s.page_size, **plan_kw)
+        return wrapper.run(q, cache, **run_kw)
+
+    return _wrapper_case(s, dtype, data, call, (q, cache, qo, kv_indptr, indices, last), plan_kw, run_kw, out, lse)
+
+
+def build_single(s: Setup, gen, dtype, entry) -> Case:
+    import dispatch
+
+    s = replace(s, q_lens=s.q_lens[:1], kv_lens=s.kv_lens[:1])
+    data = _prepare(s, gen, dtype, dtype)
+    k, v = _ragged_kv(s, gen, data, dtype)
+    q = data.q
+    if s.strided:
+        q, k, v = _packed_views(gen, q, k, v) if q.shape[0] == k.shape[0] else (*_packed_views(gen, q), *_packed_views(gen, k, v))
+    if s.layout == "HND":
+        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    kw = _plan_kwargs(s, dtype, data)
+    kw.pop("q_data_type", None)
+    if "custom_mask" in kw:
+        kw["custom_mask"] = data.masks[0]  # single takes the (qo_len, kv_len) bool matrix
+    if s.layout:
+        kw["kv_layout"] = s.layout
+    returns_lse = entry == "single_lse" or s.want_lse
+    if entry == "single" and s.want_lse:
+        kw["return_lse"] = True
+    fn = dispatch.single_prefill_with_kv_cache if entry == "single" else dispatch.single_prefill_with_kv_cache_return_lse
+    exp_out, exp_lse = expected_packed(s, data, _default_sm(s), 1.0)
+    return Case(lambda: fn(q, k, v, **kw), Expected(exp_out, exp_lse if returns_lse else None),
+                _tuple_result(returns_lse), dtype, _tensor_inputs(q=q, k=k, v=v, kw=kw))
+
+
+def _bmm_scales(s: Setup, data: Data) -> tuple:
+    """(bmm1, bmm2) as passed, and the oracle's (sm_scale, out_scale) on real values."""
+    sm = _default_sm(s)
+    extra_v = 0.7 if s.scale_mode else 1.0
+    bmm1 = _scale(data.q_scale * data.k_scale * sm, bool(s.scale_mode))
+    bmm2 = _scale(data.v_scale * extra_v, s.scale_mode == "tensors")
+    oracle_sm = as_float(bmm1) / (data.q_scale * data.k_scale)
+    oracle_out = as_float(bmm2) / data.v_scale
+    return bmm1, bmm2, oracle_sm, oracle_out
+
+
+def build_trtllm(s: Setup, gen, dtype, entry) -> Case:
+    import dispatch
+
+    kv_dtype = FP8 if s.fp8_kv else dtype
+    data = _prepare(s, gen, kv_dtype, kv_dtype)  # fp8 KV comes with an fp8 query (as upstream's grid)
+    pg = make_paged(s, gen, data, kv_dtype)
+    cache = paged_cache(s, pg, s.layout or "HND", gen)
+    q = _strided_copy(data.q, gen) if s.strided else data.q
+    seq_lens = torch.tensor(s.kv_lens, dtype=torch.int32)
+    cum_q = _indptr(s.q_lens)
+    cum_kv = _indptr([len(p) for p in pg.page_ids])  # page counts, as upstream tests pass: ignored
+    if s.variant == "cum_kv_garbage":
+        cum_kv = torch.arange(pg.k_pages.shape[0] + 1, dtype=torch.int32) * s.page_size
+    bmm1, bmm2, sm, out_scale = _bmm_scales(s, data)
+    out, lse = _out_buffer(s, data, dtype), _lse_buffer(s, data)
+    kw = {"out": out} if out is not None else {}
+    kw.update({k: v for k, v in (("kv_layout", s.layout), ("sinks", data.sinks), ("lse", lse)) if v is not None})
+    if kv_dtype == FP8:
+        kw["out_dtype"] = dtype
+    if not s.causal:
+        kw["causal"] = False
+    returns_lse = s.want_lse and s.variant != "lse_buffer_only"
+    if returns_lse:
+        kw["return_lse"] = True
+    args = (q, cache, torch.empty(WORKSPACE_BYTES, dtype=torch.int8), pg.block_table, seq_lens, max(s.q_lens),
+            max(s.kv_lens), bmm1, bmm2, len(s.q_lens), cum_q, cum_kv, s.window_left)
+    exp_out, exp_lse = expected_packed(s, data, sm, out_scale)
+    unpack = _tuple_result(True) if returns_lse else (lambda r: (r, lse))
+    return Case(lambda: dispatch.trtllm_batch_context_with_kv_cache(*args, **kw),
+                Expected(exp_out, exp_lse if s.want_lse else None), unpack, dtype,
+                _tensor_inputs(args=args[:2] + args[3:], kw={k: v for k, v in kw.items() if k not in ("out", "lse")}),
+                out, lse, fp8=s.fp8_kv)
+
+
+def _xqa_mask(s: Setup, data: Data) -> Optional[torch.Tensor]:
+    """uint16 bit rows: (B, q_len, 2*ceil(q_len/32)) or ragged (total_q, 2*ceil(max_q/32))."""
+    if not s.mask.startswith("spec"):
+        return None
+    width = max(s.q_lens)
+    if s.variant != "q_cu":
+        return pack_spec_bits(torch.stack(data.masks), width)
+    rows = torch.zeros(sum(s.q_lens), width, dtype=torch.bool)
+    for b, draft in enumerate(data.masks):
+        start = sum(s.q_lens[:b])
+        rows[start:start + s.q_lens[b], : s.q_lens[b]] = draft
+    return pack_spec_bits(rows, width)
+
+
+def build_xqa(s: Setup, gen, dtype, entry) -> Case:
+    import dispatch
+
+    kv_dtype = FP8 if s.fp8_kv else dtype
+    data = _prepare(s, gen, dtype, kv_dtype)
+    pg = make_paged(s, gen, data, kv_dtype)
+    cache = paged_cache(s, pg, s.layout or "NHD", gen)
+    bmm1, bmm2, sm, out_scale = _bmm_scales(s, data)
+    out = _out_buffer(s, data, dtype)
+    mask = _xqa_mask(s, data)
+    kw = {k: v for k, v in (("out", out), ("sinks", data.sinks), ("kv_layout", s.layout), ("mask", mask))
+          if v is not None}
+    if max(s.q_lens) > 1 or s.variant == "q_cu":
+        kw["q_len_per_req"] = max(s.q_lens)
+    if s.variant == "q_cu":
+        kw["q_cu_seq_lens"] = _indptr(s.q_lens)
+    if s.scale_mode:
+        kw["o_scale"] = 2.0  # cancels inside xqa: the output multiplier stays bmm2_scale
+    ws = torch.zeros(WORKSPACE_BYTES, dtype=torch.int8)
+    args = (data.q, cache, ws, pg.block_table, torch.tensor(s.kv_lens, dtype=torch.int32), max(s.kv_lens),
+            bmm1, bmm2, s.window_left)
+    exp_out, _ = expected_packed(s, data, sm, out_scale)
+    return Case(lambda: dispatch.xqa_batch_decode_with_kv_cache(*args, **kw), Expected(exp_out), lambda r: (r, None),
+                dtype, _tensor_inputs(args=args[:2] + args[3:], kw={k: v for k, v in kw.items() if k != "out"}),
+                out, None, {"workspace_buffer": ws}, fp8=s.fp8_kv)
+
+
+def _cudnn_pages(s: Setup, pg: Paged, gen) -> tuple:
+    """(pages, Hkv, P, D) logical views; physical memory per the scenario (cuDNN ignores kv_layout)."""
+    k, v = pg.k_pages.transpose(1, 2), pg.v_pages.transpose(1, 2)  # HND-shaped views of NHD memory
+    if s.layout == "NHD":
+        return k, v
+    if s.cache_form == "5d" and s.layout == "HND":
+        both = torch.stack([k, v], 1).contiguous()  # a true-HND 5-D cache, K = [:, 0], V = [:, 1]
+        return both[:, 0], both[:, 1]
+    k, v = k.contiguous(), v.contiguous()
+    return (_strided_copy(k, gen), _strided_copy(v, gen)) if s.strided else (k, v)
+
+
+def _cudnn_offsets(s: Setup, paged: bool) -> dict:
+    q_tok, kv_tok = _indptr(s.q_lens), _indptr(s.kv_lens)
+    if s.variant == "token_offsets":
+        kw = {"batch_offsets_q": q_tok, "batch_offsets_units": "tokens"}
+        return kw if paged else {**kw, "batch_offsets_k": kv_tok}
+    kw = {"batch_offsets_q": q_tok * s.hq * s.dqk, "batch_offsets_o": q_tok * s.hq * s.d_v}
+    if not paged:
+        kw.update(batch_offsets_k=kv_tok * s.hkv * s.dqk, batch_offsets_v=kv_tok * s.hkv * s.d_v)
+    return kw
+
+
+def _cudnn_lse(s: Setup, exp_lse: torch.Tensor, max_tok: int) -> tuple:
+    """Padded (B, max_token_per_sequence, Hq) base-2 LSE and the mask of its defined rows."""
+    padded = torch.full((len(s.q_lens), max_tok, s.hq), -math.inf, dtype=torch.float64)
+    rows = torch.zeros(len(s.q_lens), max_tok, s.hq, dtype=torch.bool)
+    for b, (part, ql) in enumerate(zip(exp_lse.split(list(s.q_lens)), s.q_lens)):
+        padded[b, :ql], rows[b, :ql] = part, True
+    return padded, rows
