@@ -14,10 +14,10 @@ One request at a time, dense (q_len x kv_len) scores in fp64:
   that lower bound applies; an optional bool ``mask`` (L, S) keeps True entries;
 * s = sm_scale * q.k, then the soft cap cap * tanh(s / cap) when cap > 0;
 * sinks (Hq,) are raw logits that add exp(sink[h]) to the denominator only;
-* out = out_scale * softmax(s) @ v, lse = log2(sum_k exp(s_k)) (base 2, over the
-  kept keys; with sinks the sink term is part of the sum, i.e. lse is the log of
-  the softmax denominator);
-* a row with no kept key: out 0, lse -inf (with a sink: lse = sink / ln 2);
+* out = out_scale * softmax(s) @ v, lse = log2(sum_k exp(s_k)) (base 2) summed over
+  the kept keys only, as section 2.0 writes it: the sink term is NOT part of the LSE
+  (ambiguous upstream, where no test compares an LSE with sinks);
+* a row with no kept key: out 0, lse -inf (with or without a sink);
 * GQA: q head h reads kv head h // (Hq / Hkv);
 * ROPE_LLAMA: rotate-half (first half / second half pairs), frequency
   theta^(-2i/D) / rope_scale, q at its position S - L + i, k at j, before the dot.
@@ -85,7 +85,7 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sm_scal
     """
     q, k, v = q.double(), k.double(), v.double()
     q_len, hq, _ = q.shape
-    kv_len, hkv, dvo = v.shape
+    kv_len, hkv, _ = v.shape
     if hq % hkv:
         raise ValueError(f"num_qo_heads={hq} is not a multiple of num_kv_heads={hkv}")
     if pos_encoding == "ROPE_LLAMA":
@@ -101,11 +101,11 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sm_scal
         scores = soft_cap * torch.tanh(scores / soft_cap)
     keep = allowed_keys(q_len, kv_len, causal, window_left, mask)
     scores = scores.masked_fill(~keep[None], -math.inf)
-    return _softmax_out(scores, v, sinks, as_float(out_scale), dvo)
+    return _softmax_out(scores, v, sinks, as_float(out_scale))
 
 
 def _softmax_out(scores: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
-                 out_scale: float, dvo: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 out_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """scores (Hq, L, S) with -inf where masked -> out (L, Hq, Dvo), lse (L, Hq) base 2."""
     hq, q_len, _ = scores.shape
     row_max = scores.amax(dim=-1) if scores.shape[-1] else torch.full((hq, q_len), -math.inf, dtype=torch.float64)
@@ -114,13 +114,13 @@ def _softmax_out(scores: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Te
         row_max = torch.maximum(row_max, sink)
     safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     probs = torch.exp(scores - safe_max[..., None])  # exp(-inf) = 0 for masked keys
-    denom = probs.sum(dim=-1)
-    if sinks is not None:
-        denom = denom + torch.exp(sink - safe_max)
-    empty = denom == 0
+    key_sum = probs.sum(dim=-1)
+    denom = key_sum + torch.exp(sink - safe_max) if sinks is not None else key_sum
     weighted = torch.einsum("hls,shd->hld", probs, v)
-    out = torch.where(empty[..., None], torch.zeros_like(weighted), weighted / denom.clamp_min(1e-300)[..., None])
-    lse = torch.where(empty, torch.full_like(denom, -math.inf), (safe_max + torch.log(denom)) / LN2)
+    out = torch.where(key_sum[..., None] == 0, torch.zeros_like(weighted),
+                      weighted / denom.clamp_min(1e-300)[..., None])
+    lse = torch.where(key_sum == 0, torch.full_like(key_sum, -math.inf),
+                      (safe_max + torch.log(key_sum.clamp_min(1e-300))) / LN2)
     return (out * out_scale).permute(1, 0, 2).contiguous(), lse.transpose(0, 1).contiguous()
 
 

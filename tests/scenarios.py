@@ -531,3 +531,271 @@ def _cudnn_lse(s: Setup, exp_lse: torch.Tensor, max_tok: int) -> tuple:
     for b, (part, ql) in enumerate(zip(exp_lse.split(list(s.q_lens)), s.q_lens)):
         padded[b, :ql], rows[b, :ql] = part, True
     return padded, rows
+
+
+def build_cudnn(s: Setup, gen, dtype, entry) -> Case:
+    import dispatch
+
+    if s.dqk == 64:
+        s = replace(s, dqk=128)  # cuDNN's documented head dims: 128 (and 192/128)
+    data = _prepare(s, gen, dtype, dtype)
+    paged = not (s.variant == "ragged" or s.dvo)
+    if paged:
+        pg = make_paged(s, gen, data, dtype)
+        k, v = _cudnn_pages(s, pg, gen)
+    else:
+        k, v = _ragged_kv(s, gen, data, dtype)
+    b = len(s.q_lens)
+    max_tok, max_kv = max(s.q_lens) + 2, max(s.kv_lens) + 3  # upper bounds, not the real maxima
+    lens_shape = (b,) if s.variant == "lens_1d" else (b, 1, 1, 1)
+    kw = dict(max_token_per_sequence=max_tok, max_sequence_kv=max_kv, causal=s.causal, return_lse=s.want_lse,
+              actual_seq_lens_q=torch.tensor(s.q_lens, dtype=torch.int32).reshape(lens_shape),
+              actual_seq_lens_kv=torch.tensor(s.kv_lens, dtype=torch.int32).reshape(lens_shape),
+              **_cudnn_offsets(s, paged))
+    if paged:
+        kw["block_tables"] = pg.block_table
+    out = _out_buffer(s, data, dtype)
+    lse = _poisoned((b, max_tok, s.hq), torch.float32) if s.want_lse and s.provide_out else None
+    kw.update({k_: v_ for k_, v_ in (("out", out), ("lse", lse)) if v_ is not None})
+    scale = _default_sm(s)
+    exp_out, exp_lse = expected_packed(s, data, scale, 1.0)
+    padded, rows = _cudnn_lse(s, exp_lse, max_tok) if s.want_lse else (None, None)
+    ws = torch.empty(WORKSPACE_BYTES, dtype=torch.int8)
+    return Case(lambda: dispatch.cudnn_batch_prefill_with_kv_cache(data.q, k, v, scale, ws, **kw),
+                Expected(exp_out, padded, rows), lambda r: (r[0], r[1]), dtype,
+                _tensor_inputs(q=data.q, k=k, v=v, kw={k_: v_ for k_, v_ in kw.items() if k_ not in ("out", "lse")}),
+                out, lse)
+
+
+BUILDERS = {"cudnn": build_cudnn, "trtllm": build_trtllm, "xqa": build_xqa, "paged": build_paged,
+            "ragged": build_ragged, "single": build_single, "single_lse": build_single}
+
+
+def build(entry: str, setup: Setup, dtype: str, seed: int) -> Case:
+    """Render a Setup for one entry point with fresh random inputs (seeded)."""
+    if entry not in BUILDERS:
+        raise ValueError(f"entry={entry!r}: allowed {', '.join(BUILDERS)}")
+    gen = torch.Generator().manual_seed(seed)
+    return BUILDERS[entry](setup, gen, DTYPES[dtype], entry)
+
+
+# --- the named scenarios -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    fn: Callable[[str, str, int], Case]
+    dtypes: dict  # entry -> tuple of dtype names
+
+    def __call__(self, entry: str, dtype: str, seed: int) -> Case:
+        return self.fn(entry, dtype, seed)
+
+
+SCENARIOS: dict = {}
+
+
+FP32_ENTRIES = ("paged", "ragged", "single", "single_lse")  # fp32 runs where FlashInfer-native APIs sit
+
+
+def scenario(entries, dtypes=("bf16",), fp32=False):
+    """Register a scenario for entries x dtypes (plus fp32 on FP32_ENTRIES when fp32=True)."""
+    def register(fn):
+        table = {e: tuple(dtypes) + (("fp32",) if fp32 and e in FP32_ENTRIES else ()) for e in entries}
+        SCENARIOS[fn.__name__] = Scenario(fn.__name__, fn, table)
+        return fn
+    return register
+
+
+def _for(entry: str, s: Setup) -> Setup:
+    """xqa is decode: one query per request unless the scenario is speculative decoding."""
+    if entry == "xqa" and not s.mask.startswith("spec"):
+        return replace(s, q_lens=[1] * len(s.q_lens))
+    return s
+
+
+def _run(entry, dtype, seed, **setup) -> Case:
+    return build(entry, _for(entry, Setup(**setup)), dtype, seed)
+
+
+@scenario(ENTRIES, HALF, fp32=True)
+def small_decode(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[1, 1, 1], kv_lens=[17, 33, 5], want_lse=True)
+
+
+@scenario(PREFILL, HALF, fp32=True)
+def gqa_causal_q_lt_kv(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[7, 3, 12], kv_lens=[20, 9, 40], hq=8, hkv=2, want_lse=True)
+
+
+@scenario(("cudnn", "paged", "ragged", "single", "single_lse"), HALF, fp32=True)
+def causal_q_gt_kv(entry, dtype, seed):  # rows before the first key are fully masked: out 0, lse -inf
+    return _run(entry, dtype, seed, q_lens=[6, 3, 2], kv_lens=[2, 3, 9], want_lse=True)
+
+
+@scenario(PREFILL)
+def noncausal(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 4], kv_lens=[11, 9], causal=False, want_lse=True)
+
+
+@scenario(("paged", "ragged", "single"))
+def noncausal_q_gt_kv(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[9, 3], kv_lens=[4, 7], causal=False, want_lse=True)
+
+
+@scenario(("trtllm", "xqa", "paged", "ragged", "single", "single_lse"), HALF, fp32=True)
+def window(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[6, 1, 4], kv_lens=[30, 17, 9], window_left=5, want_lse=True)
+
+
+@scenario(("paged", "ragged", "single", "single_lse"))
+def window_noncausal(entry, dtype, seed):  # only the lower bound of the window applies
+    return _run(entry, dtype, seed, q_lens=[5, 3], kv_lens=[12, 9], causal=False, window_left=4, want_lse=True)
+
+
+@scenario(("paged", "ragged", "single", "single_lse"), HALF, fp32=True)
+def soft_cap(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 8], kv_lens=[16, 8], soft_cap=1.5, sm_scale=0.4, want_lse=True)
+
+
+@scenario(("trtllm", "xqa", "paged"), HALF)
+def sinks(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[4, 2], kv_lens=[20, 7], sinks=True, want_lse=entry != "xqa")
+
+
+@scenario(("paged", "ragged", "single", "single_lse"), fp32=True)
+def custom_mask(entry, dtype, seed):  # includes a row with no kept key
+    return _run(entry, dtype, seed, q_lens=[4, 3], kv_lens=[9, 5], causal=False, mask="custom", want_lse=True)
+
+
+@scenario(("paged", "ragged", "single"))
+def packed_custom_mask(entry, dtype, seed):  # q_len*kv_len % 8 == 0: per-request and global packing agree
+    return _run(entry, dtype, seed, q_lens=[4, 2], kv_lens=[6, 8], causal=False, mask="custom_packed",
+                want_lse=True)
+
+
+@scenario(("paged", "trtllm", "xqa", "cudnn", "single"))
+def nhd(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[3, 5], kv_lens=[20, 11], layout="NHD", provide_out=False)
+
+
+@scenario(("paged", "trtllm", "xqa", "cudnn", "single"))
+def hnd(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[3, 5], kv_lens=[20, 11], layout="HND")
+
+
+@scenario(("paged", "trtllm", "xqa", "cudnn"))
+def five_d_cache(entry, dtype, seed):
+    layout = "HND" if entry == "cudnn" else None
+    return _run(entry, dtype, seed, q_lens=[4, 2], kv_lens=[19, 26], cache_form="5d", layout=layout)
+
+
+@scenario(("paged", "trtllm", "xqa"))
+def tuple_cache(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[4, 2], kv_lens=[19, 26], cache_form="tuple")
+
+
+@scenario(("paged", "trtllm", "cudnn"))
+def odd_page_size(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[3, 6], kv_lens=[13, 21], page_size=5, permute_pages=True)
+
+
+@scenario(("paged", "trtllm", "cudnn"))
+def page_size_1(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[2, 3], kv_lens=[5, 7], page_size=1, permute_pages=True)
+
+
+@scenario(("paged",))
+def page_size_1_squeezed(entry, dtype, seed):  # 4-D (pages, 2, Hkv, D): P dim squeezed
+    return _run(entry, dtype, seed, q_lens=[2, 3], kv_lens=[5, 7], page_size=1, cache_form="squeezed")
+
+
+@scenario(("paged",))
+def page_size_1_squeezed_tuple(entry, dtype, seed):  # tuple of 3-D (pages, Hkv, D)
+    return _run(entry, dtype, seed, q_lens=[2, 3], kv_lens=[5, 7], page_size=1, cache_form="squeezed_tuple")
+
+
+@scenario(("paged", "trtllm", "xqa", "cudnn"), HALF)
+def random_page_permutation(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[4, 2, 6], kv_lens=[40, 18, 33], permute_pages=True)
+
+
+@scenario(ENTRIES)
+def strided_inputs(entry, dtype, seed):  # packed-QKV column slices, x[..., :D] views, strided page views
+    return _run(entry, dtype, seed, q_lens=[8, 5], kv_lens=[8, 5], strided=True, permute_pages=True)
+
+
+@scenario(("cudnn", "trtllm", "paged", "ragged", "single", "single_lse"), HALF)
+def lse(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 3], kv_lens=[12, 3], want_lse=True)
+
+
+@scenario(("trtllm",))
+def lse_buffer_only(entry, dtype, seed):  # a provided lse is filled even with return_lse=False
+    return _run(entry, dtype, seed, q_lens=[5, 3], kv_lens=[12, 7], want_lse=True, variant="lse_buffer_only")
+
+
+@scenario(("cudnn", "ragged"))
+def head_dim_192_128(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[6, 3], kv_lens=[10, 17], dqk=192, dvo=128, want_lse=True)
+
+
+@scenario(("trtllm", "xqa", "paged"), HALF)
+def fp8_kv(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[4, 3], kv_lens=[20, 9], fp8_kv=True)
+
+
+@scenario(("xqa",), HALF)
+def spec_decode(entry, dtype, seed):  # q_len_per_req 3, lower-triangular draft mask
+    return _run(entry, dtype, seed, q_lens=[3, 3, 3], kv_lens=[10, 20, 5], mask="spec_causal")
+
+
+@scenario(("xqa",))
+def spec_decode_random_mask_window(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[4, 4], kv_lens=[30, 12], mask="spec_random", window_left=6)
+
+
+@scenario(("xqa",), HALF)
+def spec_decode_ragged(entry, dtype, seed):  # q_cu_seq_lens with a zero-length draft
+    return _run(entry, dtype, seed, q_lens=[3, 0, 2, 1], kv_lens=[12, 7, 9, 4], mask="spec_random",
+                variant="q_cu")
+
+
+@scenario(("trtllm", "xqa", "paged", "ragged", "single", "cudnn"))
+def scales(entry, dtype, seed):  # bmm1 0-dim tensor, bmm2 0.7 (xqa o_scale 2); wrappers k/v_scale
+    return _run(entry, dtype, seed, q_lens=[4, 2], kv_lens=[10, 7], scale_mode="scales", sm_scale=0.2)
+
+
+@scenario(("trtllm", "xqa"))
+def scale_tensors(entry, dtype, seed):  # both bmm scales 0-dim fp32 tensors
+    return _run(entry, dtype, seed, q_lens=[4, 2], kv_lens=[10, 7], scale_mode="tensors")
+
+
+@scenario(("cudnn",))
+def cudnn_token_offsets(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 2, 4], kv_lens=[9, 6, 30], variant="token_offsets", want_lse=True)
+
+
+@scenario(("cudnn",))
+def cudnn_ragged_token_offsets(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 2], kv_lens=[9, 6], variant="token_offsets", dvo=128, dqk=128)
+
+
+@scenario(("cudnn",))
+def cudnn_lens_1d(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 2], kv_lens=[9, 16], variant="lens_1d")
+
+
+@scenario(("cudnn",))
+def cudnn_ragged(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[5, 7], kv_lens=[9, 7], variant="ragged", want_lse=True)
+
+
+@scenario(("trtllm",))
+def cum_seq_lens_kv_ignored(entry, dtype, seed):  # a tensor of the wrong length: must not be read
+    return _run(entry, dtype, seed, q_lens=[3, 4], kv_lens=[9, 20], variant="cum_kv_garbage")
+
+
+@scenario(("paged", "ragged", "single"))
+def rope_llama(entry, dtype, seed):
+    return _run(entry, dtype, seed, q_lens=[4, 3], kv_lens=[11, 6], pos_encoding="ROPE_LLAMA", want_lse=True)

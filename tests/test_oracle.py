@@ -40,7 +40,15 @@ def test_sink_adds_exp_sink_to_the_denominator_only():
     mean = v[:, 0].mean(0)
     torch.testing.assert_close(out[0, 0], mean * 0.75, rtol=0, atol=1e-15)
     torch.testing.assert_close(out[0, 1], mean * 0.5, rtol=0, atol=1e-15)
-    torch.testing.assert_close(lse[0], torch.tensor([2.0, math.log2(6.0)], dtype=torch.float64))
+    # the LSE covers the keys only: log2(3) for both heads
+    torch.testing.assert_close(lse[0], torch.full((2,), math.log2(3.0), dtype=torch.float64))
+
+
+def test_sink_on_a_fully_masked_row_gives_zero_and_minus_inf():
+    q, k, v = _randn(3, 1, 4, seed=21), _randn(1, 1, 4, seed=22), _randn(1, 1, 4, seed=23)
+    out, lse = attention_fp64(q, k, v, sm_scale=1.0, causal=True, sinks=torch.tensor([1.0]))
+    assert torch.all(out[:2] == 0) and torch.all(torch.isneginf(lse[:2]))
+    assert torch.all(out[2].abs() > 0)  # the last row sees its key, damped by the sink
 
 
 def test_positions_are_bottom_right_aligned():
