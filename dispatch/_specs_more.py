@@ -118,9 +118,12 @@ class CudnnPrefillSpec(_Spec):
         for name in ("batch_offsets_q", "batch_offsets_o", "batch_offsets_k", "batch_offsets_v"):
             if getattr(self, name) is not None:
                 need_index(name, getattr(self, name), b + 1, dev, offsets_shapes(b))
-        if b > 1 and (self.batch_offsets_q is None or self.batch_offsets_o is None):
+        # With token units, o defaults to q (FlashInfer >= 0.6.17); element units need both.
+        o_missing = self.batch_offsets_o is None and not d.tokens
+        if b > 1 and (self.batch_offsets_q is None or o_missing):
             missing = "batch_offsets_q" if self.batch_offsets_q is None else "batch_offsets_o"
-            raise bad(missing, None, f"a (B+1,) offsets tensor: batch_offsets_q and batch_offsets_o are required when B={b} > 1")
+            raise bad(missing, None, f"a (B+1,) offsets tensor: batch_offsets_q and batch_offsets_o are required "
+                      f"when B={b} > 1 (with batch_offsets_units='tokens', batch_offsets_q alone)")
         if d.paged:
             need_tensor("block_tables", self.block_tables, ranks=(2,))
             if self.block_tables.shape[0] != b:

@@ -397,7 +397,8 @@ def build_single(s: Setup, gen, dtype, entry) -> Case:
     k, v = _ragged_kv(s, gen, data, dtype)
     q = data.q
     if s.strided:
-        q, k, v = _packed_views(gen, q, k, v) if q.shape[0] == k.shape[0] else (*_packed_views(gen, q), *_packed_views(gen, k, v))
+        same_len = q.shape[0] == k.shape[0]
+        q, k, v = _packed_views(gen, q, k, v) if same_len else (*_packed_views(gen, q), *_packed_views(gen, k, v))
     if s.layout == "HND":
         k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
     kw = _plan_kwargs(s, dtype, data)
@@ -409,7 +410,8 @@ def build_single(s: Setup, gen, dtype, entry) -> Case:
     returns_lse = entry == "single_lse" or s.want_lse
     if entry == "single" and s.want_lse:
         kw["return_lse"] = True
-    fn = dispatch.single_prefill_with_kv_cache if entry == "single" else dispatch.single_prefill_with_kv_cache_return_lse
+    fn = (dispatch.single_prefill_with_kv_cache if entry == "single"
+          else dispatch.single_prefill_with_kv_cache_return_lse)
     exp_out, exp_lse = expected_packed(s, data, _default_sm(s), 1.0)
     return Case(lambda: fn(q, k, v, **kw), Expected(exp_out, exp_lse if returns_lse else None),
                 _tuple_result(returns_lse), dtype, _tensor_inputs(q=q, k=k, v=v, kw=kw))

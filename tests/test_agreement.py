@@ -75,7 +75,8 @@ def _run_case(case, backend):
     changed = [name for name, t in case.inputs.items() if not _same(t, before[name])]
     assert not changed, f"the call modified its inputs: {changed}"
     for name, buf in case.zero_buffers.items():
-        assert torch.count_nonzero(buf) == 0, f"{name} must stay zero (semaphores), {int(torch.count_nonzero(buf))} bytes written"
+        written = int(torch.count_nonzero(buf))
+        assert written == 0, f"{name} must stay zero (semaphores): {written} bytes written"
     return case.unpack(result)
 
 

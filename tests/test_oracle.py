@@ -98,7 +98,8 @@ def test_gqa_head_h_reads_kv_head_h_over_group():
 def test_scales_multiply_logits_and_output():
     q, k, v = _randn(3, 2, 8, seed=15), _randn(5, 2, 8, seed=16), _randn(5, 2, 8, seed=17)
     ref, _ = attention_fp64(q * 0.2, k, v, sm_scale=1.0)
-    out, _ = attention_fp64(q, k, v, sm_scale=torch.tensor(0.2, dtype=torch.float64), out_scale=torch.tensor([0.7], dtype=torch.float64))
+    f64 = torch.float64
+    out, _ = attention_fp64(q, k, v, sm_scale=torch.tensor(0.2, dtype=f64), out_scale=torch.tensor([0.7], dtype=f64))
     torch.testing.assert_close(out, ref * 0.7, rtol=1e-13, atol=1e-15)
 
 
