@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from backends.base import BackendRejected, Reason, import_reason
+from backends.base import Backend, BackendRejected, Reason, import_reason
 
 LOG2E = 1.0 / math.log(2.0)  # natural-log LSE * LOG2E = base-2 LSE
 VENDOR_ERRORS = (RuntimeError, ValueError, NotImplementedError, AssertionError, KeyError, TypeError)
@@ -182,3 +182,20 @@ def vendor_refused(backend: str, provider: str, exc: BaseException) -> BackendRe
     """A vendor error raised while *planning* (before any launch) -> hand over to the next backend."""
     text = f"{type(exc).__name__}: {exc}".strip()
     return rejected(backend, f"{provider} plan", text[:300], "a configuration the vendor accepts at plan time")
+
+
+class FlashInferModuleBackend(Backend):
+    """A backend served by one flashinfer submodule (``vendor_module``): availability and version."""
+
+    packages = ("flashinfer",)
+    vendor_module = "flashinfer"
+
+    def _loaded(self):
+        return load(self.vendor_module, "flashinfer")
+
+    def available(self) -> Optional[Reason]:
+        return self._loaded().reason
+
+    def version(self) -> Optional[str]:
+        top = load("flashinfer", "flashinfer")
+        return top.version if top.ok else None

@@ -14,10 +14,10 @@ Translation (calling conventions 2.2, vendor-constraints.md section 3):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from backends import _vendor
-from backends.base import Backend, Reason
+from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FI tests use 128-256 MiB
 SRC = "calling conventions 2.2 (FI prefill.py trtllm_batch_context_with_kv_cache)"
@@ -29,19 +29,9 @@ class TrtllmPlan:
     fn: Any
 
 
-class TrtllmGenBackend(Backend):
+class TrtllmGenBackend(_vendor.FlashInferModuleBackend):
     name = "trtllm-gen"
-    packages = ("flashinfer",)
-
-    def _loaded(self):
-        return _vendor.load("flashinfer.prefill", "flashinfer")
-
-    def available(self) -> Optional[Reason]:
-        return self._loaded().reason
-
-    def version(self) -> Optional[str]:
-        top = _vendor.load("flashinfer", "flashinfer")
-        return top.version if top.ok else None
+    vendor_module = "flashinfer.prefill"
 
     def extra_checks(self, problem, device) -> list[Reason]:
         fp8_q = problem.q_dtype == "float8_e4m3fn"

@@ -19,12 +19,12 @@ older ones are refused at plan time (BackendRejected), so the router falls back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from backends import _vendor
-from backends.base import Backend, Reason
+from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 SRC = "vendor-constraints.md section 4 (FI decode.py, xqa.py, jit/xqa.py)"
@@ -54,19 +54,9 @@ def draft_mask(qo_indptr: torch.Tensor, max_q: int, causal: bool, device) -> tor
     return packed.view(torch.uint16)
 
 
-class XqaBackend(Backend):
+class XqaBackend(_vendor.FlashInferModuleBackend):
     name = "xqa"
-    packages = ("flashinfer",)
-
-    def _loaded(self):
-        return _vendor.load("flashinfer.decode", "flashinfer")
-
-    def available(self) -> Optional[Reason]:
-        return self._loaded().reason
-
-    def version(self) -> Optional[str]:
-        top = _vendor.load("flashinfer", "flashinfer")
-        return top.version if top.ok else None
+    vendor_module = "flashinfer.decode"
 
     def extra_checks(self, problem, device) -> list[Reason]:
         out = []

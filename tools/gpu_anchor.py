@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _gpu_common import time_ms  # noqa: E402  (tools/ is sys.path[0])
 from backends import BackendRejected, get_backend  # noqa: E402
 from dispatch import probe  # noqa: E402
 from dispatch.probe import Case, make_batch, oracle, rel_error  # noqa: E402
@@ -40,18 +41,6 @@ def workloads() -> list[Case]:
             Case("decode 64 x 4096 window 1023 + soft cap 30 + sinks", features, (1,) * 64, (4096,) * 64)]
 
 
-def time_ms(fn, reps: int = 40) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def rate(case: Case, ms: float) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _gpu_common import time_ms as _time_ms  # noqa: E402  (tools/ is sys.path[0])
 from backends import get_backend  # noqa: E402
 from dispatch import probe  # noqa: E402
 from dispatch.probe import Case, make_batch, oracle, rel_error  # noqa: E402
@@ -68,19 +68,6 @@ def graph_replay(name: str, case: Case) -> dict:
             "replay_vs_fp64_rel": rel_error(replayed, ref), "replay_has_nan": bool(torch.isnan(replayed).any())}
 
 
-def _time_ms(fn, reps: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 ANCHOR = probe.BASE.__class__(

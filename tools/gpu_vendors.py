@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import sys
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from _fake_vendors import make_batch, make_problem, reference  # noqa: E402
+from _gpu_common import time_ms  # noqa: E402  (tools/ is sys.path[0])
 from backends import BackendRejected, _vendor, get_backend  # noqa: E402
 
 BANDS = {"bfloat16": 1e-2, "float16": 1e-2, "float8_e4m3fn": 6e-2}
@@ -150,18 +150,6 @@ def bench_batch(phase: str):
     return problem, batch, work, unit
 
 
-def time_ms(fn, reps=30) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def bench(phase, backend) -> dict:
