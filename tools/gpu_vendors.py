@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from _fake_vendors import make_batch, make_problem, reference  # noqa: E402
 from _gpu_common import time_ms  # noqa: E402  (tools/ is sys.path[0])
-from backends import BackendRejected, _vendor, get_backend  # noqa: E402
+from backends import BackendRejected, get_backend  # noqa: E402
 
 BANDS = {"bfloat16": 1e-2, "float16": 1e-2, "float8_e4m3fn": 6e-2}
 HEADS = dict(num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128)
