@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from backends.base import DeviceDesc
-from backends.native.triton_backend import NativeTritonBackend, TileConfig, alibi_slopes
+from backends.native.triton_backend import NativeTritonBackend, TileConfig, alibi_slopes, best_splits
 from capability_db import CPU_DEVICE, resolve_device
 from dispatch.problem import AttentionBatch, AttentionProblem, NAME_DTYPES
 
@@ -38,6 +38,7 @@ class Case:
     dvo: int = 64
     dtype: str = "float16"
     kv_dtype: str = ""  # "" = same as dtype
+    out_dtype: str = ""  # "" = same as dtype
     causal: bool = True
     window_left: int = -1
     soft_cap: float = 0.0
@@ -56,7 +57,7 @@ def problem_of(c: Case) -> AttentionProblem:
     return AttentionProblem(
         entry="test", phase=c.phase, kv_storage=c.storage, kv_layout=c.layout, num_qo_heads=c.hq,
         num_kv_heads=c.hkv, head_dim_qk=c.dqk, head_dim_vo=c.dvo, q_dtype=c.dtype,
-        kv_dtype=c.kv_dtype or c.dtype, out_dtype=c.dtype, page_size=c.page_size if c.storage == "paged" else 0,
+        kv_dtype=c.kv_dtype or c.dtype, out_dtype=c.out_dtype or c.dtype, page_size=c.page_size if c.storage == "paged" else 0,
         causal=c.causal, window_left=c.window_left, mask=c.mask, logits_soft_cap=c.soft_cap,
         pos_encoding=c.pos, has_sinks=c.sinks, return_lse=c.lse, q_len_per_req=c.q_len_per_req,
         device_type=DEVICE)
@@ -204,7 +205,8 @@ def run_case(c: Case, num_splits: Optional[int] = None, config: Optional[TileCon
     total_q = sum(c.q_lens)
     sm = 0.9 / math.sqrt(c.dqk)
     osc = 1.3
-    out_buf = torch.full((total_q, c.hq + 1, c.dvo + 8), float("nan"), device=DEVICE, dtype=NAME_DTYPES[c.dtype])
+    out_buf = torch.full((total_q, c.hq + 1, c.dvo + 8), float("nan"), device=DEVICE,
+                         dtype=NAME_DTYPES[c.out_dtype or c.dtype])
     out = out_buf[:, 1:, : c.dvo] if c.strided_q else out_buf[:, : c.hq, : c.dvo].contiguous()
     lse = torch.full((total_q, c.hq), float("nan"), device=DEVICE) if c.lse else None
     sinks = torch.rand(c.hq, device=DEVICE) * 5 if c.sinks else None
@@ -269,6 +271,7 @@ SCENARIOS = {
     "sinks_fully_masked_rows": Case(storage="ragged", sinks=True, q_lens=(5, 3), kv_lens=(2, 8)),
     "fp8_e4m3_decode_hnd": Case(layout="HND", kv_dtype="float8_e4m3fn", dtype="bfloat16", **DECODE),
     "fp8_e5m2_prefill": Case(kv_dtype="float8_e5m2", dtype="float16"),
+    "fp8_q_and_kv_bf16_out": Case(dtype="float8_e4m3fn", kv_dtype="float8_e4m3fn", out_dtype="bfloat16"),
     "custom_mask_ragged": Case(storage="ragged", mask="custom", causal=False, q_lens=(4, 3), kv_lens=(6, 5)),
     "spec_decode_bits_window": Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(3, 3),
                                     kv_lens=(12, 7), hq=8, hkv=2, q_len_per_req=3, window_left=8),
@@ -400,3 +403,10 @@ SMALL_TILE_CASES = {  # long enough that 16-key tiles hit the unmasked interior 
 def test_small_tiles_interior_matches_fp64(name):
     cfg = TileConfig(block_m=16, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
     run_case(SMALL_TILE_CASES[name], config=cfg)
+
+
+def test_split_count_fills_two_waves():
+    assert best_splits(programs=512, slots=132, max_useful=64) == 1  # 64 requests x 8 heads: no split
+    assert best_splits(programs=32, slots=132, max_useful=64) == 8  # 256 programs <= 264 slots x 2
+    assert best_splits(programs=8, slots=132, max_useful=64) == 33
+    assert best_splits(programs=8, slots=132, max_useful=3) == 3  # short sequences cap the split

@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -103,8 +104,8 @@ def agreement() -> list[dict]:
 # benchmark
 # ---------------------------------------------------------------------------
 def paged_workload(b, q_len, kv_len, *, causal=True, phase="prefill", window=-1, cap=0.0, sinks=False,
-                   kv_dtype="bfloat16", mask="none"):
-    """(problem, batch) with random bf16 data in a paged NHD cache, pages shuffled."""
+                   kv_dtype="bfloat16", mask="none", storage="paged"):
+    """(problem, batch) with random bf16 data in a paged NHD cache, pages shuffled (or ragged)."""
     ppr = math.ceil(kv_len / PAGE)
     dt = torch.bfloat16
     kvt = T.NAME_DTYPES[kv_dtype]
@@ -117,12 +118,16 @@ def paged_workload(b, q_len, kv_len, *, causal=True, phase="prefill", window=-1,
                                kv_dtype=kv_dtype, out_dtype="bfloat16", page_size=PAGE, causal=causal,
                                window_left=window, logits_soft_cap=cap, has_sinks=sinks, mask=mask,
                                q_len_per_req=q_len if mask == "spec_bits" else 0)
-    extra = {}
+    extra = {"block_table": table}
+    if storage == "ragged":  # the same keys, contiguous per request
+        k, v = k.view(-1, HKV, D)[: b * kv_len], v.view(-1, HKV, D)[: b * kv_len]
+        extra = {"kv_indptr": torch.arange(0, b * kv_len + 1, kv_len, device="cuda", dtype=torch.int32)}
+        problem = replace(problem, kv_storage="ragged", page_size=0)
     if mask == "spec_bits":
         bits = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool, device="cuda")).expand(b, q_len, q_len)
         extra["spec_mask"] = T.spec_bits(bits)
     batch = AttentionBatch(
-        q=q, k=k, v=v, out=torch.empty_like(q), block_table=table,
+        q=q, k=k, v=v, out=torch.empty_like(q),
         qo_indptr=torch.arange(0, b * q_len + 1, q_len, device="cuda", dtype=torch.int32),
         kv_lens=torch.full((b,), kv_len, device="cuda", dtype=torch.int32), batch_size=b, max_q_len=q_len,
         max_kv_len=kv_len, sm_scale=1 / math.sqrt(D), lse=torch.empty(b * q_len, HQ, device="cuda"),
@@ -188,6 +193,7 @@ BENCH = [  # name, workload kwargs, metric
     ("spec decode b64 q4 x 4096", dict(b=64, q_len=4, kv_len=4096, phase="spec_decode", causal=False,
                                        mask="spec_bits"), "kv"),
     ("prefill causal 8 x 2048", dict(b=8, q_len=2048, kv_len=2048), "flops"),
+    ("prefill causal 8 x 2048 ragged", dict(b=8, q_len=2048, kv_len=2048, storage="ragged"), "flops"),
     ("prefill causal 8 x 2048 win512+cap30+sinks", dict(b=8, q_len=2048, kv_len=2048, window=512, cap=30.0,
                                                         sinks=True), "none"),
     ("prefill causal 1 x 16384", dict(b=1, q_len=16384, kv_len=16384), "flops"),
@@ -229,13 +235,8 @@ def benchmark(quick: bool) -> list[dict]:
     return rows
 
 
-SWEEP = {
-    "decode b64 x 4096": [(TileConfig(16, n, 4, w, s), sp) for n, w, s, sp in [
-        (64, 4, 3, None), (128, 4, 3, None), (64, 4, 4, None), (32, 4, 4, None), (128, 8, 3, None),
-        (64, 4, 3, 2), (128, 4, 2, 2), (64, 4, 3, 4)]],
-    "prefill causal 8 x 2048": [(TileConfig(m, n, hpp, w, s), None) for m, n, hpp, w, s in [
-        (128, 64, 1, 8, 3), (128, 64, 1, 4, 3), (128, 128, 1, 8, 3), (64, 64, 1, 4, 3), (128, 32, 1, 4, 4),
-        (64, 128, 1, 4, 3), (128, 64, 1, 8, 4), (128, 128, 1, 8, 2), (128, 64, 4, 8, 3)]],
+SWEEP = {  # the tile/split sweeps of earlier runs are in tools/results/native-triton-h100-sweep*.md
+    "decode b1 x 131072": [(TileConfig(16, 128, 4, 4, 3), sp) for sp in (16, 32, 64)],
 }
 
 
@@ -260,8 +261,12 @@ def sweep() -> list[dict]:
 # ---------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------
-def fmt(x, nd=3) -> str:
-    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+def fmt(x, nd=3, sci=False) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}e}" if sci else f"{x:.{nd}f}"
+    return str(x)
 
 
 def markdown(report: dict) -> str:
@@ -271,8 +276,8 @@ def markdown(report: dict) -> str:
              "## Agreement vs float64", "", "| scenario | ok | out rel err | lse rel err | splits |",
              "|---|---|---|---|---|"]
     for r in report["agreement"]:
-        lines.append(f"| {r['scenario']} | {r['ok']} | {fmt(r.get('out_rel_err'), 2) if r['ok'] else r['error']} | "
-                     f"{fmt(r.get('lse_rel_err'), 2) if r['ok'] else ''} | {r.get('splits', '')} |")
+        lines.append(f"| {r['scenario']} | {r['ok']} | {fmt(r.get('out_rel_err'), 2, True) if r['ok'] else r['error']} | "
+                     f"{fmt(r.get('lse_rel_err'), 2, True) if r['ok'] else ''} | {r.get('splits', '')} |")
     lines += ["", f"pytest tests/test_native_triton.py on the GPU: {report.get('pytest', 'not run')}", "",
               "## Benchmark (bf16, 32/8 heads, d128, pages of 16; do_bench median)", "",
               "| case | native ms (eager / graph) | native | FA2 ms | FA2 | unit | config | splits |",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
@@ -103,13 +103,13 @@ class NativeTritonBackend(Backend):
         """Host-side choices only. ``num_splits``/``config`` override the heuristics (tests, tuning)."""
         _check_batch(problem, batch)
         device = batch.q.device
-        cfg = config or choose_config(problem, batch.max_q_len, device)
+        cfg = config or fit_shared_memory(problem, choose_config(problem, batch.max_q_len, device), device)
         group, hpp = problem.gqa_group, cfg.heads_per_program
         if group % hpp:
             raise ValueError(f"config.heads_per_program={hpp} must divide the GQA group {group}")
         m_blocks = max(1, math.ceil(max(batch.max_q_len, 1) * hpp / cfg.block_m))
         programs = m_blocks * batch.batch_size * problem.num_kv_heads * (group // hpp)
-        splits = num_splits or choose_splits(programs, batch.max_kv_len, cfg.block_n, device)
+        splits = num_splits or choose_splits(programs, batch.max_kv_len, problem, cfg, device)
         chunk = max(cfg.block_n, math.ceil(max(batch.max_kv_len, 1) / splits / cfg.block_n) * cfg.block_n)
         splits = max(1, math.ceil(max(batch.max_kv_len, 1) / chunk))
         plan = TritonPlan(problem, cfg, (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits),
@@ -167,14 +167,46 @@ def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.devic
     rows = max(max_q_len, 1) * group
     if rows <= 64 or problem.phase != "prefill":
         # Decode-like: pack the whole group (and all drafts) into the M dimension.
+        # Long key tiles keep more bytes in flight per program (H100: N128 2.86 TB/s vs N64 2.33).
         block_m = min(max(16, _pow2(rows)), 64)
-        block_n = 64 if dmax <= 128 else 32
+        block_n = 128 if dmax <= 128 else 64
         return TileConfig(block_m, block_n, group, num_warps=4, num_stages=3)
-    if dmax <= 64:
+    if dmax <= 128:  # H100 d128 causal 8x2048: M256/8 warps, 4 heads of a group per tile: 301 TFLOP/s
+        if max_q_len >= 1024:  # (M256 one head 282, M128 one head 268: tools/NOTES-native.md)
+            hpp = max(d for d in (1, 2, 4) if group % d == 0)
+            return TileConfig(256, 64, hpp, num_warps=8, num_stages=3)
         return TileConfig(128, 64, 1, num_warps=4, num_stages=3)
-    if dmax <= 128:
-        return TileConfig(128, 64, 1, num_warps=8, num_stages=3)
     return TileConfig(64, 32, 1, num_warps=4, num_stages=2)
+
+
+def _smem_bytes(problem: AttentionProblem, cfg: TileConfig) -> int:
+    """Estimated shared memory of a program: pipelined K/V tiles plus the q tile, staged in
+    q's dtype at worst (fp32 inputs need twice the bytes of bf16)."""
+    elem = 4 if problem.q_dtype == "float32" else 2
+    dqk, dvo = max(16, _pow2(problem.head_dim_qk)), max(16, _pow2(problem.head_dim_vo))
+    return (cfg.num_stages * cfg.block_n * (dqk + dvo) + cfg.block_m * dqk) * elem
+
+
+def _smem_limit(device: torch.device) -> float:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return 0.9 * torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
+def fit_shared_memory(problem: AttentionProblem, cfg: TileConfig, device: torch.device) -> TileConfig:
+    """Shrink stages, then key tiles, then query tiles until a program fits shared memory."""
+    if device.type != "cuda":
+        return cfg
+    limit = _smem_limit(device)
+    while _smem_bytes(problem, cfg) > limit:
+        if cfg.num_stages > 2:
+            cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+        elif cfg.block_n > 16:
+            cfg = replace(cfg, block_n=cfg.block_n // 2)
+        elif cfg.block_m > 16:
+            cfg = replace(cfg, block_m=cfg.block_m // 2)
+        else:
+            break
+    return cfg
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -189,14 +221,21 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
-def choose_splits(programs: int, max_kv_len: int, block_n: int, device: torch.device) -> int:
-    """Flash-decoding: split the keys until ~2 waves of programs fill the GPU, keeping at
-    least 4 key tiles per split so the merge stays cheap."""
-    target = 2 * _sm_count(device)
-    if programs >= target:
-        return 1
-    max_useful = max(1, max_kv_len // (4 * block_n))
-    return max(1, min(math.ceil(target / programs), max_useful, 64))
+def choose_splits(programs: int, max_kv_len: int, problem: AttentionProblem, cfg: TileConfig,
+                  device: torch.device) -> int:
+    """Flash-decoding split count: about two waves of resident programs (slots = SMs x
+    programs per SM, shared-memory bound), at least 4 key tiles per split."""
+    if device.type != "cuda":
+        return 1  # the interpreter runs programs one after another: splitting only costs time
+    per_sm = max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // _smem_bytes(problem, cfg))))
+    return best_splits(programs, _sm_count(device) * per_sm, max(1, min(64, max_kv_len // (4 * cfg.block_n))))
+
+
+def best_splits(programs: int, slots: int, max_useful: int) -> int:
+    """The largest split with programs x splits <= 2 waves. H100 sweep (tools/NOTES-native.md):
+    4 requests x 64k keys, 32 programs: 8 splits 2.85 TB/s, 9 2.66, 4 2.57, 16 2.62, 32 2.77;
+    a third, mostly empty wave costs more than the extra latency hiding gains."""
+    return max(1, min(2 * slots // max(programs, 1), max_useful))
 
 
 def _constexprs(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, splits: int) -> dict:
@@ -210,7 +249,7 @@ def _constexprs(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfi
         CAUSAL=problem.causal and mask_mode == 0, HAS_WINDOW=problem.window_left >= 0,
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
         HAS_ALIBI=problem.pos_encoding == "ALIBI", WRITE_LSE=batch.lse is not None, SPLIT=splits > 1,
-        DOT_F32=_interpreting() or problem.q_dtype == "float32",
+        DOT_F32=_interpreting() or problem.q_dtype == "float32", Q_FP8=problem.q_dtype.startswith("float8"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -218,9 +257,10 @@ def _constexprs(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfi
 def _plan_rope(plan: TritonPlan, problem: AttentionProblem, batch: AttentionBatch) -> None:
     """Scratch copies of q and k rotated by a separate pass (k keeps its logical shape;
     fp8 k is rotated into q's dtype since rotation is linear in the folded scale)."""
+    dtype = torch.bfloat16 if problem.q_dtype.startswith("float8") else batch.q.dtype
     plan.rope_q = torch.empty((batch.total_q, problem.num_qo_heads, problem.head_dim_qk),
-                              dtype=batch.q.dtype, device=batch.q.device)
-    plan.rope_k = torch.empty(tuple(batch.k.shape), dtype=batch.q.dtype, device=batch.k.device)
+                              dtype=dtype, device=batch.q.device)
+    plan.rope_k = torch.empty(tuple(batch.k.shape), dtype=dtype, device=batch.k.device)
     block_t = 16
     plan.rope_grids = (
         (batch.batch_size, max(1, math.ceil(batch.max_q_len / block_t)), problem.num_qo_heads),

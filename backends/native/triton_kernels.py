@@ -100,8 +100,14 @@ def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, k
     dk = tl.arange(0, BLOCK_DQK)
     dv = tl.arange(0, BLOCK_DV)
     n_ok = n < hi
-    k_off = _kv_rows(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_kp, stride_kt, PAGED, PAGE_SIZE)
-    v_off = _kv_rows(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_vp, stride_vt, PAGED, PAGE_SIZE)
+    if PAGED:  # one block-table lookup serves K and V
+        page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        slot = (n % PAGE_SIZE).to(tl.int64)
+        k_off = page * stride_kp + slot * stride_kt
+        v_off = page * stride_vp + slot * stride_vt
+    else:
+        k_off = (kv_start + n).to(tl.int64) * stride_kt
+        v_off = (kv_start + n).to(tl.int64) * stride_vt
     k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
     v_ptr = V + v_off[:, None] + kvh * stride_vh + dv[None, :] * stride_vd
     if MASKED:
@@ -116,21 +122,33 @@ def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, k
             v = tl.load(v_ptr)
         else:
             v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
-    s = _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP, DOT_F32)
+    # Plain logits: scale once per row max and fuse s*c - m into one FMA per element (the
+    # softmax ALU work is what limits prefill); assumes sm_scale > 0, as every caller's is.
+    PLAIN: tl.constexpr = not (HAS_ALIBI or SOFT_CAP)
+    if PLAIN:
+        c = scale * 1.4426950408889634
+        if DOT_F32:
+            s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k.to(q.dtype))
+    else:
+        c = 1.0
+        s = _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP, DOT_F32)
     if MASKED:
         keep = _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
                           CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
                           CAUSAL, HAS_WINDOW, MASK_MODE)
         s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * c)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoid (-inf) - (-inf)
     alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
+    p = tl.exp2(s * c - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     if DOT_F32:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+    else:  # accumulate inside the MMA (no separate add of the whole tile)
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
     return m_new, l_i, acc
 
 
@@ -150,9 +168,11 @@ def _attn_fwd(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, Q_FP8: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
+    if CAUSAL:  # the last query blocks see the most keys: launch them first to shorten the tail
+        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     pid_s = tl.program_id(2)
     HGROUPS: tl.constexpr = GROUP // HPP
@@ -194,6 +214,8 @@ def _attn_fwd(
                 mask=row_ok[:, None] & (dk[None, :] < HEAD_DQK), other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
+    elif Q_FP8:  # fp8 queries (q_scale folded into sm_scale): the dots run in bf16
+        q = q.to(tl.bfloat16)
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + h, mask=row_ok, other=0.0)
