@@ -40,6 +40,10 @@ class _PlanCommon(_Spec):
     max_sequence_kv: Optional[int] = None
     backend: str = "auto"
 
+    def static_checks(self, d):  # shared by the paged and ragged plans
+        q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
+        self.mask_checks(d, q_lens, d.kv_lens)
+
     def common(self) -> SimpleNamespace:
         for name in ("num_qo_heads", "num_kv_heads", "head_dim_qk"):
             need_int(name, getattr(self, name), 1)
@@ -153,9 +157,6 @@ class PagedPlanSpec(_PlanCommon):
             raise bad("block_tables", int(ids[used].min()), "page ids >= 0")
         return d
 
-    def static_checks(self, d):
-        q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
-        self.mask_checks(d, q_lens, d.kv_lens)
 
 
 class RaggedPlanSpec(_PlanCommon):
@@ -187,9 +188,6 @@ class RaggedPlanSpec(_PlanCommon):
                     raise bad(name, vals, f"element offsets of the same rows as the q/kv indptrs ({ref} x {m})")
         return kv
 
-    def static_checks(self, d):
-        q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
-        self.mask_checks(d, q_lens, d.kv_lens)
 
 
 class _RunCommon(_Spec):

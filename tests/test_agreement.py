@@ -26,7 +26,7 @@ BACKENDS = [b.strip() for b in os.environ.get("AGREEMENT_BACKENDS", "reference,n
 BAND_FP32, BAND_HALF, BAND_FP8 = 1e-5, 1e-2, 6e-2
 # LSE (base 2) abs + rel tolerance: a few ulps of the input dtype times the logit size, since an
 # implementation may round intermediate operands (e.g. RoPE-rotated q/k) to the input dtype.
-LSE_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}
+LSE_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def _backend_params():
