@@ -7,26 +7,12 @@ capability data (capability_db/backends/<name>.json) + ``available()`` +
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from capability_db.vocabulary import AttentionBatch, AttentionProblem, DeviceDesc, Reason
 
 if TYPE_CHECKING:  # pragma: no cover
     from capability_db.schema import BackendCaps
-    from dispatch.problem import AttentionBatch, AttentionProblem
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why a backend cannot serve a problem: the field, its value, what is allowed."""
-
-    field: str
-    value: Any
-    allowed: str
-    source: str = ""
-
-    def __str__(self) -> str:
-        text = f"{self.field}={self.value!r}: allowed {self.allowed}"
-        return f"{text} [{self.source}]" if self.source else text
 
 
 class BackendRejected(Exception):
@@ -40,21 +26,6 @@ class BackendRejected(Exception):
         self.backend = backend
         self.reasons = list(reasons)
         super().__init__(f"{backend} rejected the problem at plan time: " + "; ".join(map(str, reasons)))
-
-
-@dataclass(frozen=True)
-class DeviceDesc:
-    """A device as the capability checks see it: never the live GPU itself."""
-
-    name: str  # "h100", "cpu", "sm_90"
-    kind: str  # "cuda" | "cpu"
-    sm: int = 0  # 90 for sm_90; 0 for CPU
-    family: str = "cpu"  # ampere | ada | hopper | blackwell | blackwell_consumer | cpu
-    fp8: bool = False
-
-    @property
-    def arch(self) -> str:
-        return f"sm_{self.sm}" if self.kind == "cuda" else "cpu"
 
 
 class Backend:

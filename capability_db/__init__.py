@@ -12,7 +12,7 @@ import functools
 import json
 from pathlib import Path
 
-from backends.base import DeviceDesc
+from .vocabulary import DeviceDesc
 
 from .schema import BackendCaps, DeviceEntry, DeviceTable, PriorityEntry, Priorities
 

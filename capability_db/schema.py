@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from backends.base import DeviceDesc, Reason
+from .vocabulary import DeviceDesc, Reason
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dispatch.problem import AttentionProblem
+    from .vocabulary import AttentionProblem
 
 DEVICE_FACTS = ("sm", "family", "device_fp8", "device_kind")
 

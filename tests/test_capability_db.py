@@ -16,7 +16,7 @@ import pytest
 import capability_db
 from backends import get_backend
 from capability_db.schema import DEVICE_FACTS, BackendCaps
-from dispatch import problem as problem_module
+from capability_db import vocabulary as problem_module
 from dispatch.problem import DTYPE_NAMES, AttentionProblem
 
 REPO_ROOT = Path(capability_db.__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ from backends.base import Backend, DeviceDesc, Reason
 from backends.native import _torch_ops as ops
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dispatch.problem import AttentionProblem
+    from capability_db.vocabulary import AttentionProblem
 
 # Tile sizes (module constants so tests can shrink them to exercise chunking).
 Q_CHUNK = 256

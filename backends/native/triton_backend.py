@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from backends.base import Backend, DeviceDesc, Reason, import_reason
-from dispatch.problem import AttentionBatch, AttentionProblem
+from capability_db.vocabulary import AttentionBatch, AttentionProblem
 
 
 def _interpreting() -> bool:

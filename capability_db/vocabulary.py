@@ -1,0 +1,185 @@
+"""The vocabulary every layer speaks: AttentionProblem, AttentionBatch, DeviceDesc, Reason.
+
+This module is the ground floor: it imports nothing of ours (only torch and the standard
+library), so ``capability_db``, ``backends`` and ``dispatch`` all build on it without cycles.
+
+* ``AttentionProblem`` is frozen and hashable. It holds everything a backend's
+  choice and plan depend on *except* the sizes that vary from batch to batch
+  (batch size, token counts, maximum lengths). It is the key plans and routing
+  decisions are cached on.
+* ``AttentionBatch`` holds the tensors of one call, already in one convention:
+
+  - ``q``: (total_q, Hq, Dqk), requests packed along dim 0 (request-major).
+  - paged KV: ``k``/``v`` are 4-D *logical NHD* views (pages, P, Hkv, D) of the
+    caller's cache, whatever its physical layout (an HND cache is a permuted view,
+    never a copy); ``block_table`` (B, max_pages) int32 and ``kv_lens`` (B,) int32.
+  - ragged/dense KV: ``k``/``v`` are (total_kv, Hkv, D) views; ``kv_indptr`` (B+1,).
+  - ``qo_indptr`` (B+1,) int32 token prefix sums, ``kv_lens`` (B,) int32 =
+    total keys per request *including* the new query tokens (bottom-right causal:
+    query row i of request b sits at position kv_len_b - q_len_b + i).
+  - ``sm_scale`` multiplies q.k (already times q_scale*k_scale); ``out_scale``
+    multiplies softmax(.) @ v (v_scale, bmm2_scale). Either a float or a 0-dim /
+    1-element fp32 tensor on the device (read on the device: CUDA-graph safe).
+  - ``out`` (total_q, Hq, Dvo) is written in place; ``lse`` (total_q, Hq) fp32,
+    base 2, is written in place when not None. Fully masked rows: out 0, lse -inf.
+  - fp8 KV is read as stored; its dequantization scales are folded into
+    ``sm_scale`` (k) and ``out_scale`` (v) by the entry point.
+* ``DeviceDesc`` describes a device for the capability checks (never the live GPU).
+* ``Reason`` is why a backend cannot serve a problem: the field, its value, what is allowed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Optional, Union
+
+import torch
+
+Phase = Literal["prefill", "decode", "spec_decode"]
+KVStorage = Literal["paged", "ragged", "dense"]
+Layout = Literal["NHD", "HND"]
+MaskKind = Literal["none", "custom", "spec_bits"]
+PosEncoding = Literal["NONE", "ROPE_LLAMA", "ALIBI"]
+
+DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+}
+NAME_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """What a backend must compute, minus per-batch sizes. Hashable: it is the key."""
+
+    entry: str  # the entry point that built it (for messages and entry priorities)
+    phase: Phase
+    kv_storage: KVStorage
+    kv_layout: Layout  # physical layout of the caller's KV (performance, vendor fit)
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int
+    q_dtype: str
+    kv_dtype: str
+    out_dtype: str
+    page_size: int = 0  # 0 unless paged
+    causal: bool = False
+    window_left: int = -1  # inclusive: window_left + 1 keys including the query's own
+    mask: MaskKind = "none"
+    logits_soft_cap: float = 0.0  # 0 = off; cap * tanh(s / cap) after scaling
+    pos_encoding: PosEncoding = "NONE"
+    rope_scale: float = 1.0
+    rope_theta: float = 1e4
+    has_sinks: bool = False
+    return_lse: bool = False
+    q_len_per_req: int = 0  # spec decode: fixed draft length (0 when it varies)
+    device_type: Literal["cpu", "cuda"] = "cuda"
+    cuda_graph: bool = False  # the caller will capture run() in a CUDA graph
+
+    @property
+    def gqa_group(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype.startswith("float8")
+
+    def facts(self) -> dict:
+        """Field values by name, plus derived facts the capability data may test."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["gqa_group"] = self.gqa_group
+        out["has_window"] = self.window_left >= 0
+        out["has_soft_cap"] = self.logits_soft_cap > 0
+        out["same_head_dims"] = self.head_dim_qk == self.head_dim_vo
+        return out
+
+    def describe(self) -> str:
+        parts = [
+            f"{self.entry}: {self.phase}, {self.kv_storage} KV ({self.kv_layout}"
+            + (f", page {self.page_size}" if self.kv_storage == "paged" else "")
+            + ")",
+            f"heads {self.num_qo_heads}/{self.num_kv_heads}",
+            f"head_dim {self.head_dim_qk}/{self.head_dim_vo}",
+            f"q/kv/out {self.q_dtype}/{self.kv_dtype}/{self.out_dtype}",
+        ]
+        flags = [
+            ("causal", self.causal),
+            (f"window_left={self.window_left}", self.window_left >= 0),
+            (f"mask={self.mask}", self.mask != "none"),
+            (f"soft_cap={self.logits_soft_cap}", self.logits_soft_cap > 0),
+            (self.pos_encoding, self.pos_encoding != "NONE"),
+            ("sinks", self.has_sinks),
+            ("lse", self.return_lse),
+            ("cuda_graph", self.cuda_graph),
+        ]
+        parts.extend(name for name, on in flags if on)
+        parts.append(f"on {self.device_type}")
+        return ", ".join(parts)
+
+
+Scale = Union[float, torch.Tensor]
+
+
+@dataclass
+class AttentionBatch:
+    """The tensors of one call, in the convention described in the module docstring."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qo_indptr: torch.Tensor
+    kv_lens: torch.Tensor
+    out: torch.Tensor
+    batch_size: int
+    max_q_len: int  # upper bounds (callers may pass more than the real maxima)
+    max_kv_len: int
+    sm_scale: Scale = 1.0
+    out_scale: Scale = 1.0
+    kv_indptr: Optional[torch.Tensor] = None  # ragged / dense
+    block_table: Optional[torch.Tensor] = None  # paged
+    lse: Optional[torch.Tensor] = None
+    sinks: Optional[torch.Tensor] = None
+    custom_mask: Optional[torch.Tensor] = None  # flat bool, per request q_len*kv_len row-major
+    mask_indptr: Optional[torch.Tensor] = None  # (B+1,) offsets into custom_mask
+    spec_mask: Optional[torch.Tensor] = None  # xqa uint16 bit rows, see calling conventions
+    extras: dict = field(default_factory=dict)  # entry-specific hints (e.g. cuDNN lengths)
+
+    @property
+    def total_q(self) -> int:
+        return self.q.shape[0]
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a backend cannot serve a problem: the field, its value, what is allowed."""
+
+    field: str
+    value: Any
+    allowed: str
+    source: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.field}={self.value!r}: allowed {self.allowed}"
+        return f"{text} [{self.source}]" if self.source else text
+
+
+@dataclass(frozen=True)
+class DeviceDesc:
+    """A device as the capability checks see it: never the live GPU itself."""
+
+    name: str  # "h100", "cpu", "sm_90"
+    kind: str  # "cuda" | "cpu"
+    sm: int = 0  # 90 for sm_90; 0 for CPU
+    family: str = "cpu"  # ampere | ada | hopper | blackwell | blackwell_consumer | cpu
+    fp8: bool = False
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.sm}" if self.kind == "cuda" else "cpu"
