@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ._cache import BoundedCache
 from .problem import dtype_name
 
 ENV_VALIDATE = "ATTN_DISPATCH_VALIDATE"
@@ -125,15 +126,17 @@ def cumsum0(lens: Sequence[int]) -> list[int]:
     return out
 
 
-_ARANGE_CACHE: dict[tuple, torch.Tensor] = {}
+# Keyed on per-call sizes, so bounded: a serving stream sees every length once.
+_ARANGE_CACHE = BoundedCache(maxsize=256)
 
 
 def uniform_indptr(batch: int, step: int, device) -> torch.Tensor:
     """arange(B+1)*step int32 on a device, cached (read-only by contract)."""
-    key = (batch, step, str(device))
+    key = (batch, step, torch.device(device))
     t = _ARANGE_CACHE.get(key)
     if t is None:
-        t = _ARANGE_CACHE[key] = torch.arange(batch + 1, dtype=torch.int32, device=device) * step
+        t = torch.arange(batch + 1, dtype=torch.int32, device=device) * step
+        _ARANGE_CACHE.put(key, t)
     return t
 
 

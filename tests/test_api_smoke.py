@@ -85,7 +85,8 @@ def test_cudnn_ragged_token_units():
     b = 3
     kw = dict(max_token_per_sequence=5, max_sequence_kv=13, causal=True, return_lse=False,
               batch_offsets_q=c["qo"], batch_offsets_o=c["qo"], batch_offsets_k=c["kv"],
-              batch_offsets_units="tokens", actual_seq_lens_kv=torch.tensor(c["kv_lens"], dtype=torch.int32))
+              batch_offsets_units="tokens", actual_seq_lens_kv=torch.tensor(c["kv_lens"], dtype=torch.int32),
+              actual_seq_lens_q=torch.tensor(c["q_lens"], dtype=torch.int32))  # required by the seed
     out, _ = dispatch.cudnn_batch_prefill_with_kv_cache(c["q"], c["k"], c["v"], D ** -0.5, ws(), **kw)
     ref = ragged_wrapper(c).run(c["q"], c["k"], c["v"])
     assert torch.allclose(out, ref, atol=1e-6) and b == len(c["q_lens"])
@@ -99,7 +100,13 @@ def test_paged_wrapper_outputs_and_decision():
     assert r[0] is out and r[1] is lse and written(out) and written(lse)
     assert w.decision.chosen == "reference" and dispatch.explain(w) is w.decision
     assert torch.equal(w.run_return_lse(c["q"], c["cache"])[0], out)
-    assert torch.equal(w.forward(c["q"], c["cache"]), out)
+    # The deprecated forward() re-states plan-time options, as FlashInfer's does: same options, same result...
+    assert torch.equal(w.forward(c["q"], c["cache"], causal=True), out)
+    # ...and its defaults (causal=False) replace the planned causal=True for that call.
+    plain = dispatch.BatchPrefillWithPagedKVCacheWrapper(ws(), "NHD")
+    plain.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], HQ, HKV, D, P, q_data_type=torch.float32)
+    assert torch.equal(w.forward(c["q"], c["cache"]), plain.run(c["q"], c["cache"]))
+    assert not torch.equal(plain.run(c["q"], c["cache"]), out)
 
 
 def test_paged_wrapper_tuple_and_hnd_views_match():

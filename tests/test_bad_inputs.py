@@ -143,7 +143,9 @@ CASES = [
     ("paged-page-size", paged_run, dict(mutate=setarg(1, lambda c, kv: kv[:, :, :2])), ValueError,
      ["paged_kv_cache.shape", "(8, 2, 2, 16)"]),
     ("paged-q-tokens", paged_run, dict(mutate=setarg(0, lambda c, q: q[:8])), ValueError, ["q.shape", "(8, 4, 16)"]),
-    ("paged-extra-args", paged_run, dict(mutate=lambda c, a, kw: a.append(1.0)), TypeError, ["*args", "1.0"]),
+    # The seed's run takes (q, paged_kv_cache, k_scale, v_scale, return_lse) positionally: a 6th is refused.
+    ("paged-extra-args", paged_run, dict(mutate=lambda c, a, kw: a.extend([None, None, False, 1.0])), TypeError,
+     ["run()", "positional"]),
     ("paged-sinks-dtype", paged_run, dict(sinks=torch.zeros(HQ, dtype=torch.float16)), ValueError, ["sinks.dtype", "float16"]),
     ("plan-last-page", paged_plan, dict(mutate=bad_last_page), ValueError, ["paged_kv_last_page_len[0]", "7"]),
     ("plan-pos-mode", paged_plan, dict(pos_encoding_mode="ROPE"), ValueError, ["pos_encoding_mode", "'ROPE'"]),

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import dispatch  # noqa: E402
-from dispatch import _entry, router, specs  # noqa: E402
+from dispatch import entries, router, specs  # noqa: E402
 from backends import get_backend  # noqa: E402
 from _api_cases import (D, HKV, HQ, P, cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper,  # noqa: E402
                         trtllm_args, xqa_args)
@@ -65,7 +65,7 @@ def calls():
 
 
 def measure(setup, n: int) -> tuple[float, float, float]:
-    _entry.clear_caches()
+    entries.clear_caches()
     router.clear_caches()
     fn = setup()
     t0 = time.perf_counter()

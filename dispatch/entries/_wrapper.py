@@ -1,0 +1,209 @@
+"""What the two batch prefill wrappers share: plan once, run per layer.
+
+``plan`` copies the index tensors to the host (it may synchronize), converts them once (block
+table + kv_lens, token indptrs, unpacked masks), decides and plans. ``run`` checks sizes,
+builds the batch and launches: no host synchronization, no allocation but ``out``/``lse``
+when they are not given. A run-time argument that changes the problem (sinks, an LSE, a
+window override, the deprecated ``forward``'s plan-time options) is decided and planned once
+per variant of the plan.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import torch
+
+from .. import policy, router, specs
+from .._cache import BoundedCache
+from .._normalize import bad, cumsum0, full_validation, unpack_bits
+from ..problem import AttentionBatch, AttentionProblem, dtype_name
+from . import _base as B
+
+
+@dataclasses.dataclass
+class Plan:
+    """What plan() fixed: sizes, dtypes, index tensors on the device, the problem."""
+
+    hq: int
+    hkv: int
+    dqk: int
+    dvo: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    out_dtype: torch.dtype
+    layout: str
+    backend: Optional[str]
+    cudnn: bool
+    window_left: int
+    total_q: int
+    sm_scale: float
+    qo_indptr: torch.Tensor
+    kv_lens: torch.Tensor
+    max_q: int
+    max_kv: int
+    custom_mask: Optional[torch.Tensor]
+    mask_indptr: Optional[torch.Tensor]
+    problem: AttentionProblem
+    page_size: int = 0
+    max_page_id: int = -1
+    block_table: Optional[torch.Tensor] = None
+    kv_indptr: Optional[torch.Tensor] = None
+    total_kv: int = 0
+
+
+class PrefillWrapper:
+    """Base of the paged and ragged wrappers (constructor checks, plan finish, run launch)."""
+
+    _entry = ""
+    _storage = ""
+
+    def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs) -> None:
+        if not isinstance(float_workspace_buffer, torch.Tensor):
+            raise bad("float_workspace_buffer", float_workspace_buffer, "a torch.Tensor", TypeError)
+        if kv_layout not in ("NHD", "HND"):
+            raise bad("kv_layout", kv_layout, "'NHD' or 'HND'")
+        if jit_args is not None or jit_kwargs is not None:
+            raise bad("jit_args" if jit_args is not None else "jit_kwargs", jit_args if jit_args is not None
+                      else jit_kwargs, "None (JIT variants are not supported)")
+        self._backend = policy.normalize_backend_name(backend)  # unknown names fail here, with the options
+        self._float_workspace = float_workspace_buffer
+        self._int_workspace: Optional[torch.Tensor] = None
+        self._device = float_workspace_buffer.device
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._plan: Optional[Plan] = None
+        self._last: Optional[router.Planned] = None
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
+                               int_workspace_buffer: torch.Tensor) -> None:
+        """Replace the workspace buffers (kept for the caller; our backends allocate their own
+        scratch per plan, so nothing planned depends on them)."""
+        for name, buf in (("float_workspace_buffer", float_workspace_buffer),
+                          ("int_workspace_buffer", int_workspace_buffer)):
+            if not isinstance(buf, torch.Tensor):
+                raise bad(name, buf, "a torch.Tensor", TypeError)
+            if buf.device != self._device:
+                raise bad(f"{name}.device", buf.device, f"{self._device}, the device of the wrapper's workspace")
+        self._float_workspace, self._int_workspace = float_workspace_buffer, int_workspace_buffer
+
+    def end_forward(self) -> None:
+        """Deprecated FlashInfer no-op (plans are released with the wrapper)."""
+
+    # -- plan -------------------------------------------------------------------------------------
+    def _finish_plan(self, spec, d, **storage: Any) -> None:
+        dev = self._device
+        q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
+        custom = self._plan_mask(spec, q_lens, d.kv_lens)
+        sizes = [a * b for a, b in zip(q_lens, d.kv_lens)]
+        problem = AttentionProblem(
+            entry=self._entry, phase="decode" if q_lens and all(n == 1 for n in q_lens) else "prefill",
+            kv_storage=self._storage, kv_layout="HND" if d.cudnn else self._kv_layout, num_qo_heads=d.hq,
+            num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo, q_dtype=dtype_name(d.q_dtype),
+            kv_dtype=dtype_name(d.kv_dtype), out_dtype=dtype_name(d.out_dtype), page_size=storage.get("page_size", 0),
+            causal=spec.causal, window_left=spec.window_left, mask="custom" if custom is not None else "none",
+            logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
+            rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
+            device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph)
+        self._plan = Plan(
+            hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
+            layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
+            total_q=d.qo[-1] - d.qo[0], sm_scale=spec.sm_scale if spec.sm_scale is not None else 1.0 / math.sqrt(d.dqk),
+            qo_indptr=torch.tensor(d.qo, dtype=torch.int32, device=dev),
+            kv_lens=torch.tensor(d.kv_lens, dtype=torch.int32, device=dev), max_q=max(q_lens, default=0),
+            max_kv=max(d.kv_lens, default=0), custom_mask=custom,
+            mask_indptr=torch.tensor(cumsum0(sizes), dtype=torch.int32, device=dev) if custom is not None else None,
+            problem=problem, **storage)
+        self._explicit = policy.explicit_choice(self._backend)
+        self._variants = BoundedCache(maxsize=64)  # per plan; keyed on the variant's options
+        self._run_keys = BoundedCache(maxsize=64)  # run call keys whose full checks passed
+        self._last = self._variant((), self._shape_only_batch())
+
+    def _plan_mask(self, spec, q_lens, kv_lens) -> Optional[torch.Tensor]:
+        sizes = [a * b for a, b in zip(q_lens, kv_lens)]
+        if spec.packed_custom_mask is not None:  # documented: wins over custom_mask
+            return unpack_bits(spec.packed_custom_mask.to(self._device), [(n + 7) // 8 for n in sizes], sizes)
+        if spec.custom_mask is not None:
+            return spec.custom_mask.reshape(-1).to(self._device)
+        return None
+
+    def _shape_only_batch(self) -> AttentionBatch:
+        p, dev = self._plan, self._device
+
+        def view(shape, dtype):  # stride-0 view: right shape/dtype/device, no memory
+            return torch.empty((1,) * len(shape), dtype=dtype, device=dev).expand(*shape)
+        kv_rows = self._kv_shape()
+        return self._batch(view((p.total_q, p.hq, p.dqk), p.q_dtype), view(kv_rows + (p.dqk,), p.kv_dtype),
+                           view(kv_rows + (p.dvo,), p.kv_dtype), view((p.total_q, p.hq, p.dvo), p.out_dtype),
+                           None, None, p.sm_scale, 1.0)
+
+    def _kv_shape(self) -> tuple:
+        raise NotImplementedError
+
+    # -- run --------------------------------------------------------------------------------------
+    def _variant(self, overrides: tuple, batch: AttentionBatch) -> router.Planned:
+        """The planned backend for the plan's problem with ``overrides`` ((field, value) pairs)."""
+        planned = self._variants.get(overrides)
+        if planned is None:
+            problem = dataclasses.replace(self._plan.problem, **dict(overrides)) if overrides else self._plan.problem
+            decision = router.decide(problem, router.live_device(batch.q), self._explicit)
+            if B.is_dry():
+                return router.Planned(decision, decision.chosen, None)
+            planned = router.plan(decision, batch)
+            self._variants.put(overrides, planned)
+        return planned
+
+    def _check_run(self, spec_cls, args: dict, key: tuple):
+        """Full run checks once per run key (per plan), size checks per call."""
+        if self._plan is None:
+            raise RuntimeError(f"{type(self).__name__}.run() before plan(): call plan(...) first")
+        args["planned"] = self._plan
+        if self._run_keys.get(key) is None:
+            _, d = specs.validate(spec_cls, args)
+            self._run_keys.put(key, True)
+            return d
+        return spec_cls.fast(args, values=args["q"].device.type == "cpu" or full_validation())[1]
+
+    def _launch(self, q, k, v, out, lse, return_lse, sinks, sm_scale, out_scale, overrides=()):
+        p = self._plan
+        out = out if out is not None else torch.empty(p.total_q, p.hq, p.dvo, dtype=p.out_dtype, device=q.device)
+        wants_lse = return_lse or lse is not None
+        if wants_lse and lse is None:
+            lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=q.device)
+        batch = self._batch(q, k, v, out, lse, sinks, sm_scale, out_scale)
+        if sinks is not None:
+            overrides += (("has_sinks", True),)
+        if wants_lse:
+            overrides += (("return_lse", True),)
+        planned = self._variant(tuple(sorted(overrides)), batch)
+        self._last = planned if B.is_dry() else router.run(planned, batch)
+        return (out, lse) if return_lse else out
+
+    def _batch(self, q, k, v, out, lse, sinks, sm_scale, out_scale) -> AttentionBatch:
+        p = self._plan
+        return AttentionBatch(
+            q=q, k=k, v=v, qo_indptr=p.qo_indptr, kv_lens=p.kv_lens, out=out, batch_size=p.kv_lens.numel(),
+            max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=sm_scale, out_scale=out_scale, kv_indptr=p.kv_indptr,
+            block_table=p.block_table, lse=lse, sinks=sinks, custom_mask=p.custom_mask, mask_indptr=p.mask_indptr)
+
+    def _forward_overrides(self, causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
+                           rope_theta) -> tuple:
+        """The deprecated forward()'s plan-time options, as overrides of the planned problem
+        (FlashInfer's forward() sets them on the wrapper before running)."""
+        if not isinstance(causal, bool):
+            raise bad("causal", causal, "True or False", TypeError)
+        if pos_encoding_mode not in ("NONE", "ROPE_LLAMA", "ALIBI"):
+            raise bad("pos_encoding_mode", pos_encoding_mode, "'NONE', 'ROPE_LLAMA' or 'ALIBI'")
+        specs.need_window(window_left)
+        specs.need_soft_cap(logits_soft_cap)
+        specs.need_finite("rope_scale", rope_scale, positive=True)
+        specs.need_finite("rope_theta", rope_theta, positive=True)
+        return (("causal", bool(causal)), ("pos_encoding", pos_encoding_mode), ("window_left", window_left),
+                ("logits_soft_cap", float(logits_soft_cap or 0.0)), ("rope_scale", float(rope_scale or 1.0)),
+                ("rope_theta", float(rope_theta or 1e4)))
+
+    @property
+    def decision(self) -> Optional[router.Decision]:
+        """The router's decision for the latest plan/run (chosen, rejected with reasons, fallbacks)."""
+        return self._last.decision if self._last is not None else None

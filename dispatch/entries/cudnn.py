@@ -1,0 +1,142 @@
+"""``cudnn_batch_prefill_with_kv_cache`` (seed 000): cuDNN's batch prefill, paged or ragged KV.
+
+Paged K/V are read as (pages, Hkv, P, D) by index whatever their strides (cuDNN ignores any
+layout name); ragged 3-D K/V are located by ``batch_offsets_k/v``. Offsets are tensor elements
+by default (q: x Hq*Dqk, o: x Hq*Dvo, k: x Hkv*Dqk, v: x Hkv*Dvo) or tokens with
+``batch_offsets_units="tokens"``; absent offsets are derived from the lengths (packed rows).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .. import policy
+from .._normalize import fold_scale, scatter_padded_lse, uniform_indptr
+from ..problem import AttentionBatch, AttentionProblem, dtype_name
+from ..specs import CudnnPrefillSpec
+from . import _base as B
+
+ENTRY = "cudnn_batch_prefill_with_kv_cache"
+_PER_CALL = ("max_token_per_sequence", "max_sequence_kv", "scale", "q_scale", "k_scale", "v_scale")
+_INDEX_ARGS = ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q", "batch_offsets_o",
+               "batch_offsets_k", "batch_offsets_v")
+_VARY = {**{name: B.ALL_DIMS for name in _INDEX_ARGS}, "lse": B.ALL_DIMS}
+
+
+def cudnn_batch_prefill_with_kv_cache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: Union[float, torch.Tensor],
+    workspace_buffer: torch.Tensor, *, max_token_per_sequence: int, max_sequence_kv: int,
+    actual_seq_lens_q: torch.Tensor, actual_seq_lens_kv: torch.Tensor, block_tables: Optional[torch.Tensor] = None,
+    causal: bool, return_lse: bool, batch_offsets_q: Optional[torch.Tensor] = None,
+    batch_offsets_o: Optional[torch.Tensor] = None, batch_offsets_k: Optional[torch.Tensor] = None,
+    batch_offsets_v: Optional[torch.Tensor] = None, batch_offsets_stats: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None, is_cuda_graph_compatible: bool = False,
+    backend: Optional[str] = None, q_scale=None, k_scale=None, v_scale=None, batch_offsets_units: str = "elements",
+    o_data_type=None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Batch prefill with cuDNN's calling convention.
+
+    Parameters
+    ----------
+    q : (total_q, num_qo_heads, head_dim_qk)
+    k_cache, v_cache : paged (pages, num_kv_heads, page_size, head_dim) with ``block_tables``
+        (batch, max_pages) int32, or ragged (total_kv, num_kv_heads, head_dim)
+    actual_seq_lens_q, actual_seq_lens_kv : (batch,) or (batch, 1, 1, 1) int32, on the CPU or
+        on q's device
+    batch_offsets_q/o/k/v : optional (batch + 1,) offsets (elements by default)
+
+    Returns
+    -------
+    (out, lse or None): out (total_q, num_qo_heads, head_dim_vo); lse fp32 BASE 2 of shape
+    (batch, max_token_per_sequence, num_qo_heads), rows past a request's length -inf.
+    ``batch_offsets_stats`` is accepted and ignored (the LSE layout is always padded).
+    """
+    explicit = policy.explicit_choice(backend)
+    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
+                max_token_per_sequence=max_token_per_sequence,
+                max_sequence_kv=max_sequence_kv, actual_seq_lens_q=_on_device(actual_seq_lens_q, q),
+                actual_seq_lens_kv=_on_device(actual_seq_lens_kv, q), block_tables=block_tables, causal=causal,
+                return_lse=return_lse, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                batch_offsets_q=batch_offsets_q, batch_offsets_o=batch_offsets_o, batch_offsets_k=batch_offsets_k,
+                batch_offsets_v=batch_offsets_v, batch_offsets_units=batch_offsets_units, out=out, lse=lse,
+                is_cuda_graph_compatible=is_cuda_graph_compatible, o_data_type=o_data_type)
+    problem, batch, padded = prepare(args)
+    B.remember(cudnn_batch_prefill_with_kv_cache, B.execute(problem, batch, explicit))
+    if not return_lse:
+        return batch.out, None
+    if not B.is_dry():
+        scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
+    return batch.out, padded
+
+
+def _on_device(lengths, q):
+    """The seed documents the lengths on the CPU when not capturing a CUDA graph: the kernels
+    read them on q's device, so they move there (the caller's tensor is not modified)."""
+    if (isinstance(lengths, torch.Tensor) and isinstance(q, torch.Tensor) and lengths.device.type == "cpu"
+            and q.device.type != "cpu"):
+        return lengths.to(q.device)
+    return lengths
+
+
+def _problem(spec, d) -> AttentionProblem:
+    return AttentionProblem(
+        entry=ENTRY, phase="decode" if spec.max_token_per_sequence == 1 else "prefill",
+        kv_storage="paged" if d.paged else "ragged", kv_layout="HND" if d.paged else "NHD",
+        num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
+        q_dtype=dtype_name(spec.q.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
+        page_size=d.page_size if d.paged else 0, causal=spec.causal, return_lse=spec.return_lse,
+        cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda")
+
+
+def prepare(args: dict):
+    q = args["q"]
+    key = B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1,)
+    problem, spec, d = B.checked(CudnnPrefillSpec, args, key, q.device, _problem)
+    qo_indptr, kv_indptr, kv_lens = _indices(args, d)
+    batch = AttentionBatch(
+        q=q, k=d.k, v=d.v, qo_indptr=qo_indptr, kv_lens=kv_lens,
+        out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=d.batch,
+        max_q_len=args["max_token_per_sequence"], max_kv_len=args["max_sequence_kv"],
+        sm_scale=fold_scale(args["scale"], args["q_scale"], args["k_scale"]), out_scale=fold_scale(1.0, args["v_scale"]),
+        kv_indptr=kv_indptr, block_table=args["block_tables"],
+        lse=B.new_lse(None, d.total_q, d.hq, q.device, args["return_lse"]))
+    padded = None
+    if args["return_lse"]:
+        padded = args["lse"] if args["lse"] is not None else torch.empty(
+            d.batch, args["max_token_per_sequence"], d.hq, dtype=torch.float32, device=q.device)
+    return problem, batch, padded
+
+
+def _cumsum0(lens: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
+    out[1:] = lens.reshape(-1).cumsum(0)
+    return out
+
+
+def _token_offsets(offsets: torch.Tensor, units_per_token: int, tokens: bool) -> torch.Tensor:
+    flat = offsets.reshape(-1)
+    return flat if tokens else (flat // units_per_token).to(torch.int32)
+
+
+def _indices(args: dict, d):
+    """Token-unit qo_indptr / kv_indptr and (B,) kv_lens; absent offsets are the packed prefix
+    sums of the lengths (what FlashInfer computes for packed inputs)."""
+    tokens = args["batch_offsets_units"] == "tokens"
+    if args["batch_offsets_q"] is not None:
+        qo = _token_offsets(args["batch_offsets_q"], d.hq * d.dqk, tokens)
+    elif args["actual_seq_lens_q"] is not None:
+        qo = _cumsum0(args["actual_seq_lens_q"])
+    else:
+        qo = uniform_indptr(1, d.total_q, args["q"].device)
+    kv_indptr = None
+    if not d.paged:
+        if args["batch_offsets_k"] is not None:
+            kv_indptr = _token_offsets(args["batch_offsets_k"], d.hkv * d.dqk, tokens)
+        else:
+            kv_indptr = _cumsum0(args["actual_seq_lens_kv"])
+    if args["actual_seq_lens_kv"] is not None:
+        kv_lens = args["actual_seq_lens_kv"].reshape(-1)
+    else:
+        kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
+    return qo, kv_indptr, kv_lens

@@ -1,0 +1,144 @@
+"""``BatchPrefillWithPagedKVCacheWrapper`` (seed 002): batch prefill over a paged KV cache."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Union
+
+import torch
+
+from .. import specs
+from .._normalize import block_table_from_pages, fold_scale
+from . import _base as B
+from ._base import UNSET
+from ._wrapper import PrefillWrapper
+
+_RUN_PER_CALL = ("q_scale", "k_scale", "v_scale")
+
+
+class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
+    """Batch prefill/append attention over a paged KV cache (FlashInfer's wrapper of this name).
+
+    Plan once per batch layout (``plan``), then ``run`` once per layer; see the seed's example.
+    """
+
+    _entry = "BatchPrefillWithPagedKVCacheWrapper"
+    _storage = "paged"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
+                 qo_indptr_buf: Optional[torch.Tensor] = None, paged_kv_indptr_buf: Optional[torch.Tensor] = None,
+                 paged_kv_indices_buf: Optional[torch.Tensor] = None,
+                 paged_kv_last_page_len_buf: Optional[torch.Tensor] = None,
+                 custom_mask_buf: Optional[torch.Tensor] = None, qk_indptr_buf: Optional[torch.Tensor] = UNSET,
+                 backend: str = "auto", *, mask_indptr_buf: Optional[torch.Tensor] = UNSET, jit_args=None,
+                 jit_kwargs=None) -> None:
+        """float_workspace_buffer: any tensor on the inputs' device (kept, not needed by our
+        backends); kv_layout: 'NHD' or 'HND'; backend: 'auto' or a backend name or alias. The
+        CUDA-graph buffers are accepted; plans live in buffers of their own."""
+        B.one_of("qk_indptr_buf", qk_indptr_buf, "mask_indptr_buf", mask_indptr_buf, None)
+        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs)
+
+    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
+             paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int = UNSET,
+             page_size: int = UNSET, custom_mask: Optional[torch.Tensor] = None,
+             packed_custom_mask: Optional[torch.Tensor] = None, causal: bool = False, pos_encoding_mode: str = "NONE",
+             allow_fp16_qk_reduction: bool = UNSET, sm_scale: Optional[float] = None, window_left: int = -1,
+             logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
+             rope_theta: Optional[float] = None, q_data_type: Union[str, torch.dtype] = "float16",
+             kv_data_type: Union[str, torch.dtype, None] = None, non_blocking: bool = False, *,
+             head_dim_qk: int = UNSET, head_dim_vo: Optional[int] = None, use_fp16_qk_reduction: bool = UNSET,
+             o_data_type=None, prefix_len_ptr=None, token_pos_in_items_ptr=None, token_pos_in_items_len: int = 0,
+             max_item_len_ptr=None, seq_lens: Optional[torch.Tensor] = None, seq_lens_q: Optional[torch.Tensor] = None,
+             block_tables: Optional[torch.Tensor] = None, max_token_per_sequence: Optional[int] = None,
+             max_sequence_kv: Optional[int] = None, fixed_split_size: Optional[int] = None,
+             disable_split_kv: bool = False) -> None:
+        """Validate, convert the page lists to a block table + kv_lens once, decide and plan.
+
+        qo_indptr (B+1,) token prefix sums (element units with backend='cudnn');
+        paged_kv_indptr (B+1,) page prefix sums; paged_kv_indices page ids; paged_kv_last_page_len
+        (B,) in [1, page_size]. Index tensors may be on the CPU or the device.
+        """
+        dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
+        B.required("page_size", page_size, "plan")
+        B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
+                 use_fp16_qk_reduction, False)
+        spec, d = specs.validate(specs.PagedPlanSpec, dict(
+            qo_indptr=qo_indptr, paged_kv_indptr=paged_kv_indptr, paged_kv_indices=paged_kv_indices,
+            paged_kv_last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            head_dim_qk=dim, page_size=page_size, head_dim_vo=head_dim_vo, custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask, causal=causal, pos_encoding_mode=pos_encoding_mode,
+            sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+            rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type, o_data_type=o_data_type,
+            seq_lens=seq_lens, seq_lens_q=seq_lens_q, block_tables=block_tables,
+            max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
+            backend=self._backend or "auto"))
+        if d.cudnn:
+            table = block_tables.to(self._device)
+        else:
+            table = block_table_from_pages(d.kv_indptr, paged_kv_indices, self._device)
+        self._finish_plan(spec, d, block_table=table, page_size=page_size, max_page_id=d.max_page_id)
+
+    begin_forward = plan
+
+    def _kv_shape(self) -> tuple:
+        p = self._plan
+        return (p.max_page_id + 1, p.page_size, p.hkv)
+
+    def run(self, q: torch.Tensor, paged_kv_cache, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+            return_lse: bool = False, *, q_scale=None, out: Optional[torch.Tensor] = None,
+            lse: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, window_left: Optional[int] = None,
+            sinks: Optional[torch.Tensor] = None, kv_cache_sf=None, skip_softmax_threshold_scale_factor=None,
+            use_fp16_softmax=None, uses_spcompress=None):
+        """Attention of q (total_q, Hq, D) over the planned paged cache: a 5-D (pages, 2, ...)
+        tensor or a (k_cache, v_cache) tuple in the wrapper's layout. k_scale multiplies the
+        logits, v_scale the output. Returns out, or (out, lse) with lse fp32 base 2."""
+        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
+                         kv_cache_sf, ())
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
+             kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
+        args = dict(q=q, paged_kv_cache=paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
+                    lse=lse, return_lse=return_lse, window_left=window_left, sinks=sinks, kv_cache_sf=kv_cache_sf)
+        key = B.call_key("paged-run", args, {}, _RUN_PER_CALL) + (overrides,)
+        d = self._check_run(specs.PagedRunSpec, args, key)
+        if window_left is not None and window_left != self._plan.window_left:
+            overrides += (("window_left", window_left),)
+        base = self._plan.sm_scale if sm_scale is None else sm_scale
+        return self._launch(q, d.k, d.v, out, lse, return_lse, sinks, fold_scale(base, q_scale, k_scale),
+                            fold_scale(1.0, v_scale), overrides)
+
+    def forward(self, q: torch.Tensor, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
+                use_fp16_qk_reduction: bool = False, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
+                window_left: int = -1, logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None) -> torch.Tensor:
+        """Deprecated FlashInfer form of run(): its plan-time options replace the planned ones
+        for this call, as FlashInfer's forward() does."""
+        return self._forward(q, paged_kv_cache, causal, pos_encoding_mode, k_scale, v_scale, window_left,
+                             logits_soft_cap, sm_scale, rope_scale, rope_theta, False)
+
+    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache, causal: bool = False,
+                           pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                           k_scale: Optional[float] = None, v_scale: Optional[float] = None, window_left: int = -1,
+                           logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                           rope_scale: Optional[float] = None, rope_theta: Optional[float] = None):
+        """Deprecated FlashInfer form of run_return_lse() (see forward)."""
+        return self._forward(q, paged_kv_cache, causal, pos_encoding_mode, k_scale, v_scale, window_left,
+                             logits_soft_cap, sm_scale, rope_scale, rope_theta, True)
+
+    def _forward(self, q, paged_kv_cache, causal, pos_encoding_mode, k_scale, v_scale, window_left,
+                 logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse):
+        if self._plan is None:
+            raise RuntimeError(f"{type(self).__name__}.forward() before plan(): call plan(...) first")
+        overrides = self._forward_overrides(causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
+                                            rope_theta)
+        specs.need_finite("sm_scale", sm_scale)
+        scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self._plan.dqk)
+        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, None, None, None, None, None, None,
+                         overrides, scale)
+
+
+B.seed_signature(BatchPrefillWithPagedKVCacheWrapper.__init__, {"qk_indptr_buf": None})
+B.seed_signature(BatchPrefillWithPagedKVCacheWrapper.plan, {
+    "head_dim": B.REQUIRED_SHOWN, "page_size": B.REQUIRED_SHOWN, "allow_fp16_qk_reduction": False})

@@ -1,0 +1,121 @@
+"""``BatchPrefillWithRaggedKVCacheWrapper`` (seed 002): batch prefill over ragged (packed) K/V."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Union
+
+import torch
+
+from .. import specs
+from .._normalize import fold_scale
+from . import _base as B
+from ._base import UNSET
+from ._wrapper import PrefillWrapper
+
+_RUN_PER_CALL = ("q_scale", "k_scale", "v_scale", "o_scale")
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
+    """Batch prefill/append attention over ragged K/V tensors (FlashInfer's wrapper of this name)."""
+
+    _entry = "BatchPrefillWithRaggedKVCacheWrapper"
+    _storage = "ragged"
+
+    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
+                 qo_indptr_buf: Optional[torch.Tensor] = None, kv_indptr_buf: Optional[torch.Tensor] = None,
+                 custom_mask_buf: Optional[torch.Tensor] = None, qk_indptr_buf: Optional[torch.Tensor] = UNSET,
+                 backend: str = "auto", *, mask_indptr_buf: Optional[torch.Tensor] = UNSET, jit_args=None,
+                 jit_kwargs=None) -> None:
+        """See BatchPrefillWithPagedKVCacheWrapper.__init__."""
+        B.one_of("qk_indptr_buf", qk_indptr_buf, "mask_indptr_buf", mask_indptr_buf, None)
+        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs)
+
+    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
+             head_dim: int = UNSET, custom_mask: Optional[torch.Tensor] = None,
+             packed_custom_mask: Optional[torch.Tensor] = None, causal: bool = False, pos_encoding_mode: str = "NONE",
+             allow_fp16_qk_reduction: bool = UNSET, window_left: int = -1, logits_soft_cap: Optional[float] = None,
+             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+             q_data_type: Union[str, torch.dtype] = "float16", kv_data_type: Union[str, torch.dtype, None] = None, *,
+             head_dim_qk: int = UNSET, head_dim_vo: Optional[int] = None, use_fp16_qk_reduction: bool = UNSET,
+             o_data_type=None, non_blocking: bool = True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
+             token_pos_in_items_len: int = 0, max_item_len_ptr=None, fixed_split_size: Optional[int] = None,
+             disable_split_kv: bool = False, seq_lens: Optional[torch.Tensor] = None,
+             seq_lens_q: Optional[torch.Tensor] = None, max_token_per_sequence: Optional[int] = None,
+             max_sequence_kv: Optional[int] = None, v_indptr: Optional[torch.Tensor] = None,
+             o_indptr: Optional[torch.Tensor] = None) -> None:
+        """Validate the token indptrs (element offsets with backend='cudnn') once, decide and plan.
+
+        qo_indptr, kv_indptr: (B+1,) int32 prefix sums, on the CPU or the device.
+        """
+        dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
+        B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
+                 use_fp16_qk_reduction, False)
+        spec, d = specs.validate(specs.RaggedPlanSpec, dict(
+            qo_indptr=qo_indptr, kv_indptr=kv_indptr, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+            head_dim_qk=dim, head_dim_vo=head_dim_vo, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
+            causal=causal, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+            q_data_type=q_data_type, kv_data_type=kv_data_type, o_data_type=o_data_type, seq_lens=seq_lens,
+            seq_lens_q=seq_lens_q, max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
+            v_indptr=v_indptr, o_indptr=o_indptr, backend=self._backend or "auto"))
+        kv_t = torch.tensor(d.kv_indptr, dtype=torch.int32, device=self._device)
+        self._finish_plan(spec, d, kv_indptr=kv_t, total_kv=d.kv_indptr[-1])
+
+    begin_forward = plan
+
+    def _kv_shape(self) -> tuple:
+        p = self._plan
+        return (p.total_kv, p.hkv)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False, *, q_scale=None,
+            k_scale=None, v_scale=None, o_scale=None, out: Optional[torch.Tensor] = None,
+            lse: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, kv_cache_sf=None):
+        """Attention of q (total_q, Hq, Dqk) over k (total_kv, Hkv, Dqk) and v (total_kv, Hkv, Dvo):
+        out = v_scale/o_scale * softmax(sm_scale*q_scale*k_scale q.k) v; (out, lse) with return_lse."""
+        return self._run(q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, ())
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, overrides,
+             sm_scale: Optional[float] = None):
+        args = dict(q=q, k=k, v=v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale, out=out,
+                    lse=lse, return_lse=return_lse, kv_cache_sf=kv_cache_sf)
+        self._check_run(specs.RaggedRunSpec, args, B.call_key("ragged-run", args, {}, _RUN_PER_CALL) + (overrides,))
+        base = self._plan.sm_scale if sm_scale is None else sm_scale
+        inv_o = None if o_scale is None else (o_scale.reciprocal() if isinstance(o_scale, torch.Tensor)
+                                              else 1.0 / o_scale)
+        return self._launch(q, k, v, out, lse, return_lse, None, fold_scale(base, q_scale, k_scale),
+                            fold_scale(1.0, v_scale, inv_o), overrides)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False, window_left: int = -1,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None) -> torch.Tensor:
+        """Deprecated FlashInfer form of run(): its plan-time options replace the planned ones."""
+        return self._forward(q, k, v, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                             rope_theta, False)
+
+    def forward_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                           pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                           window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                           sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                           rope_theta: Optional[float] = None):
+        """Deprecated FlashInfer form of run_return_lse() (see forward)."""
+        return self._forward(q, k, v, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                             rope_theta, True)
+
+    def _forward(self, q, k, v, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                 rope_theta, return_lse):
+        if self._plan is None:
+            raise RuntimeError(f"{type(self).__name__}.forward() before plan(): call plan(...) first")
+        overrides = self._forward_overrides(causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
+                                            rope_theta)
+        specs.need_finite("sm_scale", sm_scale)
+        scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self._plan.dqk)
+        return self._run(q, k, v, return_lse, None, None, None, None, None, None, None, overrides, scale)
+
+
+B.seed_signature(BatchPrefillWithRaggedKVCacheWrapper.__init__, {"qk_indptr_buf": None})
+B.seed_signature(BatchPrefillWithRaggedKVCacheWrapper.plan, {"head_dim": B.REQUIRED_SHOWN,
+                                                            "allow_fp16_qk_reduction": False})

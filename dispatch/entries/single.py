@@ -1,0 +1,127 @@
+"""``single_prefill_with_kv_cache`` and ``single_prefill_with_kv_cache_return_lse``.
+
+Seed: 002 (flashinfer.prefill module page) and 004 (the ``_return_lse`` signature and example).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional, Union
+
+import torch
+
+from .. import policy
+from .._normalize import unpack_bits, uniform_indptr, fold_scale
+from ..problem import AttentionBatch, AttentionProblem, dtype_name
+from ..specs import SinglePrefillSpec
+from . import _base as B
+from ._base import UNSET
+
+ENTRY = "single_prefill_with_kv_cache"
+_PER_CALL = ("sm_scale", "k_scale", "v_scale")
+
+
+def single_prefill_with_kv_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, custom_mask: Optional[torch.Tensor] = None,
+    packed_custom_mask: Optional[torch.Tensor] = None, causal: bool = False, kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE", allow_fp16_qk_reduction: bool = UNSET, sm_scale: Optional[float] = None,
+    window_left: int = -1, logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None, return_lse: bool = False, *, use_fp16_qk_reduction: bool = UNSET,
+    scale_q: Optional[torch.Tensor] = None, scale_k: Optional[torch.Tensor] = None,
+    scale_v: Optional[torch.Tensor] = None, o_dtype: Optional[torch.dtype] = None, backend: str = "auto",
+    kv_cache_sf=None, k_scale: Union[float, torch.Tensor, None] = None,
+    v_scale: Union[float, torch.Tensor, None] = None,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Prefill/append attention of one request over its whole KV.
+
+    Parameters
+    ----------
+    q : (qo_len, num_qo_heads, head_dim_qk)
+    k : (kv_len, num_kv_heads, head_dim_qk) for NHD, (num_kv_heads, kv_len, head_dim_qk) for HND
+    v : like ``k`` with head_dim_vo
+    custom_mask : bool (qo_len, kv_len), or its flattened (qo_len * kv_len,) form; True keeps
+    packed_custom_mask : uint8 little-endian packbits of the flattened mask; wins over custom_mask
+    causal : bottom-right aligned; ignored when a mask is given
+    window_left : inclusive; -1 for none
+    k_scale, v_scale : multiply the logits / the output (fp8 dequantization)
+
+    Returns
+    -------
+    out (qo_len, num_qo_heads, head_dim_vo), or (out, lse) with lse (qo_len, num_qo_heads) fp32
+    base 2 when ``return_lse``. ``allow_fp16_qk_reduction`` is a speed hint and never lowers
+    precision here. Per-head fp8 ``scale_q/k/v`` and NVFP4 ``kv_cache_sf`` are refused.
+    """
+    B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
+             use_fp16_qk_reduction, False)
+    explicit = policy.explicit_choice(backend)
+    if packed_custom_mask is not None:
+        custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
+    elif isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1:
+        custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
+    args = dict(q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype,
+                custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout,
+                pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
+                logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+                return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale)
+    problem, batch = prepare(args)
+    B.remember(single_prefill_with_kv_cache, B.execute(problem, batch, explicit))
+    return (batch.out, batch.lse) if return_lse else batch.out
+
+
+B.seed_signature(single_prefill_with_kv_cache, {"allow_fp16_qk_reduction": False,
+                                                "use_fp16_qk_reduction": None})
+single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
+
+
+def _unflatten_mask(mask: torch.Tensor, q, k, kv_layout) -> torch.Tensor:
+    """The flattened (qo_len * kv_len,) form -> (qo_len, kv_len); a wrong size is left for the
+    spec to report with the expected shape."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 3 and k.dim() == 3):
+        return mask
+    kv_len = k.shape[1] if kv_layout == "HND" else k.shape[0]
+    if mask.numel() != q.shape[0] * kv_len:
+        return mask
+    return mask.view(q.shape[0], kv_len)
+
+
+def _vary(args: dict) -> dict:
+    kv_dim = (1,) if args["kv_layout"] == "HND" else (0,)
+    return {"k": kv_dim, "v": kv_dim, "custom_mask": B.ALL_DIMS, "packed_custom_mask": B.ALL_DIMS}
+
+
+def _problem(spec, d) -> AttentionProblem:
+    masked = spec.custom_mask is not None or spec.packed_custom_mask is not None
+    return AttentionProblem(
+        entry=ENTRY, phase="decode" if d.qo_len == 1 else "prefill", kv_storage="dense", kv_layout=spec.kv_layout,
+        num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
+        q_dtype=dtype_name(spec.q.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
+        causal=spec.causal, window_left=spec.window_left, mask="custom" if masked else "none",
+        logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
+        rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
+        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda")
+
+
+def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
+    """Validate (full once per key, sizes per call) and build the problem and the batch."""
+    q = args["q"]
+    key = B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else None
+    problem, spec, d = B.checked(SinglePrefillSpec, args, key, q.device, _problem)
+    sm_scale = args["sm_scale"] if args["sm_scale"] is not None else 1.0 / math.sqrt(d.dqk)
+    mask = _flat_mask(args, d)
+    qo_indptr, kv_indptr = uniform_indptr(1, d.qo_len, q.device), uniform_indptr(1, d.kv_len, q.device)
+    batch = AttentionBatch(
+        q=q, k=d.k, v=d.v, qo_indptr=qo_indptr, kv_lens=kv_indptr[1:],
+        out=B.new_out(None, d.qo_len, d.hq, d.dvo, d.out_dtype, q.device), batch_size=1, max_q_len=d.qo_len,
+        max_kv_len=d.kv_len, sm_scale=fold_scale(sm_scale, args["k_scale"]), out_scale=fold_scale(1.0, args["v_scale"]),
+        kv_indptr=kv_indptr, lse=B.new_lse(None, d.qo_len, d.hq, q.device, args["return_lse"]), custom_mask=mask,
+        mask_indptr=uniform_indptr(1, d.qo_len * d.kv_len, q.device) if mask is not None else None)
+    return problem, batch
+
+
+def _flat_mask(args: dict, d) -> Optional[torch.Tensor]:
+    if args["custom_mask"] is not None:
+        return args["custom_mask"].reshape(-1)
+    if args["packed_custom_mask"] is not None:
+        n = d.qo_len * d.kv_len
+        return unpack_bits(args["packed_custom_mask"], [(n + 7) // 8], [n])
+    return None

@@ -1,0 +1,91 @@
+"""``trtllm_batch_context_with_kv_cache`` (seed 001): paged context attention, TensorRT-LLM style.
+
+out = bmm2_scale * softmax(bmm1_scale * q.k) v; ``seq_lens`` (uint32 or int32) are the total KV
+lengths including the new tokens; ``cum_seq_lens_kv`` is ignored for paged KV (FlashInfer's
+own tests pass page counts there).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from ..problem import AttentionBatch, AttentionProblem, dtype_name
+from ..specs import TrtllmContextSpec
+from . import _base as B
+from ._base import UNSET
+
+ENTRY = "trtllm_batch_context_with_kv_cache"
+_PER_CALL = ("max_q_len", "max_kv_len", "batch_size", "bmm1_scale", "bmm2_scale")
+_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "cum_seq_lens_q": B.ALL_DIMS}
+
+
+def trtllm_batch_context_with_kv_cache(
+    query: torch.Tensor, kv_cache, workspace_buffer: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, max_q_len: int, max_kv_len: int, bmm1_scale: Union[float, torch.Tensor],
+    bmm2_scale: Union[float, torch.Tensor], batch_size: int, cum_seq_lens_q: torch.Tensor,
+    cum_seq_lens_kv: torch.Tensor, window_left: int = -1, out: Optional[torch.Tensor] = None, out_dtype=None,
+    o_sf_scale: Optional[float] = None, o_sf_vec_size: Optional[int] = None, kv_layout: str = "HND",
+    enable_pdl: Optional[bool] = None, sinks=None, kv_block_scales=UNSET,
+    skip_softmax_threshold_scale_factor: Optional[float] = None, uses_shared_paged_kv_idx: bool = True, *,
+    kv_cache_sf=UNSET, causal: bool = True, lse: Optional[torch.Tensor] = None, return_lse: bool = False,
+    multi_ctas_kv_counter_buffer=None, use_fp16_softmax: Optional[bool] = None,
+    uses_spcompress: Optional[bool] = None,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Paged context (prefill) attention.
+
+    Parameters
+    ----------
+    query : (num_tokens, num_qo_heads, head_dim)
+    kv_cache : (pages, 2, num_kv_heads, page_size, head_dim) for HND, (pages, 2, page_size,
+        num_kv_heads, head_dim) for NHD, or a (k_cache, v_cache) tuple of 4-D tensors
+    block_tables : (batch_size, max_pages_per_seq) int32
+    seq_lens : (batch_size,) uint32 or int32, KV length per request including the new tokens
+    cum_seq_lens_q : (batch_size + 1,) int32 token prefix sums of the queries
+    sinks : (num_qo_heads,) fp32 tensor, or a list of floats / of one such tensor
+    lse : (num_tokens, num_qo_heads) fp32 base 2, filled whenever given
+
+    Returns
+    -------
+    out (num_tokens, num_qo_heads, head_dim), or (out, lse) with ``return_lse``. enable_pdl,
+    the skip-softmax threshold and the fp16-softmax/spcompress hints never change the result
+    and are ignored. NVFP4 (``kv_block_scales``/``kv_cache_sf``, ``o_sf_*``) is refused.
+    """
+    block_scales = B.one_of("kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
+    args = dict(query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
+                seq_lens=B.int32_lengths(seq_lens),
+                max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+                batch_size=batch_size, cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out,
+                out_dtype=out_dtype, o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_layout=kv_layout,
+                sinks=B.sinks_tensor(sinks, query), kv_cache_sf=block_scales,
+                uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, causal=causal, lse=lse, return_lse=return_lse)
+    problem, batch = prepare(args)
+    B.remember(trtllm_batch_context_with_kv_cache, B.execute(problem, batch, None))
+    return (batch.out, batch.lse) if return_lse else batch.out
+
+
+B.seed_signature(trtllm_batch_context_with_kv_cache, {"kv_block_scales": None, "kv_cache_sf": None})
+
+
+def _problem(spec, d, wants_lse: bool) -> AttentionProblem:
+    return AttentionProblem(
+        entry=ENTRY, phase="decode" if spec.max_q_len == 1 else "prefill", kv_storage="paged",
+        kv_layout=spec.kv_layout, num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
+        q_dtype=dtype_name(spec.query.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
+        page_size=d.page_size, causal=spec.causal, window_left=spec.window_left, has_sinks=spec.sinks is not None,
+        return_lse=wants_lse, device_type="cpu" if spec.query.device.type == "cpu" else "cuda")
+
+
+def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
+    q = args["query"]
+    wants_lse = args["return_lse"] or args["lse"] is not None
+    # max_q_len == 1 makes it a decode problem: a fact of the key, not only a per-call size.
+    key = B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)
+    problem, spec, d = B.checked(TrtllmContextSpec, args, key, q.device, lambda s, dd: _problem(s, dd, wants_lse))
+    batch = AttentionBatch(
+        q=q, k=d.k, v=d.v, qo_indptr=args["cum_seq_lens_q"], kv_lens=args["seq_lens"],
+        out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=args["batch_size"],
+        max_q_len=args["max_q_len"], max_kv_len=args["max_kv_len"], sm_scale=args["bmm1_scale"],
+        out_scale=args["bmm2_scale"], block_table=args["block_tables"],
+        lse=B.new_lse(args["lse"], d.total_q, d.hq, q.device, wants_lse), sinks=args["sinks"])
+    return problem, batch
