@@ -162,7 +162,6 @@ class XqaDecodeSpec(_Spec):
             raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
         need_int("q_len_per_req", self.q_len_per_req, 1)
         need_window(self.window_left)
-        need_finite("o_scale", self.o_scale, positive=True)
         need_index("block_tables", self.block_tables, None, dev)
         need_tensor("block_tables", self.block_tables, ranks=(2,))
         need_index("seq_lens", self.seq_lens, None, dev)
@@ -183,6 +182,7 @@ class XqaDecodeSpec(_Spec):
     def size_checks(self, d):
         dev, b = self.query.device, d.batch
         need_int("max_seq_len", self.max_seq_len, 1)
+        need_finite("o_scale", self.o_scale, positive=True)  # a per-call value: not in the cache key
         if b < 1:
             raise bad("seq_lens.shape", tuple(self.seq_lens.shape), "(batch_size,) with batch_size >= 1")
         if self.block_tables.shape[0] != b:

@@ -76,12 +76,17 @@ class CudnnPrefillSpec(_Spec):
         d.hkv, d.dqk, d.dvo = d.k.shape[-2], d.k.shape[-1], d.v.shape[-1]
         d.out_dtype = out_dtype_of(self.q.dtype, self.o_data_type if self.o_data_type is not None else
                                    (self.out.dtype if self.out is not None else None))
-        d.batch = next((t.shape[0] for t in (self.actual_seq_lens_q, self.actual_seq_lens_kv, self.block_tables)
-                        if isinstance(t, torch.Tensor) and t.dim()), None)
-        if d.batch is None:
-            d.batch = self.batch_offsets_q.numel() - 1 if isinstance(self.batch_offsets_q, torch.Tensor) else 1
+        d.batch = self._batch_size()
         d.tokens = self.batch_offsets_units == "tokens"
         return d
+
+    def _batch_size(self) -> int:
+        """The batch size most arguments agree on, so a wrong one is the one blamed."""
+        counts = [t.shape[0] for t in (self.block_tables, self.actual_seq_lens_kv, self.actual_seq_lens_q)
+                  if isinstance(t, torch.Tensor) and t.dim()]
+        counts += [t.shape[0] - 1 for t in (self.batch_offsets_q, self.batch_offsets_k)
+                   if isinstance(t, torch.Tensor) and t.dim()]
+        return max(counts, key=counts.count) if counts else 1
 
     def static_checks(self, d):
         q, dev = self.q, self.q.device
@@ -94,8 +99,8 @@ class CudnnPrefillSpec(_Spec):
                 raise bad(f"{name}.stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
         if d.dqk != q.shape[2]:
             raise bad("k_cache head_dim", d.dqk, f"{q.shape[2]} = q.shape[2]")
-        if self.k_cache.dtype != self.v_cache.dtype or d.v.shape[:-1] != d.k.shape[:-1]:
-            raise bad("v_cache", self.v_cache, f"the dtype and leading dims of k_cache {tuple(self.k_cache.shape)}")
+        if self.k_cache.dtype != self.v_cache.dtype:
+            raise bad("v_cache.dtype", self.v_cache.dtype, f"{dtype_name(self.k_cache.dtype)}, the dtype of k_cache")
         need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
         if d.out_dtype not in OUT_DTYPES:
             raise bad("o_data_type", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
@@ -110,6 +115,8 @@ class CudnnPrefillSpec(_Spec):
 
     def size_checks(self, d):
         dev, b = self.q.device, d.batch
+        if d.v.shape[:-1] != d.k.shape[:-1]:  # pages / KV rows vary per call: checked here
+            raise bad("v_cache.shape", tuple(self.v_cache.shape), f"the leading dims of k_cache {tuple(self.k_cache.shape)}")
         need_int("max_token_per_sequence", self.max_token_per_sequence, 1)
         need_int("max_sequence_kv", self.max_sequence_kv, 1)
         for name in ("actual_seq_lens_q", "actual_seq_lens_kv"):
@@ -118,12 +125,10 @@ class CudnnPrefillSpec(_Spec):
         for name in ("batch_offsets_q", "batch_offsets_o", "batch_offsets_k", "batch_offsets_v"):
             if getattr(self, name) is not None:
                 need_index(name, getattr(self, name), b + 1, dev, offsets_shapes(b))
-        # With token units, o defaults to q (FlashInfer >= 0.6.17); element units need both.
-        o_missing = self.batch_offsets_o is None and not d.tokens
-        if b > 1 and (self.batch_offsets_q is None or o_missing):
-            missing = "batch_offsets_q" if self.batch_offsets_q is None else "batch_offsets_o"
-            raise bad(missing, None, f"a (B+1,) offsets tensor: batch_offsets_q and batch_offsets_o are required "
-                      f"when B={b} > 1 (with batch_offsets_units='tokens', batch_offsets_q alone)")
+        # Absent batch offsets mean packed rows: derived from actual_seq_lens_q (the seed marks
+        # them optional); without lengths either, one request must own every row.
+        if b > 1 and self.batch_offsets_q is None and self.actual_seq_lens_q is None:
+            raise bad("actual_seq_lens_q", None, f"a (B,) int32 tensor or batch_offsets_q when B={b} > 1")
         if d.paged:
             need_tensor("block_tables", self.block_tables, ranks=(2,))
             if self.block_tables.shape[0] != b:
@@ -155,7 +160,11 @@ class CudnnPrefillSpec(_Spec):
         mult_q, mult_o = (1, 1) if d.tokens else (d.hq * d.dqk, d.hq * d.dvo)
         if self.batch_offsets_q is None:
             lens = host_ints(self.actual_seq_lens_q) if self.actual_seq_lens_q is not None else [d.total_q]
-            qo = [0, sum(lens)]
+            if min(lens, default=0) < 0:
+                raise bad("actual_seq_lens_q", lens, "lengths >= 0")
+            qo = [0]
+            for n in lens:  # packed rows: the prefix sums of the lengths
+                qo.append(qo[-1] + n)
         else:
             qo = token_offsets("batch_offsets_q", self.batch_offsets_q, mult_q)
         check_indptr_values("batch_offsets_q (tokens)", torch.tensor(qo), d.total_q, "q.shape[0]")

@@ -9,6 +9,7 @@ import torch
 from ._normalize import FP8_DTYPES, bad, check_scale, host_ints, parse_dtype
 from ._specs_entries import _paged_kv, _query
 from ._specs_more import lens_shapes
+from .problem import dtype_name
 from .specs import (OUT_DTYPES, Q_DTYPES, Layout, PosMode, Scale, _Spec, check_indptr_values, need_finite,
                     need_heads, need_index, need_int, need_kv_dtype, need_out, need_sinks, need_soft_cap,
                     need_tensor, need_window, out_dtype_of)
@@ -334,19 +335,23 @@ class SinglePrefillSpec(_Spec):
                 raise bad(f"{name}.stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
         if d.dqk != q.shape[2]:
             raise bad("k.shape", tuple(self.k.shape), f"head_dim {q.shape[2]} = q.shape[2]")
-        if d.v.shape[:2] != d.k.shape[:2] or self.v.dtype != self.k.dtype:
-            raise bad("v.shape", tuple(self.v.shape), f"the dtype and leading dims of k {tuple(self.k.shape)}")
+        if self.v.dtype != self.k.dtype:
+            raise bad("v.dtype", self.v.dtype, f"{dtype_name(self.k.dtype)}, the dtype of k")
         need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
         if d.out_dtype not in OUT_DTYPES:
             raise bad("o_dtype", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
         need_window(self.window_left)
         need_soft_cap(self.logits_soft_cap)
-        need_finite("sm_scale", self.sm_scale)
         need_finite("rope_scale", self.rope_scale, positive=True)
         need_finite("rope_theta", self.rope_theta, positive=True)
 
     def size_checks(self, d):
+        # Per call: kv_len and sm_scale vary from call to call, so the cache key leaves them out.
         dev = self.q.device
+        need_finite("sm_scale", self.sm_scale)
+        if d.v.shape[:2] != d.k.shape[:2]:
+            raise bad("v.shape", tuple(self.v.shape), f"the leading dims of k {tuple(self.k.shape)} "
+                      f"(kv_len and num_kv_heads in the {self.kv_layout} layout)")
         if self.custom_mask is not None and self.packed_custom_mask is not None:
             raise bad("packed_custom_mask", self.packed_custom_mask, "None when custom_mask is given (pass one)")
         if self.custom_mask is not None:

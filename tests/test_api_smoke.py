@@ -173,3 +173,20 @@ def test_explain_does_not_run():
     w = paged_wrapper(c)
     sinks = torch.rand(HQ)
     assert dispatch.explain(w, c["q"], c["cache"], sinks=sinks).problem.has_sinks
+
+
+def test_cudnn_offsets_derived_from_lengths_when_absent():
+    """The seed marks batch_offsets_* optional: B > 1 without them means packed rows (FlashInfer's
+    code derives them from the lengths), with the lengths on the CPU as the seed documents."""
+    c = ragged()
+    q_lens = torch.tensor(c["q_lens"], dtype=torch.int32)
+    kv_lens = torch.tensor(c["kv_lens"], dtype=torch.int32)
+    kw = dict(max_token_per_sequence=5, max_sequence_kv=13, causal=True, return_lse=True,
+              actual_seq_lens_q=q_lens, actual_seq_lens_kv=kv_lens)
+    k = torch.cat([c["k"][a:a + n] for a, n in zip(c["kv"].tolist(), c["kv_lens"])])  # packed KV rows
+    v = torch.cat([c["v"][a:a + n] for a, n in zip(c["kv"].tolist(), c["kv_lens"])])
+    out, lse = dispatch.cudnn_batch_prefill_with_kv_cache(c["q"], k, v, D ** -0.5, ws(), **kw)
+    ref, ref_lse = ragged_wrapper(c).run(c["q"], c["k"], c["v"], return_lse=True)
+    assert torch.allclose(out, ref, atol=1e-6)
+    for b, (start, n) in enumerate(zip(c["qo"].tolist(), c["q_lens"])):
+        assert torch.allclose(lse[b, :n], ref_lse[start:start + n], atol=1e-5)

@@ -128,7 +128,6 @@ CASES = [
     ("xqa-q-fp8", xqa, dict(mutate=setarg(0, lambda c, q: q.to(torch.float8_e4m3fn))), ValueError,
      ["query.dtype", "float8_e4m3fn"]),
     ("xqa-max-seq", xqa, dict(mutate=setarg(5, lambda c, x: 5)), ValueError, ["max_seq_len", "5", "13"]),
-    ("cudnn-offsets-missing", cudnn, dict(batch_offsets_q=None), ValueError, ["batch_offsets_q", "None", "B=3"]),
     ("cudnn-units", cudnn, dict(batch_offsets_units="bytes"), ValueError, ["batch_offsets_units", "'bytes'"]),
     ("cudnn-offsets-units", cudnn, dict(mutate=setkw("batch_offsets_q", lambda c, x: c["qo"])), ValueError,
      ["batch_offsets_q", "[0, 3, 4, 9]", "tokens"]),
