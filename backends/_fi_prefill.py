@@ -8,21 +8,26 @@ Translation (vendor-constraints.md section 10; calling conventions 2.4/2.5):
   out_scale is applied after the kernel (FlashInfer itself does ``out *= v_scale``);
 * LSE is already (total_q, Hq) base 2: written in place.
 
-Wrappers are cached per (problem, device, kind); a plan remembers its arguments and
-re-plans the wrapper only when another plan used it in between.
+Caches: ``_wrappers``: (problem, device with its index, paged) -> wrapper, an LRU of
+``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace); the float workspace
+is _vendor.workspace's, one per GPU. A plan remembers its arguments and re-plans the wrapper
+when another plan used it in between, or when a run brings another float sm_scale (FlashInfer
+bakes sm_scale into its plan; ours is a per-call value).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from backends import _vendor
+from backends._device import BoundedCache, device_key
 from backends._providers import Provider
 from backends.base import Reason
 
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
+MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
 SRC_FI = "vendor-constraints.md section 10 (FI utils.py L427-481, L545-600)"
 
@@ -33,7 +38,6 @@ class FiState:
     plan_args: tuple
     plan_kwargs: dict
     paged: bool
-    planned_for: list = field(default_factory=list)  # identity token of the last plan applied
 
 
 class FlashInferPrefill(Provider):
@@ -43,7 +47,7 @@ class FlashInferPrefill(Provider):
     def __init__(self, kind: str):
         self.kind = kind  # "fa2" | "fa3": FlashInfer's backend= string
         self.label = f"flashinfer {kind}"
-        self._wrappers: dict[tuple, Any] = {}
+        self._wrappers = BoundedCache(MAX_WRAPPERS)
 
     def limits(self, problem) -> list[Reason]:
         out = []
@@ -61,7 +65,8 @@ class FlashInferPrefill(Provider):
 
     # -- plan ------------------------------------------------------------------------------
     def _wrapper(self, problem, device, paged: bool):
-        key = (problem, str(device), paged)
+        device = device_key(device)
+        key = (problem, device, paged)
         w = self._wrappers.get(key)
         if w is None:
             prefill = self.loaded().module
@@ -70,15 +75,17 @@ class FlashInferPrefill(Provider):
                 w = prefill.BatchPrefillWithPagedKVCacheWrapper(ws, problem.kv_layout, backend=self.kind)
             else:
                 w = prefill.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=self.kind)
-            self._wrappers[key] = w
+            self._wrappers.put(key, w)
         return w
 
     def _common_kwargs(self, problem, batch) -> dict:
+        scale = _vendor.host_float(batch.sm_scale)
+        _vendor.refuse_negative_scale(self.label, scale, self.label)
         kwargs = dict(
             head_dim_vo=problem.head_dim_vo,
             causal=problem.causal,
             pos_encoding_mode=problem.pos_encoding,
-            sm_scale=_vendor.host_float(batch.sm_scale),
+            sm_scale=scale,
             window_left=problem.window_left,
             logits_soft_cap=problem.logits_soft_cap,
             q_data_type=batch.q.dtype,
@@ -113,8 +120,12 @@ class FlashInferPrefill(Provider):
 
     # -- run -------------------------------------------------------------------------------
     def run(self, problem, state: FiState, batch) -> None:
+        scale = batch.sm_scale
+        if not isinstance(scale, torch.Tensor) and float(scale) != state.plan_kwargs["sm_scale"]:
+            state.plan_kwargs = {**state.plan_kwargs, "sm_scale": float(scale)}  # a plan must not bake it
+            state.wrapper._attn_dispatch_plan = None
         if getattr(state.wrapper, "_attn_dispatch_plan", None) is not state:
-            self._apply_plan(state)  # another plan of the same problem used the wrapper meanwhile
+            self._apply_plan(state)  # another plan used the wrapper meanwhile, or the scale changed
         out = _vendor.writable(batch.out)
         lse = _vendor.writable(batch.lse)
         if state.paged:

@@ -5,18 +5,19 @@ Translation (vendor-constraints.md sections 1.1-1.3, 5, 6):
   kv_lens; FA3 ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
   page_table=, cu_seqlens_q=, max_seqlen_q=)``; ragged/dense: ``flash_attn_varlen_func``;
 * our logical NHD page views are passed as they are (FlashAttention reads strides);
-* window_left -> window_size=(W, 0) causal, (W, -1) otherwise (lower bound only);
+* window_left -> window_size=(W, 0) causal, (W, -1) otherwise (_numerics.flash_window);
 * scales: softmax_scale = sm_scale (host float), out_scale applied after the kernel;
   fp8 (FA3): descales left at 1 because our scales are already folded;
 * LSE: natural log, head-major (Hq, total_q) -> base 2, token-major, in place.
+Caches: none of their own (ALiBi slopes: backends/_numerics.alibi_tensor, keyed on heads,
+device with index and dtype, lru_cache(maxsize=64)).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from backends import _vendor
+from backends import _numerics, _vendor
+from backends._device import device_key
 from backends._providers import Provider
 from backends.base import Reason
 
@@ -25,12 +26,16 @@ SRC_FA3 = "vendor-constraints.md section 6 (FA hopper/flash_api.cpp)"
 
 
 def alibi_slopes(num_heads: int, device) -> torch.Tensor:
-    """FlashInfer's ALiBi slopes (utils.get_alibi_slopes): 2^(-8h/n), with the interleaved
-    extension for non-power-of-two head counts; fp32 (Hq,)."""
-    n = 2 ** math.floor(math.log2(num_heads))
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(num_heads - n)]
-    return torch.tensor(slopes, dtype=torch.float32, device=device)
+    """FlashInfer's slopes, fp32 (Hq,), made once per (heads, GPU) instead of per call."""
+    return _numerics.alibi_tensor(num_heads, device_key(device))
+
+
+def _host_scale(label: str, batch) -> float:
+    """softmax_scale is a host float here (a device tensor is read: a sync); its sign is
+    checked now that it is known, still before the launch (see _vendor.refuse_negative_scale)."""
+    scale = _vendor.host_float(batch.sm_scale)
+    _vendor.refuse_negative_scale(label, scale, label)
+    return scale
 
 
 def _split(result, want_lse: bool):
@@ -44,7 +49,7 @@ def _finish(batch, out_v: torch.Tensor, lse) -> None:
     batch.out.copy_(out_v.reshape(batch.out.shape))
     _vendor.apply_out_scale(batch.out, batch.out_scale)
     if batch.lse is not None:
-        _vendor.lse_natural_head_major(batch.lse, lse)
+        _numerics.write_lse_base2(batch.lse, lse)
 
 
 class DaoFA2(Provider):
@@ -70,14 +75,15 @@ class DaoFA2(Provider):
         fa = self.loaded().module
         paged = problem.kv_storage == "paged"
         want_lse = batch.lse is not None
+        scale = _host_scale(self.label, batch)
         result = fa.flash_attn_varlen_func(
             batch.q, batch.k, batch.v, batch.qo_indptr,
             _vendor.cu_seqlens(batch.kv_lens) if paged else batch.kv_indptr,
             batch.max_q_len, batch.max_kv_len,
             dropout_p=0.0,
-            softmax_scale=_vendor.host_float(batch.sm_scale),
+            softmax_scale=scale,
             causal=problem.causal,
-            window_size=_vendor.window_size(problem),
+            window_size=_numerics.flash_window(problem.window_left, problem.causal),
             softcap=problem.logits_soft_cap,
             alibi_slopes=alibi_slopes(problem.num_qo_heads, batch.q.device) if problem.pos_encoding == "ALIBI" else None,
             return_attn_probs=want_lse,
@@ -102,8 +108,9 @@ class DaoFA3(Provider):
     def run(self, problem, state, batch) -> None:
         fai = self.loaded().module
         want_lse = batch.lse is not None
-        common = dict(softmax_scale=_vendor.host_float(batch.sm_scale), causal=problem.causal,
-                      window_size=_vendor.window_size(problem), softcap=problem.logits_soft_cap)
+        common = dict(softmax_scale=_host_scale(self.label, batch), causal=problem.causal,
+                      window_size=_numerics.flash_window(problem.window_left, problem.causal),
+                      softcap=problem.logits_soft_cap)
         if problem.kv_storage == "paged":
             result = fai.flash_attn_with_kvcache(
                 batch.q, batch.k, batch.v, cache_seqlens=batch.kv_lens, page_table=batch.block_table,

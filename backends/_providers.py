@@ -6,6 +6,7 @@ file declares what the backend accepts with *some* provider; each provider adds
 the few limits only it has (``limits``: a list of Reasons, empty = it serves the
 problem). ``plan`` picks the first installed provider without limits, or raises
 BackendRejected with every provider's reasons, so the router falls back.
+Planning and launching run under the tensors' GPU (backends/_device.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from backends import _vendor
+from backends._device import on_device
 from backends.base import Backend, BackendRejected, Reason
 
 
@@ -77,9 +79,11 @@ class MultiProviderBackend(Backend):
         raise BackendRejected(self.name, why)
 
     def plan(self, problem, batch) -> ProviderPlan:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, self.name)
         provider = self.choose(problem)
         try:
-            state = provider.plan(problem, batch)
+            with on_device(batch.q.device):
+                state = provider.plan(problem, batch)
         except BackendRejected:
             raise
         except _vendor.VENDOR_ERRORS as exc:  # the vendor refused while planning: nothing launched
@@ -87,4 +91,7 @@ class MultiProviderBackend(Backend):
         return ProviderPlan(provider, problem, state)
 
     def run(self, plan: ProviderPlan, batch) -> None:
-        plan.provider.run(plan.problem, plan.state, batch)
+        # Before any launch, so the router may still hand the call over (router.run).
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, self.name)
+        with on_device(batch.q.device):
+            plan.provider.run(plan.problem, plan.state, batch)

@@ -3,21 +3,26 @@
 Everything here translates *our* AttentionBatch convention (dispatch/problem.py)
 into what a vendor function expects and back. No vendor package is imported at
 module import time: ``load`` imports lazily and caches the outcome.
+
+Caches here (name: key -> bound):
+* ``_loaded``: module name -> one entry per vendor module (configuration only: unbounded);
+* ``has_param``: (vendor function, parameter name) -> lru_cache(maxsize=256);
+* ``_workspaces``: (tag, device with its index) -> one buffer per tag and GPU (configuration
+  only: unbounded; a larger request replaces the buffer).
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import inspect
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 
+from backends._device import device_key
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
-LOG2E = 1.0 / math.log(2.0)  # natural-log LSE * LOG2E = base-2 LSE
 VENDOR_ERRORS = (RuntimeError, ValueError, NotImplementedError, AssertionError, KeyError, TypeError)
 
 
@@ -59,7 +64,7 @@ def forget_imports() -> None:
     has_param.cache_clear()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)
 def has_param(fn: Callable, name: str) -> bool:
     """Whether a vendor function accepts ``name`` (its signature changed across releases)."""
     try:
@@ -92,13 +97,19 @@ def apply_out_scale(out: torch.Tensor, out_scale) -> None:
         out.mul_(out_scale.reshape(()) if isinstance(out_scale, torch.Tensor) else float(out_scale))
 
 
-# -- masks and windows -----------------------------------------------------------------------
-def window_size(problem) -> tuple[int, int]:
-    """Our inclusive window_left as FlashAttention's (left, right): right 0 with causal,
-    unbounded (-1) without, so non-causal keeps only the lower bound."""
-    if problem.window_left < 0:
-        return (-1, 0) if problem.causal else (-1, -1)
-    return (problem.window_left, 0 if problem.causal else -1)
+def refuse_negative_scale(backend: str, scale, vendor: str) -> None:
+    """BackendRejected for a float sm_scale < 0, before anything is launched.
+
+    softmax(s * q.k) with s < 0 is well defined, but the vendors' online softmax folds
+    s * log2(e) into exp2 and keeps the row max of the *unscaled* scores (FlashAttention
+    2/3 ``softmax.h``, FlashInfer, and by all signs cuDNN/TRT-LLM): with s < 0 that max is
+    the minimum and a masked -inf turns into +inf (NaN). Not verified on hardware, so the
+    router hands these calls to native-triton / reference, which handle any sign. A device
+    tensor scale is not read (that would synchronize): its sign is the caller's business.
+    """
+    if not isinstance(scale, torch.Tensor) and float(scale) < 0:
+        raise rejected(backend, "sm_scale", float(scale), f"> 0 on {vendor}",
+                       "backends/_vendor.py refuse_negative_scale (native-triton serves it)")
 
 
 # -- paged KV ------------------------------------------------------------------------------
@@ -149,23 +160,14 @@ def write_back(dst: Optional[torch.Tensor], src: Optional[torch.Tensor]) -> None
         dst.copy_(src)
 
 
-def lse_natural_head_major(dst: torch.Tensor, lse: torch.Tensor) -> None:
-    """FlashAttention LSE (Hq, total_q) natural log -> ours (total_q, Hq) base 2, in place.
-
-    FA2 marks rows with no visible key +inf; our contract says -inf.
-    """
-    lse2 = lse.transpose(0, 1).float() * LOG2E
-    lse2 = torch.where(torch.isposinf(lse2), torch.full_like(lse2, -math.inf), lse2)
-    dst.copy_(lse2)
-
-
 # -- workspaces ----------------------------------------------------------------------------
 _workspaces: dict[tuple, torch.Tensor] = {}
 
 
 def workspace(tag: str, device: torch.device, nbytes: int, zeroed: bool) -> torch.Tensor:
-    """One uint8 buffer per (tag, device), allocated (and zeroed) once, reused by every call."""
-    key = (tag, str(device))
+    """One uint8 buffer per (tag, GPU), allocated (and zeroed) once, reused by every call.
+    The key holds the device index: a bare 'cuda' resolves to the current GPU."""
+    key = (tag, device_key(device))
     buf = _workspaces.get(key)
     if buf is None or buf.numel() < nbytes:
         alloc = torch.zeros if zeroed else torch.empty

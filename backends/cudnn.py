@@ -21,7 +21,8 @@ What the adapter hands to cuDNN (one fused SDPA node per graph):
   into our packed ``(total_q, Hq)`` buffer; ``run`` then multiplies it by log2(e).
 * ``out_scale`` != 1 is applied to ``out`` after the graph (cuDNN has no output scale).
 
-Graph cache key (``GraphKey``): everything a built graph bakes in - dtypes, KV
+Graph cache key (``GraphKey``): everything a built graph bakes in - the GPU (with its
+index: a graph, its handle and workspace belong to one device), dtypes, KV
 storage, batch size, *bucketed* max lengths (next power of two, at least 16;
 one-token queries stay 1 unless sinks or LSE are asked for: then 2), head counts and dims, the strides of every operand,
 the page-pool dims and page-table width, causal / window / sinks / LSE, and the
@@ -30,6 +31,14 @@ device tensor scale is a runtime input and the key only records ``scale=None``).
 Per-call values (lengths, offsets, page tables, pointers) are graph inputs and
 never cause a rebuild. A serving loop with a fixed page pool therefore builds one
 graph per (bucket, phase); the first build of each key is logged.
+
+Caches (name: key -> bound):
+* ``_graphs``: GraphKey -> (graph, workspace); keyed on batch sizes, length buckets and
+  float scales, so an LRU of ``MAX_GRAPHS`` (an evicted entry lives on in the plans holding it);
+* ``_handles``: device with its index -> cuDNN handle, created under that device (one per GPU);
+* ``available`` / ``backend_version``: lru_cache on the singleton (one entry each).
+Building and launching run under the tensors' GPU. A float sm_scale < 0 is refused
+before any launch (_vendor.refuse_negative_scale; cuDNN's fused softmax is unverified for it).
 
 Workspace: allocated once per key at plan time; ``run`` only binds pointers and
 launches, so ``run`` can be captured in a CUDA graph after a warm-up plan.
@@ -48,11 +57,13 @@ from typing import Any, Optional
 
 import torch
 
+from backends import _numerics, _vendor
+from backends._device import BoundedCache, device_key, on_device
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
 log = logging.getLogger("attn_dispatch")
 
-LOG2E = 1.4426950408889634
+MAX_GRAPHS = 128
 MIN_BUCKET = 16
 INT32_MAX = 2**31 - 1
 SRC_CFE = "cudnn-frontend sdpa_support_surface.h (vendor-constraints.md section 2)"
@@ -95,6 +106,7 @@ BROKEN_VERSIONS = {91000: "9.10.0", 91001: "9.10.1"}  # fp16/bf16 SDPA forward r
 class GraphKey:
     """What a built cuDNN graph bakes in (see the module docstring)."""
 
+    device: torch.device  # with its index
     io_dtype: str
     kv_storage: str  # "paged" | "ragged" (dense is ragged with full lengths)
     batch_size: int
@@ -158,7 +170,7 @@ def graph_key(problem, batch) -> GraphKey:
         s_q = 2  # one-row graphs: cuDNN refuses sink_token, and its Stats were not written (H100 probe)
     scale = None if _is_tensor_scale(batch.sm_scale) else float(batch.sm_scale)
     return GraphKey(
-        io_dtype=problem.q_dtype, kv_storage="paged" if paged else "ragged", batch_size=batch.batch_size,
+        device=device_key(batch.q.device), io_dtype=problem.q_dtype, kv_storage="paged" if paged else "ragged", batch_size=batch.batch_size,
         s_q=s_q, s_kv=s_kv, num_qo_heads=problem.num_qo_heads, num_kv_heads=problem.num_kv_heads,
         head_dim_qk=problem.head_dim_qk, head_dim_vo=problem.head_dim_vo,
         q_strides=tuple(batch.q.stride()[:2]), o_strides=tuple(batch.out.stride()[:2]),
@@ -208,7 +220,7 @@ def _mask_kwargs(cudnn, key: GraphKey) -> dict:
     if key.window_left >= 0:
         return dict(diagonal_alignment=cudnn.diagonal_alignment.BOTTOM_RIGHT,
                     diagonal_band_right_bound=0 if key.causal else None,
-                    diagonal_band_left_bound=key.window_left + 1)
+                    diagonal_band_left_bound=_numerics.cudnn_left_bound(key.window_left))
     return dict(use_causal_mask_bottom_right=key.causal)
 
 
@@ -308,8 +320,8 @@ class CudnnBackend(Backend):
     packages = ("cudnn",)
 
     def __init__(self) -> None:
-        self._graphs: dict[GraphKey, GraphEntry] = {}
-        self._handles: dict[int, Any] = {}
+        self._graphs = BoundedCache(MAX_GRAPHS)
+        self._handles: dict[torch.device, Any] = {}
         self._lock = threading.Lock()
 
     # -- availability -------------------------------------------------------
@@ -359,10 +371,12 @@ class CudnnBackend(Backend):
 
     # -- execution ----------------------------------------------------------
     def _handle(self, cudnn, device: torch.device):
-        index = device.index if device.index is not None else (torch.cuda.current_device() if device.type == "cuda" else -1)
-        handle = self._handles.get(index)
+        """The handle of this GPU (created under it: a handle belongs to the current device)."""
+        device = device_key(device)
+        handle = self._handles.get(device)
         if handle is None:
-            handle = self._handles[index] = cudnn.create_handle()
+            with on_device(device):
+                handle = self._handles[device] = cudnn.create_handle()
         if device.type == "cuda":
             cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
         return handle
@@ -376,19 +390,17 @@ class CudnnBackend(Backend):
         return reasons
 
     def _entry(self, cudnn, key: GraphKey, device: torch.device) -> GraphEntry:
-        entry = self._graphs.get(key)
-        if entry is not None:
-            return entry
-        with self._lock:
+        with self._lock:  # the LRU reorders on lookup: one thread at a time
             entry = self._graphs.get(key)
             if entry is None:
-                entry = self._graphs[key] = self._build(cudnn, key, device)
+                entry = self._graphs.put(key, self._build(cudnn, key, device))
         return entry
 
     def _build(self, cudnn, key: GraphKey, device: torch.device) -> GraphEntry:
         start = time.perf_counter()
         try:
-            graph = build_graph(cudnn, key, self._handle(cudnn, device))
+            with on_device(device):
+                graph = build_graph(cudnn, key, self._handle(cudnn, device))
             size = int(graph.get_workspace_size())
         except Exception as exc:  # noqa: BLE001 - nothing launched yet: a plan-time refusal
             reason = Reason("cudnn graph", f"{type(exc).__name__}: {str(exc).strip()[:300]}",
@@ -400,15 +412,22 @@ class CudnnBackend(Backend):
         return GraphEntry(graph, workspace, seconds)
 
     def plan(self, problem, batch) -> CudnnPlan:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "cudnn (attn_scale)")
         reasons = self._plan_time_reasons(problem, batch)
         if reasons:
             raise BackendRejected(self.name, reasons)
         cudnn = cudnn_module()
         key = graph_key(problem, batch)
         entry = self._entry(cudnn, key, batch.q.device)
-        return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch))
+        with on_device(batch.q.device):
+            return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch))
 
     def run(self, plan: CudnnPlan, batch) -> None:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "cudnn (attn_scale)")  # before launch
+        with on_device(batch.q.device):
+            self._launch(plan, batch)
+
+    def _launch(self, plan: CudnnPlan, batch) -> None:
         cudnn = cudnn_module()
         pack = dict(plan.inputs)
         pack.update({UID_Q: batch.q, UID_O: batch.out})
@@ -422,7 +441,7 @@ class CudnnBackend(Backend):
             pack[UID_SCALE] = plan.scale_tensor
         plan.entry.graph.execute(pack, plan.entry.workspace, handle=self._handle(cudnn, batch.q.device))
         if batch.lse is not None:
-            batch.lse.mul_(LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
+            batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
         if _is_tensor_scale(batch.out_scale) or float(batch.out_scale) != 1.0:
             batch.out.mul_(batch.out_scale)
 

@@ -13,7 +13,12 @@ Translation (always the varlen form, so one path serves ragged and dense KV):
 * the op allocates its output: ``out`` receives ``output * out_scale``.
 * LSE: natural log, head-major ``(Hq, total_q)`` (or padded ``(B, Hq, max_q)`` on
   builds that return it) -> base 2, token-major ``(total_q, Hq)``; FA2 marks rows
-  with no key ``+inf``, our convention is ``-inf``.
+  with no key ``+inf``, our convention is ``-inf`` (backends/_numerics.py).
+* a float ``sm_scale`` < 0 is refused before any launch (_vendor.refuse_negative_scale:
+  FA2's softmax keeps the row max of unscaled scores).
+
+Caches: ``available`` (lru_cache on the singleton: one entry); no buffers. Launches run
+under the tensors' GPU.
 
 Not served: paged KV (the op's ``block_table`` needs pages of 256 and is absent on
 older builds), soft cap, sinks, custom masks, ALiBi (FlashInfer's signed bias vs
@@ -23,13 +28,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
+from backends import _numerics, _vendor
+from backends._device import on_device
 from backends.base import Backend, BackendRejected, Reason
 
-LOG2E = 1.4426950408889634
 SRC_PT = "PT flash_api.cpp @03b7c19 (vendor-constraints.md section 7)"
 
 
@@ -38,39 +44,11 @@ def flash_op():
     return torch.ops.aten._flash_attention_forward
 
 
-def window_args(causal: bool, window_left: int) -> tuple[Optional[int], Optional[int]]:
-    """FlashInfer's inclusive window_left -> FA2's (window_size_left, window_size_right)."""
-    if window_left < 0:
-        return None, None
-    return window_left, (0 if causal else -1)
-
-
 @dataclass
 class TorchFlashPlan:
     causal: bool
     window: tuple
     lse_rows: Optional[tuple]  # (request index, row in request) per token, for a padded LSE
-
-
-def _token_rows(qo_indptr: torch.Tensor, total_q: int) -> tuple:
-    """Per packed token: its request and its row in the request (device ops, no sync)."""
-    lengths = (qo_indptr[1:] - qo_indptr[:-1]).long()
-    request = torch.repeat_interleave(torch.arange(lengths.numel(), device=qo_indptr.device), lengths,
-                                      output_size=total_q)
-    row = torch.arange(total_q, device=qo_indptr.device) - qo_indptr.long()[request]
-    return request, row
-
-
-def lse_to_packed_base2(lse_nat: torch.Tensor, lse_rows: Optional[tuple], out: torch.Tensor) -> None:
-    """(Hq, total_q) or (B, Hq, max_q) natural-log LSE -> ``out`` (total_q, Hq) base 2."""
-    if lse_nat.dim() == 2:
-        tokens = lse_nat.t()
-    else:
-        request, row = lse_rows
-        tokens = lse_nat[request, :, row]
-    out.copy_(tokens)
-    out.mul_(LOG2E)
-    out.masked_fill_(out == float("inf"), float("-inf"))
 
 
 class TorchFlashBackend(Backend):
@@ -104,10 +82,18 @@ class TorchFlashBackend(Backend):
                for n, t in (("q", batch.q), ("k", batch.k), ("v", batch.v)) if t.stride(-1) != 1]
         if bad:
             raise BackendRejected(self.name, bad)
-        rows = _token_rows(batch.qo_indptr, batch.total_q) if batch.lse is not None else None
-        return TorchFlashPlan(problem.causal, window_args(problem.causal, problem.window_left), rows)
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "torch-flash (PyTorch's FA2)")
+        with on_device(batch.q.device):
+            rows = _numerics.token_rows(batch.qo_indptr, batch.total_q) if batch.lse is not None else None
+        return TorchFlashPlan(problem.causal, _numerics.torch_flash_window(problem.window_left, problem.causal),
+                              rows)
 
     def run(self, plan: TorchFlashPlan, batch) -> None:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "torch-flash (PyTorch's FA2)")  # before launch
+        with on_device(batch.q.device):
+            self._launch(plan, batch)
+
+    def _launch(self, plan: TorchFlashPlan, batch) -> None:
         q, scale = batch.q, batch.sm_scale
         if isinstance(scale, torch.Tensor):
             q, scale = (q * scale.reshape(())).to(q.dtype), 1.0
@@ -120,4 +106,4 @@ class TorchFlashBackend(Backend):
         if isinstance(batch.out_scale, torch.Tensor) or float(batch.out_scale) != 1.0:
             batch.out.mul_(batch.out_scale)
         if batch.lse is not None:
-            lse_to_packed_base2(lse_nat, plan.lse_rows, batch.lse)
+            _numerics.write_lse_base2(batch.lse, lse_nat, plan.lse_rows)

@@ -10,6 +10,9 @@ Translation (calling conventions 2.2, vendor-constraints.md section 3):
 * LSE: the kernel's is already (total_q, Hq) fp32 base 2 and is written into ours.
 ``causal=False`` and the LSE need a FlashInfer whose function has ``causal``/``lse``
 (>= 0.6.17); older ones are refused at plan time. SM100/103/107 only: never run on our H100.
+A float sm_scale < 0 is refused before any launch (_vendor.refuse_negative_scale).
+Caches: the zeroed workspace, _vendor.workspace keyed on (tag, device with its index), one per
+GPU; launches run under the tensors' GPU.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends import _vendor
+from backends._device import on_device
 from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FI tests use 128-256 MiB
@@ -41,6 +45,7 @@ class TrtllmGenBackend(_vendor.FlashInferModuleBackend):
         return []
 
     def plan(self, problem, batch) -> TrtllmPlan:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "trtllm-gen (bmm1_scale)")
         fn = self._loaded().module.trtllm_batch_context_with_kv_cache
         if not problem.causal and not _vendor.has_param(fn, "causal"):
             raise _vendor.rejected(self.name, "causal", False, "True with this flashinfer (causal= needs >= 0.6.17)", SRC)
@@ -50,6 +55,11 @@ class TrtllmGenBackend(_vendor.FlashInferModuleBackend):
         return TrtllmPlan(problem, fn)
 
     def run(self, plan: TrtllmPlan, batch) -> None:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "trtllm-gen (bmm1_scale)")  # before launch
+        with on_device(batch.q.device):
+            self._launch(plan, batch)
+
+    def _launch(self, plan: TrtllmPlan, batch) -> None:
         problem, dev = plan.problem, batch.q.device
         k, v, layout = _vendor.physical_kv(problem, batch.k, batch.v)
         out = _vendor.writable(batch.out)

@@ -11,8 +11,11 @@ Translation (calling conventions 2.3, vendor-constraints.md section 4):
   a bmm2_scale != 1 scales the logits by 1/bmm2 and leaves the output unscaled.
   With bmm2 = 1 every version computes softmax(bmm1 * q.k) v exactly;
 * no LSE (rejected by the data when return_lse);
-* workspace: one zeroed 128 MiB buffer per device (first 8 MiB = semaphores, which the
-  kernel leaves zeroed), allocated and zeroed once.
+* workspace: one zeroed 128 MiB buffer per GPU (first 8 MiB = semaphores, which the
+  kernel leaves zeroed), allocated and zeroed once: _vendor.workspace, keyed on (tag,
+  device with its index): a buffer of cuda:0 handed to a launch on cuda:1 was the
+  "illegal memory access"; launches run under the tensors' GPU;
+* a float sm_scale < 0 is refused before any launch (_vendor.refuse_negative_scale).
 Spec decode needs a FlashInfer whose function takes ``mask``/``q_len_per_req`` (>= 0.6);
 older ones are refused at plan time (BackendRejected), so the router falls back.
 """
@@ -24,6 +27,7 @@ from typing import Any
 import torch
 
 from backends import _vendor
+from backends._device import on_device
 from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -69,11 +73,13 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         return out
 
     def plan(self, problem, batch) -> XqaPlan:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "xqa (bmm1_scale)")
         fn = self._loaded().module.xqa_batch_decode_with_kv_cache
         _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True)
         if problem.phase != "spec_decode":
             return XqaPlan(problem, fn)
-        return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
+        with on_device(batch.q.device):
+            return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
 
     def _spec_kwargs(self, problem, batch, fn) -> dict:
         if not (_vendor.has_param(fn, "mask") and _vendor.has_param(fn, "q_len_per_req")):
@@ -97,6 +103,11 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         return kwargs
 
     def run(self, plan: XqaPlan, batch) -> None:
+        _vendor.refuse_negative_scale(self.name, batch.sm_scale, "xqa (bmm1_scale)")  # before launch
+        with on_device(batch.q.device):
+            self._launch(plan, batch)
+
+    def _launch(self, plan: XqaPlan, batch) -> None:
         problem = plan.problem
         k, v, layout = _vendor.physical_kv(problem, batch.k, batch.v)
         out = _vendor.writable(batch.out)

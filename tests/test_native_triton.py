@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from backends.base import DeviceDesc
-from backends.native.triton_backend import NativeTritonBackend, TileConfig, alibi_slopes, best_splits
+from backends._numerics import alibi_slopes
+from backends.native.triton_backend import NativeTritonBackend, TileConfig, best_splits
 from capability_db import CPU_DEVICE, resolve_device
 from dispatch.problem import AttentionBatch, AttentionProblem, NAME_DTYPES
 

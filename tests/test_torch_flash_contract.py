@@ -7,12 +7,13 @@ so comparing the adapter's out / lse with the fp64 oracle checks the translation
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 import torch
 
-from backends import BackendRejected
+from backends import BackendRejected, _numerics
 from backends import torch_flash as adapter
 from capability_db import resolve_device
 from dispatch.probe import BASE, Case, make_batch, oracle, rel_error
@@ -105,7 +106,8 @@ def test_varlen_arguments_handed_over(fake):
     assert call["cu_q"] is batch.qo_indptr and call["cu_k"] is batch.kv_indptr
     assert (call["max_q"], call["max_k"]) == (33, 72) and call["causal"] is True
     assert (call["left"], call["right"]) == (6, 0) and call["scale"] == pytest.approx(1 / 128 ** 0.5)
-    assert adapter.window_args(False, 6) == (6, -1) and adapter.window_args(True, -1) == (None, None)
+    assert _numerics.torch_flash_window(6, False) == (6, -1)
+    assert _numerics.torch_flash_window(-1, True) == (None, None)
 
 
 def test_padded_lse_layout_is_unpacked(monkeypatch):
@@ -127,9 +129,9 @@ def test_tensor_scales_are_folded(fake):
 def test_empty_rows_get_minus_inf():
     lse = torch.tensor([[0.5, float("inf")], [1.0, 2.0]])  # (H, total_q) natural log
     out = torch.full((2, 2), float("nan"))
-    adapter.lse_to_packed_base2(lse, None, out)
-    assert out[1, 0] == float("-inf") and out[0, 0] == pytest.approx(0.5 * adapter.LOG2E)
-    assert out[1, 1] == pytest.approx(2.0 * adapter.LOG2E)
+    _numerics.write_lse_base2(out, lse)
+    assert out[1, 0] == float("-inf") and out[0, 0] == pytest.approx(0.5 / math.log(2))
+    assert out[1, 1] == pytest.approx(2.0 / math.log(2))
 
 
 def test_paged_is_refused_at_plan_time(fake):

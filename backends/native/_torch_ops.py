@@ -7,25 +7,14 @@ kv_len - q_len + i (bottom-right aligned); key j sits at position j.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-LN2 = math.log(2.0)
+from backends import _numerics
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """FlashInfer's ALiBi slopes (fp64, (num_heads,)).
-
-    Same recipe as ``flashinfer.utils.get_alibi_slopes`` (and the ALiBi paper):
-    n = 2**floor(log2 H); slopes 2**(-8*(i+1)/n) for i < n, then the odd powers
-    of 2**(-4/n) for the remaining H - n heads.
-    """
-    n = 2 ** int(math.floor(math.log2(num_heads)))
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    extra = num_heads - n
-    slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(extra)]
-    return torch.tensor(slopes, dtype=torch.float64)
+    """FlashInfer's ALiBi slopes (backends/_numerics.py) as fp64 (num_heads,) on the CPU."""
+    return torch.tensor(_numerics.alibi_slopes(num_heads), dtype=torch.float64)
 
 
 def rope_llama(x: torch.Tensor, positions: torch.Tensor, theta: float, scale: float) -> torch.Tensor:

@@ -29,6 +29,9 @@ Semantics not fixed by the problem docstring, chosen to match FlashInfer:
   fully masked row still reports -inf.
 
 Not CUDA-graph capturable: lengths are read on the host (``cuda_graph: never``).
+Any sm_scale sign (and 0) is served: scores are scaled before masking and the row max.
+
+Caches: none (the plan's fp64 ALiBi slopes live on the CPU and move per call).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from backends import _numerics
 from backends.base import Backend, DeviceDesc, Reason
 from backends.native import _torch_ops as ops
 
@@ -277,5 +281,5 @@ def _finish(ctx: _Context, req: _Request, r0: int, r1: int, m, l, acc) -> None:
     batch.out[rows].copy_(out.permute(1, 0, 2).to(batch.out.dtype))
     if batch.lse is not None:
         lse = torch.where(empty, torch.full_like(m, -math.inf), (m_safe + torch.log(torch.where(
-            empty, torch.ones_like(l), l))) / ops.LN2)
+            empty, torch.ones_like(l), l))) / _numerics.LN2)
         batch.lse[rows].copy_(lse.t().to(batch.lse.dtype))

@@ -4,6 +4,16 @@
 sized from the batch's host-side upper bounds); ``run`` only launches, with no
 host synchronization and no allocation, so it can be captured in a CUDA graph.
 Kernels: backends/native/triton_kernels.py. Performance notes: tools/NOTES-native.md.
+
+Caches (name: key -> bound):
+* ``_SM_COUNT``: CUDA device index (never a bare "cuda") -> SM count (one entry per GPU);
+* ``NativeTritonBackend._available``: one entry; Triton's own kernel cache (per device,
+  per constexpr specialization) is Triton's;
+* no buffer outlives its plan: split-KV scratch, ALiBi slopes and RoPE copies are made in
+  ``plan`` on the batch's device and held by the plan (the caller's plan cache keys on the
+  device; a run on another GPU than its plan is refused).
+Every launch runs under the tensors' GPU (Triton launches on the *current* device).
+Any sm_scale sign is served: the kernel moves a negative scale's sign into q.
 """
 from __future__ import annotations
 
@@ -14,6 +24,8 @@ from typing import Any, Optional
 
 import torch
 
+from backends._device import device_key, on_device
+from backends._numerics import alibi_slopes
 from backends.base import Backend, DeviceDesc, Reason, import_reason
 from capability_db.vocabulary import AttentionBatch, AttentionProblem
 
@@ -46,6 +58,7 @@ class TritonPlan:
     kv_chunk: int
     total_q_capacity: int
     constexprs: dict[str, Any]
+    device: Optional[torch.device] = None  # where the scratch buffers live (with its index)
     part_o: Optional[torch.Tensor] = None  # (splits, total_q, Hq, Dvo) fp32
     part_lse: Optional[torch.Tensor] = None  # (splits, total_q, Hq) fp32
     alibi: Optional[torch.Tensor] = None  # (Hq,) fp32 slopes
@@ -53,15 +66,6 @@ class TritonPlan:
     rope_k: Optional[torch.Tensor] = None
     rope_grids: tuple = ()
     extra: dict = field(default_factory=dict)
-
-
-def alibi_slopes(num_heads: int) -> list[float]:
-    """FlashInfer's/ALiBi paper's slopes: geometric in 2^(-8/n) for the largest power of
-    two n <= heads, then the odd powers of 2^(-4/n) for the rest."""
-    n = 1 << (num_heads.bit_length() - 1)
-    slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
-    slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(num_heads - n)]
-    return slopes
 
 
 class NativeTritonBackend(Backend):
@@ -73,7 +77,7 @@ class NativeTritonBackend(Backend):
     def available(self) -> Optional[Reason]:
         if self._available is None:
             try:
-                import triton  # noqa: F401
+                __import__("triton")  # importable is all we ask here
             except Exception as exc:  # noqa: BLE001 - any import failure is a reason
                 NativeTritonBackend._available = (import_reason("triton", exc),)
             else:
@@ -113,7 +117,7 @@ class NativeTritonBackend(Backend):
         chunk = max(cfg.block_n, math.ceil(max(batch.max_kv_len, 1) / splits / cfg.block_n) * cfg.block_n)
         splits = max(1, math.ceil(max(batch.max_kv_len, 1) / chunk))
         plan = TritonPlan(problem, cfg, (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits),
-                          splits, chunk, batch.total_q, _constexprs(problem, batch, cfg, splits))
+                          splits, chunk, batch.total_q, _constexprs(problem, batch, cfg, splits), device_key(device))
         if splits > 1:
             plan.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
                                       dtype=torch.float32, device=device)
@@ -130,6 +134,13 @@ class NativeTritonBackend(Backend):
         if batch.total_q > plan.total_q_capacity:
             raise ValueError(f"q has {batch.total_q} rows but the plan was made for at most "
                              f"{plan.total_q_capacity}; plan again for this batch")
+        if plan.device is not None and device_key(batch.q.device) != plan.device:
+            raise ValueError(f"q is on {batch.q.device} but the plan's buffers are on {plan.device}; "
+                             "plan again on this device")
+        with on_device(batch.q.device):
+            self._launch(plan, batch)
+
+    def _launch(self, plan: TritonPlan, batch: AttentionBatch) -> None:
         from . import triton_kernels as tk
 
         q, k = batch.q, batch.k
@@ -188,7 +199,7 @@ def _smem_bytes(problem: AttentionProblem, cfg: TileConfig) -> int:
 
 
 def _smem_limit(device: torch.device) -> float:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_key(device).index
     return 0.9 * torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
 
@@ -215,7 +226,7 @@ _SM_COUNT: dict[int, int] = {}
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter runs programs one after another: splitting only costs time
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_key(device).index
     if index not in _SM_COUNT:
         _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _SM_COUNT[index]

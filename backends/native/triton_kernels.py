@@ -18,13 +18,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+from backends import _numerics
+
+LOG2E = tl.constexpr(_numerics.LOG2E)  # a constexpr global: jitted code may read it
 
 
 @triton.jit
 def _tanh(x):
     # 1 - 2 / (exp(2x) + 1): saturates cleanly to +-1 (exp overflow -> inf -> 1).
-    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * 1.4426950408889634)) + 1.0)
+    return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
 
 
 @triton.jit
@@ -80,9 +82,9 @@ def _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI: tl.constexpr, SOFT_CA
             s += slope[:, None] * (n[None, :] - t[:, None]).to(tl.float32)
         if SOFT_CAP:
             s = soft_cap * _tanh(s / soft_cap)
-        s = s * 1.4426950408889634
+        s = s * LOG2E
     else:
-        s = s * (scale * 1.4426950408889634)
+        s = s * (scale * LOG2E)
     return s
 
 
@@ -123,10 +125,11 @@ def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, k
         else:
             v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
     # Plain logits: scale once per row max and fuse s*c - m into one FMA per element (the
-    # softmax ALU work is what limits prefill); assumes sm_scale > 0, as every caller's is.
+    # softmax ALU work is what limits prefill). max(s) * c is the row max of s * c only for
+    # c >= 0: _attn_fwd moves a negative scale's sign into q, so scale >= 0 here.
     PLAIN: tl.constexpr = not (HAS_ALIBI or SOFT_CAP)
     if PLAIN:
-        c = scale * 1.4426950408889634
+        c = scale * LOG2E
         if DOT_F32:
             s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
         else:
@@ -138,6 +141,9 @@ def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, k
         keep = _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
                           CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
                           CAUSAL, HAS_WINDOW, MASK_MODE)
+        if PLAIN:  # scale before masking: (-inf) * 0 is NaN when sm_scale is 0
+            s = s * c
+            c = 1.0
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * c)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # avoid (-inf) - (-inf)
@@ -216,6 +222,10 @@ def _attn_fwd(
         q = q.to(tl.float32)
     elif Q_FP8:  # fp8 queries (q_scale folded into sm_scale): the dots run in bf16
         q = q.to(tl.bfloat16)
+    # softmax(scale * q.k) with scale < 0 is softmax(|scale| * (-q).k): negating q is exact,
+    # and the log2-domain tiles (row max of raw scores times the scale) need scale >= 0.
+    q = tl.where(scale < 0, -q, q)
+    scale = tl.abs(scale)
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Alibi + h, mask=row_ok, other=0.0)
@@ -286,7 +296,7 @@ def _finish_rows(acc, m_i, l_i, h, tok, row_ok, dv, Out, Lse, Sinks, out_scale,
         lse = tl.where(any_key, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(Lse + tok * stride_lt + h * stride_lh, lse, mask=row_ok)
     if HAS_SINKS:
-        sink2 = tl.load(Sinks + h, mask=row_ok, other=0.0) * 1.4426950408889634
+        sink2 = tl.load(Sinks + h, mask=row_ok, other=0.0) * LOG2E
         m_fin = tl.maximum(m_i, sink2)
         rescale = tl.exp2(m_i - m_fin)
         l_i = l_i * rescale + tl.exp2(sink2 - m_fin)
@@ -324,7 +334,7 @@ def _merge_splits(
     keys_sum = tl.sum(w, 0)
     denom = keys_sum
     if HAS_SINKS:  # counted once, here; exp2 may overflow only if the sink exceeds the keys by >127
-        denom += tl.exp2(tl.load(Sinks + h) * 1.4426950408889634 - m_safe)
+        denom += tl.exp2(tl.load(Sinks + h) * LOG2E - m_safe)
     parts = tl.load(PartO + sp[:, None] * stride_ps + tok * stride_pt + h * stride_ph + dv[None, :],
                     mask=s_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     if OUT_SCALE_PTR:

@@ -1,0 +1,73 @@
+"""Device facts every backend cache is keyed on, the launch guard, and the bounded cache.
+
+Why: a tensor's ``.device`` carries the CUDA index, but ``torch.device('cuda')`` and
+``torch.cuda.current_device()`` do not say which GPU the *tensors* live on. A buffer or
+plan cached under a bare 'cuda' key and reused for cuda:1 is a pointer into another GPU
+(Triton: "Pointer argument cannot be accessed", vendors: illegal memory access); a
+launch on the current device instead of the tensors' device fails the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Any, Hashable, Iterator, Union
+
+import torch
+
+DeviceLike = Union[torch.device, str, int]
+
+
+def device_key(device: DeviceLike) -> torch.device:
+    """A device with its index made explicit (a bare 'cuda' means the current device)."""
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def on_device(device: DeviceLike) -> contextlib.AbstractContextManager:
+    """Make the tensors' GPU current for a launch (cheap; nothing for CPU)."""
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+class BoundedCache:
+    """A dict that keeps the ``maxsize`` most recently used entries (an LRU).
+
+    For caches keyed on per-call sizes (lengths, batch sizes, float scales): without a
+    bound a serving loop with varying lengths grows them without limit. Evicting only
+    drops the cache's reference: a plan that holds an entry keeps it alive.
+    """
+
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError(f"maxsize={maxsize}: allowed >= 1")
+        self.maxsize = maxsize
+        self._data: OrderedDict = OrderedDict()
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        if key not in self._data:
+            return default
+        self._data.move_to_end(key)
+        return self._data[key]
+
+    def put(self, key: Hashable, value: Any) -> Any:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __iter__(self) -> Iterator:
+        return iter(list(self._data))
