@@ -340,5 +340,16 @@ def test_one_token_queries_with_lse_or_sinks_get_two_rows(fake):
     _, _, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode"))
     assert plan.key.s_q == 2
     _, batch, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode", return_lse=False))
-    assert plan.key.s_q == 1 and rel_error(batch.out, oracle(plan_problem := fp32_case(
-        "d", ((1, 1), (9, 20)), phase="decode", return_lse=False).problem, batch)[0]) < 1e-5
+    problem = fp32_case("d", ((1, 1), (9, 20)), phase="decode", return_lse=False).problem
+    assert plan.key.s_q == 1 and rel_error(batch.out, oracle(problem, batch)[0]) < 1e-5
+
+
+def test_negative_scale_is_refused_before_launch(fake):
+    case = fp32_case("neg")
+    batch = make_batch(case, CPU)
+    batch.sm_scale = -0.2
+    backend = adapter.CudnnBackend()
+    with pytest.raises(BackendRejected) as err:
+        backend.plan(case.problem, batch)
+    assert [(r.field, r.value) for r in err.value.reasons] == [("sm_scale", -0.2)]
+    assert backend.cached_keys() == [], "no graph is built for a refused call"

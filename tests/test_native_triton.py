@@ -411,3 +411,69 @@ def test_split_count_fills_two_waves():
     assert best_splits(programs=32, slots=132, max_useful=64) == 8  # 256 programs <= 264 slots x 2
     assert best_splits(programs=8, slots=132, max_useful=64) == 33
     assert best_splits(programs=8, slots=132, max_useful=3) == 3  # short sequences cap the split
+
+
+# ---------------------------------------------------------------------------
+# negative (and zero) softmax scales, against the independent oracle tests/oracle.py
+# ---------------------------------------------------------------------------
+def run_scaled(c: Case, sm_scale, config: Optional[TileConfig] = None, num_splits: Optional[int] = None):
+    """One run with a given sm_scale (float or tensor), compared with oracle.batch_attention_fp64."""
+    import oracle
+
+    kw, dense_k, dense_v = build(c)
+    total_q = sum(c.q_lens)
+    out = torch.full((total_q, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=NAME_DTYPES[c.dtype])
+    lse = torch.full((total_q, c.hq), float("nan"), device=DEVICE)
+    sinks = torch.rand(c.hq, device=DEVICE) * 5 if c.sinks else None
+    batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=sm_scale, out_scale=0.8, **kw)
+    plan = BACKEND.plan(problem_of(c), batch, config=config, num_splits=num_splits)
+    BACKEND.run(plan, batch)
+    starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
+    qs = [kw["q"][a:b].cpu() for a, b in zip(starts[:-1], starts[1:])]
+    ref_out, ref_lse = oracle.batch_attention_fp64(
+        qs, [k.cpu() for k in dense_k], [v.cpu() for v in dense_v], sm_scale=sm_scale, causal=c.causal,
+        window_left=c.window_left, soft_cap=c.soft_cap, sinks=None if sinks is None else sinks.cpu(),
+        out_scale=0.8)
+    assert not out.isnan().any() and not lse.isnan().any(), "NaN (or unwritten) output"
+    band = BANDS[c.dtype]
+    assert rel_err(out.cpu(), ref_out) < band
+    assert torch.equal(lse.cpu().isinf(), ref_lse.isinf())
+    fin = ~ref_lse.isinf()
+    assert rel_err(lse.cpu()[fin], ref_lse[fin]) < band
+    return plan
+
+
+NEGATIVE_SCALE_CASES = {
+    "causal": Case(q_lens=(3, 5), kv_lens=(9, 13)),
+    "causal_window": Case(window_left=3, q_lens=(4, 6), kv_lens=(20, 15)),
+    "noncausal_window_ragged": Case(storage="ragged", causal=False, window_left=2, q_lens=(3, 4), kv_lens=(8, 6)),
+    "causal_soft_cap": Case(soft_cap=2.0, dtype="bfloat16"),
+    "window_soft_cap_sinks": Case(window_left=4, soft_cap=3.0, sinks=True, q_lens=(2, 5), kv_lens=(11, 7)),
+    "fully_masked_rows": Case(storage="ragged", q_lens=(6, 2), kv_lens=(3, 7)),
+    "decode_gqa4": Case(page_size=1, hq=8, hkv=2, **DECODE),
+}
+
+
+@pytest.mark.parametrize("scale", [-0.3, -2.0])
+@pytest.mark.parametrize("name", list(NEGATIVE_SCALE_CASES))
+def test_negative_scale_matches_oracle(name, scale):
+    run_scaled(NEGATIVE_SCALE_CASES[name], scale)
+
+
+@pytest.mark.parametrize("name", ["causal_window", "window_soft_cap_sinks"])
+def test_negative_scale_interior_tiles_and_split_kv(name):
+    """Small tiles exercise the unmasked interior path (row max of raw scores times the scale);
+    three splits exercise the merge."""
+    c = replace(NEGATIVE_SCALE_CASES[name], q_lens=(3, 9), kv_lens=(70, 41))
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
+    plan = run_scaled(c, -0.4, config=cfg, num_splits=3)
+    assert plan.num_splits == 3
+
+
+def test_negative_tensor_scale_is_read_on_the_device():
+    run_scaled(NEGATIVE_SCALE_CASES["causal_window"], torch.tensor(-0.5, device=DEVICE))
+
+
+def test_zero_scale_is_a_uniform_softmax():
+    """sm_scale 0: every visible key weighs the same ((-inf) * 0 must not become NaN)."""
+    run_scaled(NEGATIVE_SCALE_CASES["causal_window"], 0.0)

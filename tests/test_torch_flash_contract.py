@@ -151,3 +151,19 @@ def test_capability_data(changes, field):
     problem = replace(BASE, **{"kv_storage": "ragged", "page_size": 0, **changes})
     reasons = adapter.TorchFlashBackend().check(problem, H100)
     assert [r.field for r in reasons][:1] == ([field] if field else [])
+
+
+def test_negative_scale_is_refused_before_launch(fake):
+    """PyTorch's FA2 keeps the row max of unscaled scores: sm_scale < 0 goes to another backend."""
+    backend = adapter.TorchFlashBackend()
+    batch = make_batch(case("neg"), CPU)
+    batch.sm_scale = -0.2
+    with pytest.raises(BackendRejected) as err:
+        backend.plan(case("neg").problem, batch)
+    assert [(r.field, r.value) for r in err.value.reasons] == [("sm_scale", -0.2)]
+    batch.sm_scale = 0.2
+    plan = backend.plan(case("neg").problem, batch)
+    batch.sm_scale, calls = -0.2, len(fake.calls)
+    with pytest.raises(BackendRejected):
+        backend.run(plan, batch)
+    assert len(fake.calls) == calls, "the op was called"

@@ -7,6 +7,7 @@ value against an fp64 oracle of our semantics (dispatch/problem.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -341,3 +342,28 @@ def test_every_constraint_cites_a_source():
         caps = capability_db.backend_caps(name)
         assert all(c.source for c in caps.constraints), name
         assert caps.hardware.status != "verified" or caps.hardware.report.startswith("tools/results/")
+
+
+# -- negative softmax scales --------------------------------------------------------------------
+@pytest.mark.parametrize("name, phase, install_kw", [
+    ("fa2", "prefill", dict(flashinfer=True)), ("fa2", "prefill", dict(flash_attn=True)),
+    ("fa3", "prefill", dict(flashinfer=True)), ("xqa", "decode", dict(flashinfer=True)),
+    ("trtllm-gen", "prefill", dict(flashinfer=True, new_api=True)),
+])
+def test_negative_scale_is_refused_before_launch(fakes, name, phase, install_kw):
+    """The vendors' online softmax assumes sm_scale > 0: plan and run refuse, nothing is called."""
+    rec, install = fakes
+    install(**install_kw)
+    p = make_problem(phase=phase, page_size=256 if install_kw.get("flash_attn") else 16)
+    batch, _ = make_batch(p, [1, 1] if phase == "decode" else [3, 2], [9, 17], sm_scale=-0.2)
+    backend = get_backend(name)
+    with pytest.raises(BackendRejected) as err:
+        backend.plan(p, batch)
+    assert [(r.field, r.value) for r in err.value.reasons] == [("sm_scale", -0.2)]
+    assert "> 0 on" in err.value.reasons[0].allowed
+    plan = backend.plan(p, dataclasses.replace(batch, sm_scale=0.2))
+    with pytest.raises(BackendRejected):
+        backend.run(plan, batch)  # a later call with a negative float scale: refused before launch
+    launches = [n for n, _ in rec.calls if n in ("xqa", "trtllm", "paged_run", "ragged_run", "fa2", "fa3")]
+    assert launches == [], "a kernel was called"
+
