@@ -1,30 +1,28 @@
 """Backend adapters, one module per engine; loaded lazily by name.
 
-Nothing in this package imports the router. Adding a backend touches its module,
-its capability file, a priority entry and a pyproject extra - never the router.
+Nothing in this package imports the router. A backend is declared once, in its data
+file (capability_db/backends/<name>.json: name, aliases, ``adapter`` "module:Class",
+extra, install line); REGISTRY is read from there. Adding a backend touches its
+adapter module, its data file, its place in priorities.json and a pyproject extra -
+never the router, never this file.
 """
 from __future__ import annotations
 
 import importlib
 
+import capability_db
+
 from .base import Backend, BackendRejected, DeviceDesc, Reason
 
-# name -> "module:Class"; importing the module must never import a vendor package.
-REGISTRY = {
-    "cudnn": "backends.cudnn:CudnnBackend",
-    "trtllm-gen": "backends.trtllm:TrtllmGenBackend",
-    "xqa": "backends.xqa:XqaBackend",
-    "fa3": "backends.fa3:FA3Backend",
-    "fa2": "backends.fa2:FA2Backend",
-    "torch-flash": "backends.torch_flash:TorchFlashBackend",
-    "native-triton": "backends.native.triton_backend:NativeTritonBackend",
-    "reference": "backends.native.reference:ReferenceBackend",
-}
+# name -> "module:Class", from the data files; importing the module must never import a
+# vendor package (a test imports every adapter with vendor imports blocked).
+REGISTRY: dict[str, str] = capability_db.adapters()
 _INSTANCES: dict[str, Backend] = {}
 
 
 def get_backend(name: str) -> Backend:
-    """The (singleton) adapter for a backend name; ValueError lists the valid names."""
+    """The (singleton) adapter for a backend name or alias; ValueError lists the valid names."""
+    name = capability_db.backend_aliases().get(name, name)
     inst = _INSTANCES.get(name)
     if inst is None:
         if name not in REGISTRY:

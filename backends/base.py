@@ -74,8 +74,14 @@ class Backend:
 
 
 def import_reason(package: str, exc: BaseException) -> Reason:
-    """The Reason shown by ``info``/``query`` when a vendor package is missing."""
+    """The Reason shown by ``info``/``query`` when a vendor package is missing.
+
+    ``package`` is a pyproject extra, a module or a backend name; what to run comes from
+    the capability data (``install`` lines), so it is the line ``info`` and the README give.
+    """
+    from capability_db import install_hint
+
     missing = isinstance(exc, ModuleNotFoundError)
-    allowed = f"pip install 'attn-dispatch[{package}]'" if missing else "an importable installation"
+    allowed = install_hint(package) if missing else "an importable installation"
     what = "not installed" if missing else f"import failed: {type(exc).__name__}: {exc}"
     return Reason(field=f"package {package}", value=what, allowed=allowed)

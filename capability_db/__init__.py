@@ -4,7 +4,13 @@ Files are validated with pydantic once, at first use, and cached:
 
 * ``devices.json``   SM -> family, fp8, names (h100, b200, ...)
 * ``priorities.json`` per GPU family and phase, the ordered candidates with the why
-* ``backends/<name>.json`` what each engine accepts, each fact with its source
+* ``backends/<name>.json`` each engine, declared once: its name and aliases, its adapter
+  (``"backends.cudnn:CudnnBackend"``), the pyproject extra and install line, and what it
+  accepts, each fact with its source
+
+A backend's name is its data file's name; ``priorities.json`` lists every one in ``order``
+(the order ``info`` and ``matrix`` show). This package never imports ``backends`` or
+``dispatch``: they read the names, aliases and adapter paths from here.
 """
 from __future__ import annotations
 
@@ -17,7 +23,23 @@ from .vocabulary import DeviceDesc
 from .schema import BackendCaps, DeviceEntry, DeviceTable, PriorityEntry, Priorities
 
 DATA_DIR = Path(__file__).resolve().parent
-BACKEND_NAMES = ("cudnn", "trtllm-gen", "xqa", "fa3", "fa2", "torch-flash", "native-triton", "reference")
+
+
+def _discover_backend_names() -> tuple[str, ...]:
+    """The data files' names, in priorities.json's ``order`` (read raw: validation comes at first use)."""
+    files = sorted(p.stem for p in (DATA_DIR / "backends").glob("*.json"))
+    try:
+        order = json.loads((DATA_DIR / "priorities.json").read_text())["order"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise RuntimeError(f"capability_db: priorities.json needs an 'order' list of every backend: {exc}") from exc
+    missing, unknown = [n for n in files if n not in order], [n for n in order if n not in files]
+    if missing or unknown or len(set(order)) != len(order):
+        raise RuntimeError(f"capability_db: priorities.json 'order' {order} must name every backends/<name>.json "
+                           f"once; files not listed: {missing}; listed without a file: {unknown}")
+    return tuple(order)
+
+
+BACKEND_NAMES = _discover_backend_names()
 CPU_DEVICE = DeviceDesc(name="cpu", kind="cpu", sm=0, family="cpu", fp8=False)
 
 
@@ -40,6 +62,39 @@ def backend_caps(name: str) -> BackendCaps:
 
 def all_backend_caps() -> list[BackendCaps]:
     return [backend_caps(n) for n in BACKEND_NAMES]
+
+
+def adapters() -> dict[str, str]:
+    """name -> "module:Class" of its adapter, in BACKEND_NAMES order (backends.REGISTRY)."""
+    return {caps.name: caps.adapter for caps in all_backend_caps()}
+
+
+@functools.lru_cache(maxsize=None)
+def backend_aliases() -> dict[str, str]:
+    """alias -> backend name, from every data file's ``aliases``; one spelling names one backend."""
+    out: dict[str, str] = {}
+    for caps in all_backend_caps():
+        for alias in caps.aliases:
+            taken = out.get(alias) or (alias if alias in BACKEND_NAMES or alias == "auto" else None)
+            if taken is not None:
+                raise RuntimeError(f"capability_db/backends/{caps.name}.json: alias {alias!r} already names {taken!r}")
+            out[alias] = caps.name
+    return out
+
+
+def install_hint(package: str) -> str:
+    """How to install ``package``: a pyproject extra, a provider's module or a backend name.
+
+    Read from the data files, so an import failure, ``info`` and the README say the same.
+    """
+    for caps in all_backend_caps():
+        for p in caps.providers:
+            if package in {p.module, p.module.split(".")[0]} | ({p.extra} if p.extra else set()):
+                return p.install_line()
+    name = backend_aliases().get(package, package)
+    if name in BACKEND_NAMES:
+        return backend_caps(name).install
+    return f"an importable installation of {package!r}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,7 +157,16 @@ def candidates(device: DeviceDesc, phase: str, entry: str) -> list[PriorityEntry
     return ordered
 
 
+def priority_list_name(device: DeviceDesc, phase: str) -> str:
+    """'hopper/decode': the list ``candidates`` reads (a missing family or phase falls back
+    to 'default' and 'prefill', as ``candidates`` does)."""
+    families = priorities().families
+    family = device.family if families.get(device.family) else "default"
+    return f"{family}/{phase if families[family].get(phase) else 'prefill'}"
+
+
 __all__ = [
-    "BACKEND_NAMES", "BackendCaps", "CPU_DEVICE", "DeviceEntry", "all_backend_caps", "backend_caps",
-    "candidates", "device_for_capability", "device_names", "device_table", "priorities", "resolve_device",
+    "BACKEND_NAMES", "BackendCaps", "CPU_DEVICE", "DeviceEntry", "adapters", "all_backend_caps", "backend_aliases",
+    "backend_caps", "candidates", "device_for_capability", "device_names", "device_table", "install_hint",
+    "priorities", "priority_list_name", "resolve_device",
 ]

@@ -9,6 +9,7 @@ table (``attn-dispatch matrix``, the README block) and ``--json``.
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -230,6 +231,29 @@ def render_markdown(rows: Optional[list[dict[str, str]]] = None) -> str:
     lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cell(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def render_text(rows: Optional[list[dict[str, str]]] = None, width: int = 100) -> str:
+    """The matrix for a terminal: one block per backend, every line within ``width`` columns.
+
+    The table form is too wide for any terminal; here plain "yes"/"no" feature cells are
+    gathered on one line each and every other cell gets its own wrapped line.
+    """
+    rows = matrix_rows() if rows is None else rows
+    blocks = []
+    for row in rows:
+        plain = {"yes": [], "no": []}
+        lines = [row["backend"]]
+        for key, header in COLUMNS[1:]:
+            if key in FEATURES and row[key] in plain:
+                plain[row[key]].append(header)
+            else:
+                lines.append(f"{header}: {row[key]}")
+        lines[1:1] = [f"{label}: {', '.join(names)}" for label, names in
+                      (("Features", plain["yes"]), ("Not supported", plain["no"])) if names]
+        blocks.append("\n".join([lines[0]] + [textwrap.fill(line, width, initial_indent="  ", subsequent_indent="      ",
+                                                            break_on_hyphens=False) for line in lines[1:]]))
+    return "\n\n".join(blocks)
 
 
 def render_json(caps_list: Optional[list[BackendCaps]] = None) -> dict[str, Any]:

@@ -84,11 +84,25 @@ class Constraint(_Frozen):
         return text
 
 
+BACKEND_NAME = r"^[a-z][a-z0-9-]*$"
+ADAPTER_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"  # "backends.cudnn:CudnnBackend"
+
+
 class Provider(_Frozen):
     module: str  # importable Python module, e.g. "cudnn", "flashinfer", "flash_attn"
-    extra: str  # pyproject extra that installs it
+    extra: str = ""  # pyproject extra that installs it; "" when none can (then ``install`` says how)
+    install: str = ""  # the real install line where no extra installs the module
     api: str  # the vendor function(s) the adapter calls
     min_version: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _installable(self) -> "Provider":
+        if not self.extra and not self.install and self.module != "torch":
+            raise ValueError(f"provider {self.module!r}: give the pyproject 'extra' that installs it or its 'install' line")
+        return self
+
+    def install_line(self) -> str:
+        return self.install or (f"pip install 'attn-dispatch[{self.extra}]'" if self.extra else "pip install torch")
 
 
 class Verification(_Frozen):
@@ -99,13 +113,31 @@ class Verification(_Frozen):
 
 
 class BackendCaps(_Frozen):
-    name: str
+    """One backend, declared once: its name and spellings, where its adapter lives, how to
+    install it, and what it accepts. Everything else (the registry, the aliases ``backend=``
+    takes, ``info``'s install hints) is read from here."""
+
+    name: str = Field(pattern=BACKEND_NAME)
     title: str
+    adapter: str = Field(pattern=ADAPTER_PATH)  # imported by name, only when the backend is used
+    aliases: list[str] = Field(default_factory=list)  # other spellings backend= accepts (FlashInfer's)
+    extra: Optional[str] = None  # the pyproject extra that makes it usable; None: the base install has it
+    install: str  # what `attn-dispatch info` tells a user for whom it is not installed
     providers: list[Provider] = Field(default_factory=list)
     cuda_graph: Literal["always", "after_warmup", "never"]
     cuda_graph_source: str
     hardware: Verification
     constraints: list[Constraint]
+
+    @model_validator(mode="after")
+    def _install_names_the_extra(self) -> "BackendCaps":
+        # the install line is what a user copies: it must install the extra the data names
+        if self.extra and f"attn-dispatch[{self.extra}]" not in self.install:
+            raise ValueError(f"install {self.install!r} does not install the extra {self.extra!r}: "
+                             f"expected it to contain \"pip install 'attn-dispatch[{self.extra}]'\"")
+        if self.name in self.aliases or len(set(self.aliases)) != len(self.aliases):
+            raise ValueError(f"aliases {self.aliases!r} repeat a spelling or the name {self.name!r}")
+        return self
 
     def check(self, problem: "AttentionProblem", device: DeviceDesc) -> list[Reason]:
         """Every violated constraint, as Reasons (all of them, not the first)."""
@@ -146,6 +178,8 @@ class PriorityEntry(_Frozen):
 
 
 class Priorities(_Frozen):
+    # every backend once, in the order `info` and `matrix` list them (one line per new backend)
+    order: list[str]
     # family -> phase -> ordered candidates
     families: dict[str, dict[str, list[PriorityEntry]]]
     # entry point -> the backend it routes to first (the seed's own engine)

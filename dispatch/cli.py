@@ -4,18 +4,22 @@
 * ``query``   which backend would serve a problem on any GPU (``--gpu h100``); never touches a
               GPU and never imports a vendor package (capability data only, ``live=False``).
 * ``explain`` the same on this machine's device (or ``--gpu``), with availability (``live=True``).
-* ``matrix``  the support matrix rendered from the capability data; ``--update-readme``.
+* ``matrix``  the support matrix rendered from the capability data (``--markdown``: the
+              README table; ``--update-readme``).
 * ``probe`` / ``bench``  hand over to ``dispatch.probe`` / the benchmark scripts when present.
 
 Every inspecting command takes ``--json``. Bad arguments exit with status 2 and a message
-naming the option, its value and the allowed values.
+naming the option, its value and the allowed values. Human output fits 100 columns, and a
+reader that stops early (``| head``) ends the command quietly.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -35,6 +39,23 @@ ENTRY_POINTS = (
 )
 DEFAULT_ENTRY = "attn-dispatch cli"  # not an entry point: the family's own order applies
 REPO_ROOT = Path(__file__).resolve().parent.parent
+WIDTH = 100  # human output fits a 100-column terminal
+
+
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("attn-dispatch")
+    except metadata.PackageNotFoundError:  # a source tree used without `pip install -e .`
+        return "unknown (not installed)"
+
+
+def _wrapped(text: str, indent: int = 0, hang: int = 2) -> str:
+    """``text`` wrapped to WIDTH columns; continuation lines indented ``hang`` further."""
+    pad = " " * indent
+    return "\n".join(textwrap.wrap(text, WIDTH, initial_indent=pad, subsequent_indent=pad + " " * hang,
+                                   break_on_hyphens=False)) or pad
 
 
 # -- argument types (messages name the value and what is allowed) -------------------------
@@ -130,6 +151,7 @@ def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attn-dispatch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"attn-dispatch {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{info,query,explain,matrix,probe,bench}")
     info = sub.add_parser("info", help="this machine: torch, CUDA, GPU, backends installed/usable")
     info.add_argument("--json", action="store_true")
@@ -139,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_problem_options(explain, gpu_required=False)
     explain.add_argument("--backend", help="an explicit choice, as backend= would make it")
     matrix = sub.add_parser("matrix", help="the support matrix rendered from capability_db")
-    matrix.add_argument("--json", action="store_true")
+    form = matrix.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true")
+    form.add_argument("--markdown", action="store_true", help="the Markdown table (wide: the README's form)")
     matrix.add_argument("--update-readme", action="store_true", help="rewrite the README's matrix block")
     matrix.add_argument("--readme", type=Path, default=None, help="README to update (default: the repo's)")
     for name, text in (("probe", "check the capability data against this GPU (dispatch.probe)"),
@@ -195,24 +219,26 @@ def cmd_query(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     device = args.gpu
     problem = build_problem(args, device, parser)
     candidates = router.evaluate(problem, device, live=False)
-    chosen = next((c.backend for c in candidates if c.accepted), None)
+    chosen = next((c.backend for c in candidates if c.accepted and c.ranked), None)
     if args.json:
         _print_json({
             "chosen": chosen, "device": device_json(device),
             "problem": {"description": problem.describe(), **problem.facts()},
-            "candidates": [{"backend": c.backend, "accepted": c.accepted, "why_here": c.why,
+            "candidates": [{"backend": c.backend, "accepted": c.accepted, "ranked": c.ranked, "why_here": c.why,
                             "reasons": [reason_json(r) for r in c.reasons]} for c in candidates],
         })
     else:
-        print(f"problem: {problem.describe()}")
+        print(_wrapped(f"problem: {problem.describe()}"))
         print(f"device:  {device.name} ({device.arch}, {device.family}{', fp8' if device.fp8 else ''})")
-        print("candidates, in priority order (capability data only; installation not checked):")
-        for rank, c in enumerate(candidates, 1):
-            mark = "CHOSEN  " if c.backend == chosen else ("ok      " if c.accepted else "rejected")
-            print(f"  {rank}. {mark} {c.backend:14s} {c.why}")
-            for r in c.reasons:
-                print(f"               - {r}")
-        print(f"chosen: {chosen or 'none: no backend accepts this problem'}")
+        print(_wrapped("candidates, in priority order, then the backends outside the priority list (never "
+                       "chosen automatically; one that accepts can be forced) - capability data only, "
+                       "installation not checked:"))
+        rank = 0
+        for c in candidates:
+            rank += c.ranked
+            for line in router.candidate_lines(c, chosen, prefix=f"  {rank}. " if c.ranked else "   - "):
+                print(line)
+        print(f"chosen: {chosen or 'none: no backend in the priority list accepts this problem'}")
     return 0 if chosen else 1
 
 
@@ -272,14 +298,15 @@ def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
 
     caps = capability_db.backend_caps(name)
     row: dict[str, Any] = {"backend": name, "title": caps.title, "installed": False, "version": None,
-                           "hardware": caps.hardware.model_dump()}
+                           "extra": caps.extra, "install": caps.install, "hardware": caps.hardware.model_dump()}
     try:  # an adapter that fails to import or to answer is reported, not fatal
         backend = get_backend(name)
         missing = backend.available()
         row["version"] = backend.version() if missing is None else None
     except Exception as exc:  # noqa: BLE001 - shown to the user as the reason
         missing = Reason(f"adapter {name}", f"{type(exc).__name__}: {exc}", "an importable adapter")
-    row["installed"] = missing is None
+    # a missing package is "not installed"; anything else (no CUDA device...) is about this machine
+    row["installed"] = missing is None or not missing.field.startswith(("package ", "adapter "))
     reasons = ([missing] if missing is not None else []) + device_reasons(name, device)
     row["usable_here"] = not reasons
     row["why_not"] = [reason_json(r) for r in reasons]
@@ -310,14 +337,22 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"device: {dev['name']} ({dev['arch']}, {dev['family']})" + (f"; cuDNN {info['cudnn']}" if info["cudnn"] else ""))
     print("backends (registry order):")
     for b in info["backends"]:
-        state = "usable here" if b["usable_here"] else ("installed, not usable here" if b["installed"] else "unavailable")
-        version = f" {b['version']}" if b["version"] else ""
-        hw = b["hardware"]
-        print(f"  {b['backend']:14s} {state}{version}; hardware: {hw['status']}"
-              + (f" ({hw['where']})" if hw.get("where") else "") + (f", report {hw['report']}" if hw.get("report") else ""))
-        for r in b["why_not"]:
-            print(f"                 - {r['text']}")
+        for line in _info_lines(b):
+            print(line)
     return 0
+
+
+def _info_lines(b: dict[str, Any]) -> list[str]:
+    """One backend of ``info``: state, version, hardware evidence; why not usable and how to get it."""
+    state = "usable here" if b["usable_here"] else ("installed, not usable here" if b["installed"] else "not installed")
+    hw = b["hardware"]
+    evidence = hw["status"] + (f" ({hw['where']})" if hw.get("where") else "")
+    lines = [_wrapped(f"{b['backend']:14s} {state}" + (f" {b['version']}" if b["version"] else "")
+                      + f"; hardware: {evidence}", indent=2, hang=15)]
+    lines += [_wrapped(f"- {r['text']}", indent=17) for r in b["why_not"]]
+    if not b["installed"]:
+        lines.append(_wrapped(f"get it: {b['install']}", indent=17))
+    return lines
 
 
 # -- matrix ----------------------------------------------------------------------------
@@ -335,8 +370,10 @@ def cmd_matrix(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         return 0
     if args.json:
         _print_json(render.render_json())
-    else:
+    elif args.markdown:
         print(render.render_markdown())
+    else:
+        print(render.render_text(width=WIDTH))
     return 0
 
 
@@ -389,6 +426,18 @@ COMMANDS = {"info": cmd_info, "query": cmd_query, "explain": cmd_explain, "matri
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader stopped early (`attn-dispatch matrix | head -1`): not an error. Point
+        # stdout at /dev/null so the interpreter's final flush cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("probe", "bench"):

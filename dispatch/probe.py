@@ -337,12 +337,15 @@ def _errs(o: Outcome) -> str:
 
 
 def environment() -> dict:
-    from backends import get_backend
+    from backends import REGISTRY, get_backend
 
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "torch": torch.__version__,
            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-    for name in ("cudnn", "torch-flash"):
-        env[name] = get_backend(name).version()
+    for name in REGISTRY:  # every backend's version, from the data-driven registry
+        try:
+            env[name] = get_backend(name).version()
+        except Exception as exc:  # noqa: BLE001 - an adapter that cannot answer is reported, not fatal
+            env[name] = f"unknown ({type(exc).__name__})"
     return env
 
 
@@ -383,40 +386,61 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", default=".", help="where probe.json and probe.md are written")
     parser.add_argument("--no-try-rejected", action="store_true", help="do not run configurations the data rejects")
     parser.add_argument("--list", action="store_true", help="list the grid's cases and exit")
-    parser.add_argument("--json", action="store_true", help="print the JSON summary instead of a table")
+    parser.add_argument("--json", action="store_true", help="print JSON only (the summary and report paths)")
     return parser
 
 
 def _selected_backends(text: str) -> list[str]:
     from backends import REGISTRY, get_backend
+    from capability_db import backend_aliases
 
-    names = [n for n in text.split(",") if n] or list(REGISTRY)
+    names = [backend_aliases().get(n, n) for n in text.split(",") if n] or list(REGISTRY)
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
         raise ValueError(f"--backends {','.join(unknown)!r}: unknown; valid options are: {', '.join(REGISTRY)}")
     return [n for n in names if get_backend(n).available() is None]
 
 
+def _say(args: argparse.Namespace, text: str, **data) -> None:
+    """Progress for people; under --json, stdout carries one JSON document and nothing else."""
+    if args.json:
+        print(json.dumps({"message": text, **data}, indent=1, default=str))
+    else:
+        print(text, file=sys.stderr if data.get("error") else sys.stdout)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     cases = grid()
     if args.list:
-        print("\n".join(f"{c.name:28s} {c.problem.describe()}" for c in cases))
+        if args.json:
+            print(json.dumps([{"case": c.name, "problem": c.problem.describe()} for c in cases], indent=1))
+        else:
+            print("\n".join(f"{c.name:28s} {c.problem.describe()}" for c in cases))
         return 0
     if args.cases:
         wanted = set(args.cases.split(","))
         cases = [c for c in cases if c.name in wanted]
     if not torch.cuda.is_available():
-        print("attn-dispatch probe: no CUDA device; the probe compares the data with a live GPU", file=sys.stderr)
+        _say(args, "attn-dispatch probe: no CUDA device; the probe compares the data with a live GPU",
+             error="no CUDA device", summary={})
         return 2
-    backends = _selected_backends(args.backends)
-    print(f"probing {', '.join(backends) or 'no available backend'} over {len(cases)} cases")
+    try:
+        backends = _selected_backends(args.backends)
+    except ValueError as exc:  # names the option, the value and the valid options
+        _parser().error(str(exc))
+    if not args.json:
+        print(f"probing {', '.join(backends) or 'no available backend'} over {len(cases)} cases")
     results = run_probe(backends, cases, try_rejected=not args.no_try_rejected)
     jpath, mpath = write_report(results, Path(args.out_dir))
     counts = summary(results)
-    print(json.dumps(counts, indent=1) if args.json else "\n".join(f"{b:12s} {c}" for b, c in counts.items()))
-    print(f"report: {jpath} {mpath}")
     over = sum(1 for o in results if o.verdict == "OVER-PROMISE")
+    if args.json:
+        print(json.dumps({"backends": backends, "cases": len(cases), "summary": counts,
+                          "over_promises": over, "report": [str(jpath), str(mpath)]}, indent=1))
+    else:
+        print("\n".join(f"{b:12s} {c}" for b, c in counts.items()))
+        print(f"report: {jpath} {mpath}")
     return 1 if over else 0
 
 

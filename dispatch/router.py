@@ -7,12 +7,14 @@ a decision (reasons, fallbacks) is recorded on the Decision for ``explain()``.
 from __future__ import annotations
 
 import logging
+import textwrap
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
+import backends
 import capability_db
 from backends import BackendRejected, DeviceDesc, Reason, get_backend
 
@@ -30,15 +32,43 @@ class NoBackendError(RuntimeError):
     """No candidate accepts the problem (every backend's reasons attached)."""
 
 
+WIDTH = 100  # explain() fits a 100-column terminal
+
+
 @dataclass
 class Candidate:
     backend: str
-    why: str  # why it sits at this place in the priority list
+    why: str  # why it sits at this place in the priority list, or that it is not in it
     reasons: list[Reason]  # empty = accepted
+    ranked: bool = True  # in the priority list: only ranked candidates are chosen automatically
 
     @property
     def accepted(self) -> bool:
         return not self.reasons
+
+    def mark(self, chosen: Optional[str]) -> str:
+        return "CHOSEN  " if self.backend == chosen else ("ok      " if self.accepted else "rejected")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, "accepted": self.accepted, "ranked": self.ranked, "why_here": self.why,
+                "reasons": [str(r) for r in self.reasons]}
+
+
+def wrap(text: str, indent: int, width: int = WIDTH) -> list[str]:
+    """``text`` in lines of at most ``width`` columns, every line indented by ``indent``."""
+    pad = " " * indent
+    return textwrap.wrap(text, width, initial_indent=pad, subsequent_indent=pad + "  ",
+                         break_long_words=True, break_on_hyphens=False) or [pad]
+
+
+def candidate_lines(c: Candidate, chosen: Optional[str], prefix: str = "  ") -> list[str]:
+    """One candidate as explain() and query show it: mark, name, why, then its reasons."""
+    head = f"{prefix}{c.mark(chosen)} {c.backend:14s} "
+    why = textwrap.wrap(c.why, WIDTH - len(head), break_on_hyphens=False) or [""]
+    lines = [head + why[0]] + [" " * len(head) + line for line in why[1:]]
+    for r in c.reasons:
+        lines.extend(wrap(f"- {r}", len(prefix) + 11))
+    return lines
 
 
 @dataclass
@@ -52,7 +82,8 @@ class Decision:
     fallbacks: list[tuple[str, list[Reason]]] = field(default_factory=list)  # plan-time rejections
 
     def accepted(self) -> list[str]:
-        return [c.backend for c in self.candidates if c.accepted]
+        """The automatic order: ranked candidates that accept the problem (fallbacks follow it)."""
+        return [c.backend for c in self.candidates if c.accepted and c.ranked]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,23 +92,18 @@ class Decision:
             "chosen": self.chosen,
             "explicit": {"backend": self.explicit[0], "from": self.explicit[1]} if self.explicit else None,
             "strict": self.strict,
-            "candidates": [
-                {"backend": c.backend, "accepted": c.accepted, "why_here": c.why, "reasons": [str(r) for r in c.reasons]}
-                for c in self.candidates
-            ],
+            "candidates": [c.to_json() for c in self.candidates],
             "fallbacks": [{"backend": b, "reasons": [str(r) for r in rs]} for b, rs in self.fallbacks],
         }
 
     def explain(self) -> str:
-        lines = [f"{self.problem.describe()}", f"device: {self.device.name} ({self.device.arch})"]
+        lines = wrap(self.problem.describe(), 0) + [f"device: {self.device.name} ({self.device.arch})"]
         if self.explicit:
             lines.append(f"explicit choice: {self.explicit[0]} (from {self.explicit[1]})")
         for c in self.candidates:
-            mark = "CHOSEN  " if c.backend == self.chosen else ("ok      " if c.accepted else "rejected")
-            lines.append(f"  {mark} {c.backend:14s} {c.why}")
-            lines.extend(f"             - {r}" for r in c.reasons)
+            lines.extend(candidate_lines(c, self.chosen))
         for b, rs in self.fallbacks:
-            lines.append(f"  fallback: {b} refused at plan time: " + "; ".join(map(str, rs)))
+            lines.extend(wrap(f"fallback: {b} refused at plan time: " + "; ".join(map(str, rs)), 2))
         return "\n".join(lines)
 
     def __str__(self) -> str:  # what a user sees when printing explain(...)
@@ -116,11 +142,14 @@ def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, li
 
 
 def evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool = True) -> list[Candidate]:
-    """Every candidate of the device's priority list with its reasons (all, not the first)."""
-    return [
-        Candidate(e.backend, e.why, backend_reasons(e.backend, problem, device, live))
-        for e in capability_db.candidates(device, problem.phase, problem.entry)
-    ]
+    """Every backend with its reasons (all, not the first): the device's priority list in
+    order, then every other registered backend, unranked (it can be forced, never chosen)."""
+    ranked = [Candidate(e.backend, e.why, backend_reasons(e.backend, problem, device, live))
+              for e in capability_db.candidates(device, problem.phase, problem.entry)]
+    listed = {c.backend for c in ranked}
+    outside = f"not in the {capability_db.priority_list_name(device, problem.phase)} priority list"
+    return ranked + [Candidate(name, outside, backend_reasons(name, problem, device, live), ranked=False)
+                     for name in backends.REGISTRY if name not in listed]
 
 
 def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tuple[str, str]] = None,
@@ -144,7 +173,7 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
         if reasons:
             raise BackendRefusedError(_refusal_text(problem, device, name, source, reasons, candidates))
         return Decision(problem, device, candidates, name, explicit, strict)
-    accepted = [c for c in candidates if c.accepted]
+    accepted = [c for c in candidates if c.accepted and c.ranked]
     if not accepted:
         raise NoBackendError(_nothing_text(problem, device, candidates))
     chosen = accepted[0].backend
@@ -154,7 +183,7 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
     if (problem, device) not in _logged:
         _logged.add((problem, device))
         log.info("attn_dispatch: %s -> %s (candidates: %s)", problem.describe(), chosen,
-                 ", ".join(f"{c.backend}{'' if c.accepted else ' (rejected)'}" for c in candidates))
+                 ", ".join(f"{c.backend}{'' if c.accepted else ' (rejected)'}" for c in candidates if c.ranked))
     return decision
 
 
@@ -181,8 +210,10 @@ def _refusal_text(problem, device, name, source, reasons, candidates) -> str:
 def _nothing_text(problem, device, candidates) -> str:
     lines = [f"no backend can serve {problem.describe()} on {device.name}:"]
     for c in candidates:
-        lines.append(f"  {c.backend}:")
+        lines.append(f"  {c.backend}:" + ("" if c.ranked else f" ({c.why})"))
         lines.extend(f"    - {r}" for r in c.reasons)
+        if c.accepted:  # only an unranked one can accept here: say how to use it anyway
+            lines.append(f"    accepts it; force it with backend={c.backend!r} or {policy.ENV_BACKEND}={c.backend}")
     return "\n".join(lines)
 
 

@@ -85,6 +85,122 @@ def test_a_broken_file_names_itself(tmp_path, monkeypatch):
         capability_db.backend_caps.cache_clear()
 
 
+# -- a backend is declared once: its data file names its adapter, aliases, extra, install --------
+VENDOR_MODULES = ("cudnn", "flashinfer", "flash_attn", "flash_attn_interface", "tensorrt_llm")
+_IMPORT_ADAPTER = """
+import builtins, importlib, json, sys
+blocked = set(sys.argv[2].split(","))
+real_import = builtins.__import__
+def guarded(name, *args, **kwargs):
+    if name.split(".")[0] in blocked:
+        raise AssertionError(f"importing the adapter imported the vendor package {name!r}")
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = guarded
+module, cls = sys.argv[1].split(":")
+print(json.dumps(getattr(importlib.import_module(module), cls).name))
+"""
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_every_adapter_imports_without_a_vendor_package_and_has_the_files_name(name):
+    """In a fresh interpreter, so that nothing imported earlier hides a vendor import."""
+    import subprocess
+    import sys
+
+    adapter = capability_db.backend_caps(name).adapter
+    done = subprocess.run([sys.executable, "-c", _IMPORT_ADAPTER, adapter, ",".join(VENDOR_MODULES)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{name}: adapter {adapter!r} failed to import:\n{done.stderr[-2000:]}"
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == name
+
+
+def test_the_registry_and_aliases_are_read_from_the_data_files():
+    import backends
+    from dispatch import policy
+
+    assert backends.REGISTRY == {c.name: c.adapter for c in capability_db.all_backend_caps()}
+    assert list(backends.REGISTRY) == list(capability_db.BACKEND_NAMES)
+    for caps in capability_db.all_backend_caps():
+        for alias in caps.aliases:
+            assert policy.normalize_backend_name(alias) == caps.name
+            assert get_backend(alias) is get_backend(caps.name)
+
+
+def test_aliases_are_unique_and_never_a_backend_name():
+    spellings = [a for c in capability_db.all_backend_caps() for a in c.aliases]
+    assert len(spellings) == len(set(spellings)), spellings
+    assert not set(spellings) & (set(capability_db.BACKEND_NAMES) | {"auto"})
+
+
+def test_an_alias_naming_two_backends_is_refused(monkeypatch):
+    real = capability_db.all_backend_caps()
+    clash = [real[0].model_copy(update={"aliases": ["dup"]}), real[1].model_copy(update={"aliases": ["dup"]})]
+    monkeypatch.setattr(capability_db, "all_backend_caps", lambda: clash)
+    capability_db.backend_aliases.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=f"alias 'dup' already names {real[0].name!r}"):
+            capability_db.backend_aliases()
+    finally:
+        monkeypatch.undo()
+        capability_db.backend_aliases.cache_clear()
+
+
+def _pyproject_extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_every_extra_the_data_names_is_a_pyproject_extra(name):
+    caps = capability_db.backend_caps(name)
+    extras = _pyproject_extras()
+    named = {caps.extra} | {p.extra for p in caps.providers}
+    assert named - {None, ""} <= set(extras), f"{name}: extras {named} vs pyproject {sorted(extras)}"
+    if caps.extra:
+        assert f"pip install 'attn-dispatch[{caps.extra}]'" in caps.install
+    for p in caps.providers:  # the package an extra installs is the one whose module the adapter imports
+        if p.extra:
+            dists = " ".join(extras[p.extra])
+            assert DISTRIBUTION[p.module.split(".")[0]] in dists, (name, p.module, dists)
+
+
+# module the adapters import -> the PyPI distribution that provides it
+DISTRIBUTION = {"cudnn": "nvidia-cudnn-frontend", "flashinfer": "flashinfer-python", "triton": "triton"}
+
+
+def test_no_extra_installs_a_package_no_adapter_imports():
+    extras = _pyproject_extras()
+    used = {p.extra for c in capability_db.all_backend_caps() for p in c.providers} | {
+        c.extra for c in capability_db.all_backend_caps()}
+    for extra in set(extras) - {"test", "all"}:
+        assert extra in used, f"pyproject extra [{extra}] serves no backend's data file"
+
+
+def test_install_hint_for_a_missing_package_comes_from_the_data():
+    from backends.base import import_reason
+
+    reason = import_reason("flashinfer", ModuleNotFoundError("No module named 'flashinfer'"))
+    assert reason.value == "not installed" and reason.allowed == "pip install 'attn-dispatch[flashinfer]'"
+    assert "--no-build-isolation" in capability_db.install_hint("flash_attn")
+    assert capability_db.install_hint("fa3") == capability_db.backend_caps("fa3").install
+
+
+NOT_PUBLIC = ("vendor-constraints.md", "calling conventions", "/work/", "section 0.", "tools/results")
+
+
+@pytest.mark.parametrize("name", ALL_CAPS)
+def test_sources_cite_public_material_not_files_only_this_repository_has(name):
+    caps = capability_db.backend_caps(name)
+    texts = [c.source for c in caps.constraints] + [caps.cuda_graph_source]
+    bad = [t for t in texts if any(word in t for word in NOT_PUBLIC)]
+    assert not bad, f"{name}: {bad}"
+
+
+def test_device_sources_cite_public_material():
+    bad = [d.source for d in capability_db.device_table().devices if any(w in d.source for w in NOT_PUBLIC)]
+    assert not bad, bad
+
+
 # -- every constraint: a source, a known fact, values of the right kind ---------------------------
 @pytest.mark.parametrize("name", ALL_CAPS)
 def test_every_constraint_has_a_source(name):

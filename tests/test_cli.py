@@ -7,6 +7,7 @@ and the vendor facts disagree.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -106,7 +107,9 @@ def test_query_sm80_ragged_prefill_chooses_fa2(capsys, gpu):
     data = query(capsys, gpu, "--phase", "prefill", "--kv", "ragged", "--causal")
     assert data["device"]["arch"] == "sm_80"
     assert data["chosen"] == "fa2"  # section 5: SM80+, bf16, d128, varlen; first in the Ampere list
-    assert all(c["backend"] not in ("fa3", "xqa", "trtllm-gen") for c in data["candidates"])
+    for name in ("fa3", "xqa", "trtllm-gen"):  # not Ampere engines: listed after the ranked ones, rejected
+        c = candidate(data, name)
+        assert not c["ranked"] and not c["accepted"] and c["why_here"] == "not in the ampere/prefill priority list"
 
 
 def test_query_sm80_fp8_is_refused_by_fa2_and_cudnn(capsys):
@@ -200,6 +203,39 @@ def test_query_cpu_chooses_reference(capsys):
     assert data["problem"]["window_left"] == 7 and data["problem"]["logits_soft_cap"] == 20.0
 
 
+# -- every backend, ranked or not -------------------------------------------------------------
+@pytest.mark.parametrize("gpu, options", [("h100", PAGED_PREFILL), ("h100", PAGED_DECODE), ("a100", PAGED_PREFILL),
+                                          ("b200", PAGED_DECODE), ("cpu", PAGED_PREFILL)])
+def test_query_lists_every_backend_ranked_first(capsys, gpu, options):
+    data = query(capsys, gpu, *options)
+    names = [c["backend"] for c in data["candidates"]]
+    assert sorted(names) == sorted(capability_db.BACKEND_NAMES) and len(set(names)) == len(names)
+    ranked = [c["ranked"] for c in data["candidates"]]
+    assert ranked == sorted(ranked, reverse=True), "an unranked backend sits before a ranked one"
+    device = capability_db.resolve_device(gpu)
+    listed = [e.backend for e in capability_db.candidates(device, data["problem"]["phase"], cli.DEFAULT_ENTRY)]
+    assert names[:len(listed)] == listed and all(ranked[:len(listed)]) and not any(ranked[len(listed):])
+    where = capability_db.priority_list_name(device, data["problem"]["phase"])
+    assert all(c["why_here"] == f"not in the {where} priority list" for c in data["candidates"] if not c["ranked"])
+
+
+def test_query_sm90_prefill_shows_xqa_outside_the_list_rejected_by_phase(capsys):
+    data = query(capsys, "h100", *PAGED_PREFILL)
+    xqa = candidate(data, "xqa")
+    assert not xqa["ranked"] and xqa["why_here"] == "not in the hopper/prefill priority list"
+    assert "phase" in {r["field"] for r in xqa["reasons"]}
+    rc, out, _ = run_cli(capsys, "query", "--gpu", "h100", *BASE, *PAGED_PREFILL)
+    assert "   - rejected xqa            not in the hopper/prefill priority list" in out
+
+
+def test_an_unranked_backend_that_accepts_is_not_chosen_but_can_be_forced(capsys):
+    """On the CPU only reference is ranked; native-triton (unranked there) accepts a CPU problem under
+    the Triton interpreter only when forced, and query never picks it."""
+    data = query(capsys, "cpu", *PAGED_PREFILL)
+    assert data["chosen"] == "reference"
+    assert all(c["backend"] == "reference" or not c["ranked"] for c in data["candidates"])
+
+
 # -- query: laptop-safe, clear errors, human output ----------------------------------------------
 def test_query_never_touches_a_gpu_nor_imports_vendor_packages(capsys, monkeypatch):
     def no_gpu(*args, **kwargs):
@@ -217,7 +253,7 @@ def test_query_human_output_lists_every_candidate_in_order(capsys):
     rc, out, _ = run_cli(capsys, "query", "--gpu", "h100", *BASE, *PAGED_DECODE, "--lse")
     data = query(capsys, "h100", *PAGED_DECODE, "--lse")
     assert rc == 0
-    lines = [line for line in out.splitlines() if line.strip()[:2].rstrip(".").isdigit()]
+    lines = [line for line in out.splitlines() if re.match(r"  \d+\. |   - ", line)]
     assert [line.split()[2] for line in lines] == [c["backend"] for c in data["candidates"]]
     assert f"chosen: {data['chosen']}" in out
     assert "return_lse=True: allowed" in out  # xqa's reason, with value and what is allowed
@@ -296,15 +332,48 @@ def test_info_human_output_names_every_backend(capsys):
         assert f"  {name} " in out
 
 
+def test_info_says_how_to_get_every_backend_that_is_not_installed(capsys):
+    rc, out, _ = run_cli(capsys, "info", "--json")
+    rows = json.loads(out)["backends"]
+    rc, text, _ = run_cli(capsys, "info")
+    flat = " ".join(text.split())  # the human form wraps long lines
+    for b in rows:
+        assert b["install"] == capability_db.backend_caps(b["backend"]).install
+        if not b["installed"]:
+            assert f"get it: {b['install']}" in flat, b["backend"]
+    if not torch.cuda.is_available():  # torch is installed: no CUDA device is not "not installed"
+        assert next(b for b in rows if b["backend"] == "torch-flash")["installed"]
+
+
 # -- matrix ------------------------------------------------------------------------------------
-def test_matrix_renders_every_backend(capsys):
-    rc, out, _ = run_cli(capsys, "matrix")
+def test_matrix_markdown_renders_every_backend(capsys):
+    rc, out, _ = run_cli(capsys, "matrix", "--markdown")
     assert rc == 0
     lines = out.strip().splitlines()
     assert lines[0].startswith("| Backend | Archs |") and set(lines[1]) <= {"|", "-"}
     assert [line.split("|")[1].strip() for line in lines[2:]] == list(capability_db.BACKEND_NAMES)
     width = len(render.COLUMNS) + 2
     assert all(len(line.replace("\\|", "")) and line.replace("\\|", "").count("|") == width - 1 for line in lines)
+
+
+def test_matrix_for_a_terminal_fits_100_columns_and_names_every_backend(capsys):
+    rc, out, _ = run_cli(capsys, "matrix")
+    assert rc == 0
+    lines = out.rstrip("\n").splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert [line for line in lines if line and not line.startswith(" ")] == list(capability_db.BACKEND_NAMES)
+    block = out.split("\n\nxqa\n")[1].split("\n\n")[0]
+    assert "Not supported: Soft cap, ALiBi, RoPE, Custom mask, LSE" in block  # xqa.json: return_lse [false]
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "--gpu", "h100", *BASE, *PAGED_PREFILL], ["query", "--gpu", "a100", *BASE, *PAGED_DECODE, "--lse"],
+    ["explain", "--gpu", "cpu", *BASE, *PAGED_PREFILL], ["info"], ["matrix"],
+])
+def test_human_output_fits_100_columns(capsys, argv):
+    rc, out, _ = run_cli(capsys, *argv)
+    too_long = [line for line in out.splitlines() if len(line) > 100]
+    assert not too_long, too_long[0]
 
 
 def test_matrix_json_rows_follow_the_data(capsys):
@@ -322,7 +391,8 @@ def test_matrix_json_rows_follow_the_data(capsys):
 
 
 SYNTHETIC = {
-    "name": "synthetic", "title": "a made-up backend", "cuda_graph": "after_warmup",
+    "name": "synthetic", "title": "a made-up backend", "adapter": "backends.synthetic:SyntheticBackend",
+    "install": "never: it is made up", "cuda_graph": "after_warmup",
     "cuda_graph_source": "test", "hardware": {"status": "partial", "where": "H100 (sm_90)"},
     "constraints": [
         {"fact": "device_kind", "allowed": ["cuda"], "source": "t"},
@@ -398,3 +468,49 @@ def test_probe_and_bench_hooks_hand_over_or_say_what_is_missing(capsys, monkeypa
     assert "dispatch/probe.py is not present" in capsys.readouterr().err
     assert cli.main(["bench"]) == 1
     assert "no benchmark found" in capsys.readouterr().err
+
+
+# -- what a new user meets first: --version, JSON that parses, pipes, wrapped text ------------------
+def _attn_dispatch(*argv, pipe_to=None):
+    """The command as a user runs it (a fresh interpreter), optionally piped into another command."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "dispatch", *argv]
+    if pipe_to is None:
+        return subprocess.run(cmd, cwd=cli.REPO_ROOT, capture_output=True, text=True, timeout=120)
+    shell = " ".join(map(repr, cmd)) + " | " + pipe_to
+    return subprocess.run(["bash", "-o", "pipefail", "-c", shell], cwd=cli.REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_version_prints_the_package_version():
+    done = _attn_dispatch("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"attn-dispatch {cli.version()}"
+    assert cli.version()[0].isdigit() or cli.version().startswith("unknown")
+
+
+@pytest.mark.parametrize("command", ["matrix", "info", "query --gpu h100 --causal", "probe --list"])
+def test_piping_into_head_ends_quietly(command):
+    done = _attn_dispatch(*command.split(), pipe_to="head -1")
+    assert done.returncode == 0, done.stderr
+    assert "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stdout.splitlines()) == 1
+
+
+def test_probe_json_prints_only_json_even_without_a_gpu():
+    done = _attn_dispatch("probe", "--json")
+    data = json.loads(done.stdout)
+    if not torch.cuda.is_available():
+        assert done.returncode == 2 and data["error"] == "no CUDA device"
+    done = _attn_dispatch("probe", "--list", "--json")
+    assert done.returncode == 0 and {"case", "problem"} <= set(json.loads(done.stdout)[0])
+
+
+def test_probe_unknown_backend_exits_2_naming_the_option_and_the_valid_names(capsys, monkeypatch):
+    from dispatch import probe
+
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit) as info:
+        probe.main(["--backends", "nope", "--cases", "none"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--backends 'nope'" in err and "cudnn" in err

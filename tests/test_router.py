@@ -77,15 +77,16 @@ def fakes(monkeypatch):
     """Install fakes by name; returns a function that installs and orders them."""
     import backends
 
-    def install(*fake_backends):
-        for fb in fake_backends:
-            monkeypatch.setitem(backends.REGISTRY, fb.name, "tests.test_router:FakeBackend")
+    def install(*fake_backends, unranked=()):
+        """The fakes are the whole registry; ``unranked`` ones are registered but in no priority list."""
+        registry = {fb.name: "tests.test_router:FakeBackend" for fb in (*fake_backends, *unranked)}
+        monkeypatch.setattr(backends, "REGISTRY", registry)
+        for fb in (*fake_backends, *unranked):
             monkeypatch.setitem(backends._INSTANCES, fb.name, fb)
         order = [PriorityEntry(backend=fb.name, why=f"fake priority {i}") for i, fb in enumerate(fake_backends)]
         monkeypatch.setattr(capability_db, "candidates", lambda device, phase, entry: list(order))
-        names = tuple(capability_db.BACKEND_NAMES) + tuple(fb.name for fb in fake_backends)
-        monkeypatch.setattr(policy, "BACKEND_NAMES", names)
-        return fake_backends
+        monkeypatch.setattr(policy, "BACKEND_NAMES", tuple(capability_db.BACKEND_NAMES) + tuple(registry))
+        return fake_backends + tuple(unranked)
 
     monkeypatch.delenv(policy.ENV_BACKEND, raising=False)
     monkeypatch.delenv(policy.ENV_STRICT, raising=False)
@@ -343,3 +344,94 @@ def test_explain_and_json_show_every_candidate_with_its_reasons(fakes):
     data = decision.to_json()
     assert data["chosen"] == "fake-native"
     assert [c["accepted"] for c in data["candidates"]] == [False, True]
+    assert [c["ranked"] for c in data["candidates"]] == [True, True]
+
+
+# -- backends outside the priority list: shown, never chosen, can be forced ----------------------
+def test_unranked_backends_are_listed_after_the_ranked_ones_with_their_reasons(fakes):
+    fakes(FakeBackend("fake-native"), unranked=[FakeBackend("fake-outsider", reasons=[HEAD_DIM_REASON]),
+                                               FakeBackend("fake-spare")])
+    decision = router.decide(make_problem(), FAKE_GPU)
+    assert [c.backend for c in decision.candidates] == ["fake-native", "fake-outsider", "fake-spare"]
+    assert [c.ranked for c in decision.candidates] == [True, False, False]
+    assert decision.candidates[1].why == "not in the hopper/prefill priority list"
+    assert decision.candidates[1].reasons == [HEAD_DIM_REASON]
+    assert decision.chosen == "fake-native" and decision.accepted() == ["fake-native"]
+    text = decision.explain()
+    assert "ok       fake-spare     not in the hopper/prefill priority list" in text
+    assert "head_dim_qk=16: allowed one of 64, 128" in text
+
+
+def test_an_accepting_unranked_backend_is_never_a_fallback(fakes):
+    native, spare = fakes(FakeBackend("fake-native", plan_error=BackendRejected("fake-native", [HEAD_DIM_REASON])),
+                          unranked=[FakeBackend("fake-spare")])
+    decision = router.decide(make_problem(), FAKE_GPU)
+    with pytest.raises(router.NoBackendError, match="every accepted backend refused"):
+        router.plan(decision, make_batch())
+    assert spare.calls["plan"] == 0
+
+
+def test_nothing_ranked_accepts_but_an_unranked_one_says_how_to_force_it(fakes):
+    fakes(FakeBackend("fake-vendor", reasons=[HEAD_DIM_REASON]), unranked=[FakeBackend("fake-spare")])
+    with pytest.raises(router.NoBackendError) as info:
+        router.decide(make_problem(), FAKE_GPU)
+    text = str(info.value)
+    assert "fake-spare: (not in the hopper/prefill priority list)" in text
+    assert f"force it with backend='fake-spare' or {policy.ENV_BACKEND}=fake-spare" in text
+
+
+def test_an_unranked_backend_can_be_forced(fakes):
+    fakes(FakeBackend("fake-vendor", reasons=[HEAD_DIM_REASON]), unranked=[FakeBackend("fake-spare")])
+    decision = router.decide(make_problem(), FAKE_GPU, explicit=("fake-spare", "backend= argument"))
+    batch = make_batch()
+    planned = router.run(router.plan(decision, batch), batch)
+    assert planned.backend == "fake-spare"
+    assert_matches_oracle(batch)
+
+
+def test_a_refused_explicit_choice_names_unranked_backends_that_would_accept(fakes):
+    fakes(FakeBackend("fake-picky", reasons=[HEAD_DIM_REASON]), unranked=[FakeBackend("fake-spare")])
+    with pytest.raises(router.BackendRefusedError, match="backends that would accept it: fake-spare"):
+        router.decide(make_problem(), FAKE_GPU, explicit=("fake-picky", "backend= argument"))
+
+
+def test_explain_lines_fit_100_columns(fakes):
+    long_why = Reason("head_dim_qk", 16, "one of " + ", ".join(str(16 * i) for i in range(4, 40)), "a long datasheet " * 8)
+    fakes(FakeBackend("fake-vendor", reasons=[long_why]), FakeBackend("fake-native"))
+    text = router.decide(make_problem(), FAKE_GPU).explain()
+    assert max(len(line) for line in text.splitlines()) <= router.WIDTH
+    assert "a long datasheet" in text
+
+
+# -- ATTN_DISPATCH_STRICT: a boolean, parsed strictly ---------------------------------------------
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "yes", "Yes", "on", "ON", " on "])
+def test_strict_env_on(monkeypatch, value):
+    monkeypatch.setenv(policy.ENV_STRICT, value)
+    assert policy.strict_mode() is True
+
+
+@pytest.mark.parametrize("value", ["0", "false", "FALSE", "no", "No", "off", "OFF", ""])
+def test_strict_env_off(monkeypatch, value):
+    monkeypatch.setenv(policy.ENV_STRICT, value)
+    assert policy.strict_mode() is False
+
+
+def test_strict_env_unset_is_off(monkeypatch):
+    monkeypatch.delenv(policy.ENV_STRICT, raising=False)
+    assert policy.strict_mode() is False
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "enable", "tru"])
+def test_strict_env_other_values_name_the_variable_value_and_options(monkeypatch, value):
+    monkeypatch.setenv(policy.ENV_STRICT, value)
+    with pytest.raises(ValueError) as info:
+        policy.strict_mode()
+    text = str(info.value)
+    assert f"{policy.ENV_STRICT}={value!r}" in text
+    assert all(word in text for word in ("1", "true", "yes", "on", "0", "false", "no", "off"))
+
+
+def test_strict_context_manager_wins_over_a_bad_env_value(monkeypatch):
+    monkeypatch.setenv(policy.ENV_STRICT, "maybe")
+    with dispatch.strict(False):
+        assert policy.strict_mode() is False
