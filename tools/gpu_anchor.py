@@ -21,12 +21,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _gpu_common import time_ms  # noqa: E402  (tools/ is sys.path[0])
-from backends import BackendRejected, get_backend  # noqa: E402
+from backends import REGISTRY, BackendRejected, get_backend  # noqa: E402
 from dispatch import probe  # noqa: E402
 from dispatch.probe import Case, make_batch, oracle, rel_error  # noqa: E402
-from dispatch.router import live_device  # noqa: E402
+from dispatch.router import backend_reasons, live_device  # noqa: E402
 
-BACKENDS = ("cudnn", "fa3", "fa2", "xqa", "torch-flash", "native-triton")
+# every GPU backend of the registry (the data files): a new backend shows up here by itself
+BACKENDS = tuple(name for name in REGISTRY if name != "reference")
 BASE = probe.BASE.__class__(
     entry="anchor", phase="decode", kv_storage="paged", kv_layout="NHD", num_qo_heads=32, num_kv_heads=8,
     head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", out_dtype="bfloat16", page_size=16)
@@ -66,10 +67,9 @@ def graph_equals_eager(backend, plan, batch) -> str:
 
 
 def served_case(name: str, case: Case) -> Case:
-    """torch-flash has no paging: it gets the workload with ragged KV storage."""
-    if name == "torch-flash":
-        return replace(case, problem=replace(case.problem, kv_storage="ragged", page_size=0))
-    return case
+    """A backend whose data refuses paged KV (torch-flash) gets the workload with ragged KV storage."""
+    return probe.as_ragged_if_paged_only_reason(name, case, live_device(torch.empty(0, device="cuda")),
+                                                backend_reasons)
 
 
 def measure(name: str, case: Case, refs: dict) -> dict:

@@ -23,8 +23,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import dispatch  # noqa: E402
 from dispatch import entries, router, specs  # noqa: E402
 from backends import get_backend  # noqa: E402
-from _api_cases import (D, HKV, HQ, P, cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper,  # noqa: E402
-                        trtllm_args, xqa_args)
+from _api_cases import (cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args,  # noqa: E402
+                        xqa_args)
 
 
 def calls():
