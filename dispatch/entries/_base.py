@@ -138,7 +138,7 @@ def call_key(entry: str, args: Mapping[str, Any], vary: Mapping[str, tuple[int, 
 PROBLEMS = BoundedCache(maxsize=4096)  # call key -> AttentionProblem (model configurations)
 
 
-def checked(spec_cls: type, args: dict, key: tuple, device: torch.device, build: Callable):
+def checked(spec_cls: type, args: dict, key: tuple, query: Any, build: Callable):
     """(problem, spec, derived). A new key: the full spec (every check, device reads included)
     and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
     or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
@@ -148,7 +148,8 @@ def checked(spec_cls: type, args: dict, key: tuple, device: torch.device, build:
         problem = build(spec, derived)
         PROBLEMS.put(key, problem)
         return problem, spec, derived
-    spec, derived = spec_cls.fast(args, values=device.type == "cpu" or full_validation())
+    # A known key proves ``query`` is a tensor (its facts are in the key).
+    spec, derived = spec_cls.fast(args, values=query.device.type == "cpu" or full_validation())
     return problem, spec, derived
 
 

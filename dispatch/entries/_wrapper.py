@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import policy, router, specs
+from .. import ops, policy, router, specs
 from .._cache import BoundedCache
 from .._normalize import bad, cumsum0, full_validation, unpack_bits
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
@@ -75,6 +75,7 @@ class PrefillWrapper:
         self._use_cuda_graph = bool(use_cuda_graph)
         self._plan: Optional[Plan] = None
         self._last: Optional[router.Planned] = None
+        self._handle = ops.register_wrapper(self)  # how a torch.compile graph names this wrapper
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
                                int_workspace_buffer: torch.Tensor) -> None:
@@ -160,6 +161,9 @@ class PrefillWrapper:
             raise RuntimeError(f"{type(self).__name__}.run() before plan(): call plan(...) first")
         args["planned"] = self._plan
         if self._run_keys.get(key) is None:
+            q = args["q"]
+            if isinstance(q, torch.Tensor) and q.device != self._device:  # the plan lives on that device
+                raise bad("q.device", q.device, f"{self._device}, the device of the workspace this wrapper plans on")
             _, d = specs.validate(spec_cls, args)
             self._run_keys.put(key, True)
             return d
@@ -202,6 +206,14 @@ class PrefillWrapper:
         return (("causal", bool(causal)), ("pos_encoding", pos_encoding_mode), ("window_left", window_left),
                 ("logits_soft_cap", float(logits_soft_cap or 0.0)), ("rope_scale", float(rope_scale or 1.0)),
                 ("rope_theta", float(rope_theta or 1e4)))
+
+    @staticmethod
+    def _compiled_result(res, res_lse, out, lse, return_lse):
+        """Under torch.compile: the caller's out/lse buffers filled from the op's results."""
+        res = ops.fill(res, out)
+        if lse is not None:
+            ops.fill(res_lse, lse)
+        return (res, res_lse if lse is None else lse) if return_lse else res
 
     @property
     def decision(self) -> Optional[router.Decision]:

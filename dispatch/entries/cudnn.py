@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import policy
+from .. import ops, policy
 from .._normalize import fold_scale, scatter_padded_lse, uniform_indptr
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import CudnnPrefillSpec
@@ -52,6 +52,14 @@ def cudnn_batch_prefill_with_kv_cache(
     (batch, max_token_per_sequence, num_qo_heads), rows past a request's length -inf.
     ``batch_offsets_stats`` is accepted and ignored (the LSE layout is always padded).
     """
+    if torch.compiler.is_compiling() and not any(isinstance(s, torch.Tensor) or s is not None
+                                                 for s in (q_scale, k_scale, v_scale)):
+        scale_f, scale_t = ops.split_scale(scale)
+        res, res_lse = ops.cudnn_prefill(
+            q, k_cache, v_cache, scale_f, scale_t, workspace_buffer, max_token_per_sequence, max_sequence_kv,
+            actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q, batch_offsets_o,
+            batch_offsets_k, batch_offsets_v, is_cuda_graph_compatible, backend, batch_offsets_units, o_data_type)
+        return ops.fill(res, out), (ops.fill(res_lse, lse) if return_lse else None)
     explicit = policy.explicit_choice(backend)
     args = dict(q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
                 max_token_per_sequence=max_token_per_sequence,
@@ -92,7 +100,7 @@ def _problem(spec, d) -> AttentionProblem:
 def prepare(args: dict):
     q = args["q"]
     key = B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1,)
-    problem, spec, d = B.checked(CudnnPrefillSpec, args, key, q.device, _problem)
+    problem, spec, d = B.checked(CudnnPrefillSpec, args, key, q, _problem)
     qo_indptr, kv_indptr, kv_lens = _indices(args, d)
     batch = AttentionBatch(
         q=q, k=d.k, v=d.v, qo_indptr=qo_indptr, kv_lens=kv_lens,

@@ -7,7 +7,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import specs
+from .. import ops, specs
 from .._normalize import block_table_from_pages, fold_scale
 from . import _base as B
 from ._base import UNSET
@@ -92,6 +92,12 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         """Attention of q (total_q, Hq, D) over the planned paged cache: a 5-D (pages, 2, ...)
         tensor or a (k_cache, v_cache) tuple in the wrapper's layout. k_scale multiplies the
         logits, v_scale the output. Returns out, or (out, lse) with lse fp32 base 2."""
+        if torch.compiler.is_compiling() and kv_cache_sf is None and not any(
+                isinstance(s, torch.Tensor) for s in (q_scale, k_scale, v_scale)):
+            k_cache, v_cache = ops.split_kv(paged_kv_cache)
+            res, res_lse = ops.paged_run(self._handle, q, k_cache, v_cache, k_scale, v_scale, return_lse or lse is not None, q_scale,
+                                         window_left, sinks)
+            return self._compiled_result(res, res_lse, out, lse, return_lse)
         return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
                          kv_cache_sf, ())
 

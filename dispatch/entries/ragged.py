@@ -7,8 +7,8 @@ from typing import Optional, Union
 
 import torch
 
-from .. import specs
-from .._normalize import fold_scale
+from .. import ops, specs
+from .._normalize import bad, fold_scale
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PrefillWrapper
@@ -73,6 +73,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
             lse: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, kv_cache_sf=None):
         """Attention of q (total_q, Hq, Dqk) over k (total_kv, Hkv, Dqk) and v (total_kv, Hkv, Dvo):
         out = v_scale/o_scale * softmax(sm_scale*q_scale*k_scale q.k) v; (out, lse) with return_lse."""
+        if torch.compiler.is_compiling() and kv_cache_sf is None and not any(
+                isinstance(s, torch.Tensor) for s in (q_scale, k_scale, v_scale, o_scale)):
+            res, res_lse = ops.ragged_run(self._handle, q, k, v, return_lse or lse is not None, q_scale, k_scale,
+                                           v_scale, o_scale)
+            return self._compiled_result(res, res_lse, out, lse, return_lse)
         return self._run(q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, ())
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -83,6 +88,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
                     lse=lse, return_lse=return_lse, kv_cache_sf=kv_cache_sf)
         self._check_run(specs.RaggedRunSpec, args, B.call_key("ragged-run", args, {}, _RUN_PER_CALL) + (overrides,))
         base = self._plan.sm_scale if sm_scale is None else sm_scale
+        if isinstance(o_scale, (int, float)) and o_scale == 0:
+            raise bad("o_scale", o_scale, "a non-zero finite float (the output is divided by it)")
         inv_o = None if o_scale is None else (o_scale.reciprocal() if isinstance(o_scale, torch.Tensor)
                                               else 1.0 / o_scale)
         return self._launch(q, k, v, out, lse, return_lse, None, fold_scale(base, q_scale, k_scale),

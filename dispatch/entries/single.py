@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import policy
+from .. import ops, policy
 from .._normalize import unpack_bits, uniform_indptr, fold_scale
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import SinglePrefillSpec
@@ -53,6 +53,13 @@ def single_prefill_with_kv_cache(
     """
     B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
              use_fp16_qk_reduction, False)
+    if torch.compiler.is_compiling() and scale_q is None and scale_k is None and scale_v is None \
+            and kv_cache_sf is None:
+        (k1, k2), (v1, v2) = ops.split_scale(k_scale), ops.split_scale(v_scale)
+        out, lse = ops.single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode,
+                                      sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, return_lse,
+                                      backend, k1, k2, v1, v2, o_dtype)
+        return (out, lse) if return_lse else out
     explicit = policy.explicit_choice(backend)
     if packed_custom_mask is not None:
         custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
@@ -105,7 +112,7 @@ def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
     """Validate (full once per key, sizes per call) and build the problem and the batch."""
     q = args["q"]
     key = B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else None
-    problem, spec, d = B.checked(SinglePrefillSpec, args, key, q.device, _problem)
+    problem, spec, d = B.checked(SinglePrefillSpec, args, key, q, _problem)
     sm_scale = args["sm_scale"] if args["sm_scale"] is not None else 1.0 / math.sqrt(d.dqk)
     mask = _flat_mask(args, d)
     qo_indptr, kv_indptr = uniform_indptr(1, d.qo_len, q.device), uniform_indptr(1, d.kv_len, q.device)

@@ -10,6 +10,7 @@ from typing import Optional, Union
 
 import torch
 
+from .. import ops
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import TrtllmContextSpec
 from . import _base as B
@@ -52,6 +53,10 @@ def trtllm_batch_context_with_kv_cache(
     and are ignored. NVFP4 (``kv_block_scales``/``kv_cache_sf``, ``o_sf_*``) is refused.
     """
     block_scales = B.one_of("kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
+    if torch.compiler.is_compiling() and block_scales is None and o_sf_scale is None and o_sf_vec_size is None:
+        return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
+                         bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
+                         causal, lse, return_lse)
     args = dict(query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
                 seq_lens=B.int32_lengths(seq_lens),
                 max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
@@ -62,6 +67,22 @@ def trtllm_batch_context_with_kv_cache(
     problem, batch = prepare(args)
     B.remember(trtllm_batch_context_with_kv_cache, B.execute(problem, batch, None))
     return (batch.out, batch.lse) if return_lse else batch.out
+
+
+def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
+              bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks, causal, lse,
+              return_lse):
+    """Under torch.compile: the op call (validation runs inside it), then the caller's buffers."""
+    k_cache, v_cache = ops.split_kv(kv_cache)
+    (b1, b1_t), (b2, b2_t) = ops.split_scale(bmm1_scale), ops.split_scale(bmm2_scale)
+    wants_lse = return_lse or lse is not None
+    res, res_lse = ops.trtllm_context(
+        query, k_cache, v_cache, workspace_buffer, block_tables, B.int32_lengths(seq_lens), max_q_len, max_kv_len, b1,
+        b1_t, b2, b2_t, batch_size, cum_seq_lens_q, window_left, out.dtype if out is not None and out_dtype is None
+        else out_dtype, kv_layout, B.sinks_tensor(sinks, query), causal, wants_lse)
+    res = ops.fill(res, out)
+    res_lse = ops.fill(res_lse, lse) if wants_lse else None
+    return (res, res_lse) if return_lse else res
 
 
 B.seed_signature(trtllm_batch_context_with_kv_cache, {"kv_block_scales": None, "kv_cache_sf": None})
@@ -81,7 +102,7 @@ def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
     wants_lse = args["return_lse"] or args["lse"] is not None
     # max_q_len == 1 makes it a decode problem: a fact of the key, not only a per-call size.
     key = B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)
-    problem, spec, d = B.checked(TrtllmContextSpec, args, key, q.device, lambda s, dd: _problem(s, dd, wants_lse))
+    problem, spec, d = B.checked(TrtllmContextSpec, args, key, q, lambda s, dd: _problem(s, dd, wants_lse))
     batch = AttentionBatch(
         q=q, k=d.k, v=d.v, qo_indptr=args["cum_seq_lens_q"], kv_lens=args["seq_lens"],
         out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=args["batch_size"],

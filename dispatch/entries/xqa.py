@@ -9,6 +9,7 @@ from typing import Optional, Union
 
 import torch
 
+from .. import ops
 from .._normalize import uniform_indptr
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import XqaDecodeSpec
@@ -45,6 +46,13 @@ def xqa_batch_decode_with_kv_cache(
     -------
     out (num_tokens, num_qo_heads, head_dim). The workspace is never written.
     """
+    if torch.compiler.is_compiling() and kv_cache_sf is None:
+        k_cache, v_cache = ops.split_kv(kv_cache)
+        (b1, b1_t), (b2, b2_t) = ops.split_scale(bmm1_scale), ops.split_scale(bmm2_scale)
+        res = ops.xqa_decode(query, k_cache, v_cache, workspace_buffer, block_tables, B.int32_lengths(seq_lens),
+                             max_seq_len, b1, b1_t, b2, b2_t, window_left, B.sinks_tensor(sinks, query), kv_layout,
+                             q_len_per_req, o_scale, mask, q_cu_seq_lens)
+        return ops.fill(res, out)
     args = dict(query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
                 seq_lens=B.int32_lengths(seq_lens),
                 max_seq_len=max_seq_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, window_left=window_left,
@@ -70,7 +78,7 @@ def _problem(spec, d) -> AttentionProblem:
 def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
     q = args["query"]
     key = B.call_key(ENTRY, args, _VARY, _PER_CALL)
-    problem, spec, d = B.checked(XqaDecodeSpec, args, key, q.device, _problem)
+    problem, spec, d = B.checked(XqaDecodeSpec, args, key, q, _problem)
     qlen = args["q_len_per_req"]
     qo = args["q_cu_seq_lens"] if args["q_cu_seq_lens"] is not None else uniform_indptr(d.batch, qlen, q.device)
     batch = AttentionBatch(
