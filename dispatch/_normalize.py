@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -155,8 +155,9 @@ def fold_scale(base, *factors):
     return out
 
 
-def check_scale(name: str, value, device, values: bool) -> None:
-    """A scale is a finite number, or a 1-element float32 tensor on the inputs' device."""
+def check_scale(name: str, value, device, values: bool, nonzero: bool = False) -> None:
+    """A scale is a finite number, or a 1-element float32 tensor on the inputs' device
+    (``nonzero``: a divisor, so 0 is refused too; tensor values are read only with ``values``)."""
     if value is None:
         return
     if isinstance(value, torch.Tensor):
@@ -164,13 +165,15 @@ def check_scale(name: str, value, device, values: bool) -> None:
             raise bad(name, value, "a Python float or a 0-dim / 1-element float32 tensor")
         if value.device != device:
             raise bad(name, value, f"a tensor on {device}, the device of the inputs")
-        if values and not math.isfinite(float(value.reshape(-1)[0])):
-            raise bad(name, float(value.reshape(-1)[0]), "a finite value")
+        if values:
+            got = float(value.reshape(-1)[0])
+            if not math.isfinite(got) or (nonzero and got == 0):
+                raise bad(name, got, "a finite value" + (", not 0 (it divides the output)" if nonzero else ""))
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(name, value, "a Python float or a 0-dim / 1-element float32 tensor", TypeError)
-    if not math.isfinite(value):
-        raise bad(name, value, "a finite value")
+    if not math.isfinite(value) or (nonzero and value == 0):
+        raise bad(name, value, "a finite value" + (", not 0 (it divides the output)" if nonzero else ""))
 
 
 # -- LSE ----------------------------------------------------------------------------------------

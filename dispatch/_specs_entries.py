@@ -6,11 +6,10 @@ from typing import Any, Optional
 
 import torch
 
-from ._normalize import FP8_DTYPES, bad, check_scale, paged_nhd, parse_dtype, split_kv
-from .specs import (OUT_DTYPES, Q_DTYPES, Layout, PosMode, Scale, _Spec, check_indptr_values, check_paged_values,
+from ._normalize import bad, check_scale, paged_nhd, split_kv
+from .specs import (OUT_DTYPES, Q_DTYPES, Layout, Scale, _Spec, check_indptr_values, check_paged_values,
                     need_finite, need_heads, need_index, need_int, need_kv_dtype, need_out, need_sinks,
-                    need_soft_cap, need_tensor, need_window, out_dtype_of)
-from .problem import dtype_name
+                    need_tensor, need_window, out_dtype_of)
 
 
 def _paged_kv(kv_cache, layout, allow_squeezed, name="kv_cache") -> SimpleNamespace:
@@ -88,8 +87,9 @@ class TrtllmContextSpec(_Spec):
         for name in ("kv_cache_sf", "o_sf_scale", "o_sf_vec_size"):
             if getattr(self, name) is not None:
                 raise bad(name, getattr(self, name), "None (NVFP4 KV/output is not supported)")
-        if d.out_dtype not in OUT_DTYPES:
-            raise bad("out_dtype", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        if d.out_dtype not in OUT_DTYPES:  # blame the argument the dtype came from
+            raise bad("out_dtype" if self.out_dtype is not None else "out.dtype", d.out_dtype,
+                      "float16, bfloat16, float32 or an fp8 dtype")
         need_window(self.window_left)
         need_index("block_tables", self.block_tables, None, dev)
         need_tensor("block_tables", self.block_tables, ranks=(2,))
@@ -151,9 +151,19 @@ class XqaDecodeSpec(_Spec):
         d = _paged_kv(self.kv_cache, self.kv_layout, allow_squeezed=False)
         d.hq, d.total_q = self.query.shape[1], self.query.shape[0]
         d.out_dtype = self.out.dtype if self.out is not None else self.query.dtype
-        d.batch = self.seq_lens.shape[0] if isinstance(self.seq_lens, torch.Tensor) and self.seq_lens.dim() else 0
+        d.batch = self._batch_size(d)
         d.words = 2 * -(-self.q_len_per_req // 32) if isinstance(self.q_len_per_req, int) else 0
         return d
+
+    def _batch_size(self, d) -> int:
+        """The batch size most arguments agree on (seq_lens, block_tables, the query rows or
+        q_cu_seq_lens), so the one that disagrees is the one blamed."""
+        counts = [t.shape[0] for t in (self.seq_lens, self.block_tables) if isinstance(t, torch.Tensor) and t.dim()]
+        if isinstance(self.q_cu_seq_lens, torch.Tensor) and self.q_cu_seq_lens.dim():
+            counts.append(self.q_cu_seq_lens.shape[0] - 1)
+        elif isinstance(self.q_len_per_req, int) and self.q_len_per_req > 0 and not d.total_q % self.q_len_per_req:
+            counts.append(d.total_q // self.q_len_per_req)
+        return max(counts, key=counts.count) if counts else 0
 
     def static_checks(self, d):
         q, dev = self.query, self.query.device
@@ -185,6 +195,9 @@ class XqaDecodeSpec(_Spec):
         need_finite("o_scale", self.o_scale, positive=True)  # a per-call value: not in the cache key
         if b < 1:
             raise bad("seq_lens.shape", tuple(self.seq_lens.shape), "(batch_size,) with batch_size >= 1")
+        if self.seq_lens.shape[0] != b:
+            raise bad("seq_lens.shape", tuple(self.seq_lens.shape), f"({b},): one length per request "
+                      f"(block_tables has {self.block_tables.shape[0]} rows, the query {d.total_q} rows)")
         if self.block_tables.shape[0] != b:
             raise bad("block_tables.shape", tuple(self.block_tables.shape), f"({b}, max_pages), one row per seq_lens entry")
         if self.q_cu_seq_lens is None and d.total_q != b * self.q_len_per_req:
@@ -214,5 +227,8 @@ class XqaDecodeSpec(_Spec):
         check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
 
 
-from ._specs_more import (CudnnPrefillSpec, PagedPlanSpec, PagedRunSpec, RaggedPlanSpec,  # noqa: E402,F401
+from ._specs_more import (CudnnPrefillSpec, PagedPlanSpec, PagedRunSpec, RaggedPlanSpec,  # noqa: E402
                           RaggedRunSpec, SinglePrefillSpec)
+
+__all__ = ["CudnnPrefillSpec", "PagedPlanSpec", "PagedRunSpec", "RaggedPlanSpec", "RaggedRunSpec",
+           "SinglePrefillSpec", "TrtllmContextSpec", "XqaDecodeSpec"]

@@ -6,12 +6,11 @@ from typing import Any, Optional
 
 import torch
 
-from ._normalize import FLOAT_DTYPES, FP8_DTYPES, bad, check_scale, host_ints, paged_nhd, parse_dtype, split_kv
-from ._specs_entries import _kv_static, _paged_kv, _query
+from ._normalize import bad, check_scale, host_ints, paged_nhd
+from ._specs_entries import _query
 from .problem import dtype_name
-from .specs import (OUT_DTYPES, Q_DTYPES, Layout, PosMode, Scale, _Spec, check_indptr_values, check_paged_values,
-                    need_finite, need_heads, need_index, need_int, need_kv_dtype, need_out, need_sinks,
-                    need_soft_cap, need_tensor, need_window, out_dtype_of)
+from .specs import (OUT_DTYPES, Scale, _Spec, check_indptr_values, check_paged_values, need_heads, need_index,
+                    need_int, need_kv_dtype, need_out, need_tensor, out_dtype_of)
 
 Units = Any  # checked by hand so the message lists both spellings
 
@@ -102,8 +101,9 @@ class CudnnPrefillSpec(_Spec):
         if self.k_cache.dtype != self.v_cache.dtype:
             raise bad("v_cache.dtype", self.v_cache.dtype, f"{dtype_name(self.k_cache.dtype)}, the dtype of k_cache")
         need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
-        if d.out_dtype not in OUT_DTYPES:
-            raise bad("o_data_type", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        if d.out_dtype not in OUT_DTYPES:  # blame the argument the dtype came from
+            raise bad("o_data_type" if self.o_data_type is not None else "out.dtype", d.out_dtype,
+                      "float16, bfloat16, float32 or an fp8 dtype")
         for name in ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q",
                      "batch_offsets_o", "batch_offsets_k", "batch_offsets_v"):
             if getattr(self, name) is not None:
@@ -136,7 +136,9 @@ class CudnnPrefillSpec(_Spec):
         for name in ("scale", "q_scale", "k_scale", "v_scale"):
             check_scale(name, getattr(self, name), dev, values=False)
         need_out(self.out, (d.total_q, d.hq, d.dvo), d.out_dtype, dev)
-        need_out(self.lse, (b, self.max_token_per_sequence, d.hq), torch.float32, dev, name="lse")
+        need_out(self.lse, (b, self.max_token_per_sequence, d.hq), torch.float32, dev,
+                 name="lse", shape_text=f"(B={b}, max_token_per_sequence={self.max_token_per_sequence}, "
+                 f"num_qo_heads={d.hq})")
 
     def value_checks(self, d):
         d.qo = self._qo_tokens(d)
@@ -175,6 +177,8 @@ class CudnnPrefillSpec(_Spec):
 
     def _ragged_kv_values(self, d, kv_lens):
         mult_k, mult_v = (1, 1) if d.tokens else (d.hkv * d.dqk, d.hkv * d.dvo)
+        if kv_lens is not None and min(kv_lens, default=0) < 0:
+            raise bad("actual_seq_lens_kv", kv_lens, "lengths >= 0")
         if self.batch_offsets_k is None:
             kv = [0]
             for n in kv_lens:
@@ -185,6 +189,9 @@ class CudnnPrefillSpec(_Spec):
         if self.batch_offsets_v is not None and token_offsets("batch_offsets_v", self.batch_offsets_v, mult_v) != kv:
             raise bad("batch_offsets_v", host_ints(self.batch_offsets_v), "the same token rows as batch_offsets_k")
         if kv[-1] > self.k_cache.shape[0]:
+            if self.batch_offsets_k is None:  # rows packed by the lengths: the lengths are too long
+                raise bad("actual_seq_lens_kv", kv_lens, f"lengths summing to <= k_cache.shape[0]={self.k_cache.shape[0]} "
+                          f"(the K/V rows; they sum to {kv[-1]})")
             raise bad("batch_offsets_k", kv, f"token offsets <= k_cache.shape[0]={self.k_cache.shape[0]}")
         spans = [y - x for x, y in zip(kv[:-1], kv[1:])]
         if kv_lens is not None and any(n > s for n, s in zip(kv_lens, spans)):
@@ -192,5 +199,8 @@ class CudnnPrefillSpec(_Spec):
         return kv_lens if kv_lens is not None else spans
 
 
-from ._specs_wrappers import (PagedPlanSpec, PagedRunSpec, RaggedPlanSpec, RaggedRunSpec,  # noqa: E402,F401
+from ._specs_wrappers import (PagedPlanSpec, PagedRunSpec, RaggedPlanSpec, RaggedRunSpec,  # noqa: E402
                               SinglePrefillSpec)
+
+__all__ = ["CudnnPrefillSpec", "PagedPlanSpec", "PagedRunSpec", "RaggedPlanSpec", "RaggedRunSpec",
+           "SinglePrefillSpec", "lens_shapes", "offsets_shapes", "token_offsets"]

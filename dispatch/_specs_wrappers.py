@@ -222,13 +222,13 @@ class _RunCommon(_Spec):
         if self.q.shape[0] != p.total_q:
             raise bad("q.shape", tuple(self.q.shape), f"({p.total_q}, {p.hq}, {p.dqk}): plan's qo_indptr[-1] tokens")
         for name in ("q_scale", "k_scale", "v_scale", "o_scale"):
-            check_scale(name, getattr(self, name, None), dev, values=False)
+            check_scale(name, getattr(self, name, None), dev, values=False, nonzero=name == "o_scale")
         need_out(self.out, (p.total_q, p.hq, p.dvo), p.out_dtype, dev)
         need_out(self.lse, (p.total_q, p.hq), torch.float32, dev, name="lse")
 
     def value_checks(self, d):
         for name in ("q_scale", "k_scale", "v_scale", "o_scale"):
-            check_scale(name, getattr(self, name, None), self.q.device, values=True)
+            check_scale(name, getattr(self, name, None), self.q.device, values=True, nonzero=name == "o_scale")
 
 
 class PagedRunSpec(_RunCommon):
@@ -250,15 +250,20 @@ class PagedRunSpec(_RunCommon):
             raise bad("paged_kv_cache.dtype", d.kv_dtype, f"{p.kv_dtype} (plan's kv_data_type)")
         got = (d.page_size, d.hkv, d.dqk, d.dvo)
         if got != (p.page_size, p.hkv, p.dqk, p.dvo):
-            raise bad("paged_kv_cache.shape", tuple(d.k.shape), f"page_size, num_kv_heads, head dims = "
-                      f"{(p.page_size, p.hkv, p.dqk, p.dvo)} from plan (got {got}, layout {p.layout})")
+            cache = self.paged_kv_cache
+            shape = tuple(cache.shape) if isinstance(cache, torch.Tensor) else tuple(tuple(t.shape) for t in cache)
+            raise bad("paged_kv_cache.shape", shape, f"(page_size, num_kv_heads, head_dim_qk, head_dim_vo) = "
+                      f"{(p.page_size, p.hkv, p.dqk, p.dvo)} as planned, in the {p.layout} layout (got {got} "
+                      f"from K/V of shape {tuple(d.k.shape)} as (pages, page_size, heads, dim))")
         if self.window_left is not None and self.window_left != p.window_left and p.backend != "trtllm-gen":
             raise bad("window_left", self.window_left, f"None or {p.window_left} (the planned value)")
 
     def size_checks(self, d):
         self.io_checks(d)
         if self.planned.max_page_id >= d.pages:
-            raise bad("paged_kv_cache.shape[0]", d.pages, f"> {self.planned.max_page_id}, the largest planned page id")
+            name = "block_tables" if self.planned.cudnn else "paged_kv_indices"
+            raise bad(f"{name} (planned)", self.planned.max_page_id, f"page ids < {d.pages}, the pages of "
+                      f"paged_kv_cache (shape[0]={d.pages}): re-plan, or pass the whole cache")
 
 
 class RaggedRunSpec(_RunCommon):

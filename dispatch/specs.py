@@ -24,8 +24,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
-from ._normalize import (FLOAT_DTYPES, FP8_DTYPES, bad, check_scale, dtypes_text, paged_nhd, parse_dtype,
-                         show, split_kv)
+from ._normalize import FLOAT_DTYPES, FP8_DTYPES, bad, dtypes_text, parse_dtype, show
 from .problem import dtype_name
 
 Layout = Literal["NHD", "HND"]
@@ -96,12 +95,12 @@ def need_window(window_left: Any) -> None:
     need_int("window_left", window_left, -1)
 
 
-def need_out(out, shape, dtype, device, name="out") -> None:
+def need_out(out, shape, dtype, device, name="out", shape_text="") -> None:
     if out is None:
         return
     need_tensor(name, out, device=device)
     if tuple(out.shape) != tuple(shape):
-        raise bad(f"{name}.shape", tuple(out.shape), f"{tuple(shape)}")
+        raise bad(f"{name}.shape", tuple(out.shape), f"{tuple(shape)}" + (f" = {shape_text}" if shape_text else ""))
     if out.dtype != dtype:
         raise bad(f"{name}.dtype", out.dtype, f"{dtype_name(dtype)}, the output dtype")
 
