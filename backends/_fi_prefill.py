@@ -29,6 +29,10 @@ from backends.base import Reason
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
+# FlashInfer's fa2 prefill: d=16 fails its dispatch ("Invalid configuration: NUM_MMA_D_QK=1"),
+# seen on an H200 with 0.5.3 (tools/results/multi-device-h200x2.md); 64/128/256 are the documented sizes.
+FA2_HEAD_DIMS = (64, 128, 256)
+SRC_FA2_DIMS = "flashinfer 0.5.3 include/flashinfer/attention/prefill.cuh (dispatch refuses head_dim 16 on H200)"
 SRC_FI = "vendor-constraints.md section 10 (FI utils.py L427-481, L545-600)"
 
 
@@ -51,6 +55,9 @@ class FlashInferPrefill(Provider):
 
     def limits(self, problem) -> list[Reason]:
         out = []
+        if self.kind == "fa2" and (problem.head_dim_qk not in FA2_HEAD_DIMS or problem.head_dim_vo not in FA2_HEAD_DIMS):
+            out.append(Reason("head_dim_qk", (problem.head_dim_qk, problem.head_dim_vo), f"one of {FA2_HEAD_DIMS}",
+                              SRC_FA2_DIMS))
         if self.kind == "fa3":
             if problem.head_dim_qk not in FA3_HEAD_DIMS:
                 out.append(Reason("head_dim_qk", problem.head_dim_qk, f"one of {FA3_HEAD_DIMS}", SRC_FI))

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from backends import _vendor
-from backends._device import on_device
+from backends._device import device_key, on_device
 from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -72,8 +72,25 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
                               SRC + ": xqa.py L370-375 (fp8 output not routed)"))
         return out
 
+    # FlashInfer 0.5.3's XQA launch fails with cudaErrorInvalidValue on a second GPU of the process
+    # (seen on two H200s: tools/results/multi-device-h200x2.md), so XQA serves the first GPU it
+    # planned on and refuses the others before any launch: the router hands them to the next backend.
+    _first_gpu: "torch.device | None" = None
+
+    def _refuse_second_gpu(self, device) -> None:
+        if device.type != "cuda":
+            return
+        device = device_key(device)
+        if XqaBackend._first_gpu is None:
+            XqaBackend._first_gpu = device
+        elif device != XqaBackend._first_gpu:
+            raise _vendor.rejected(self.name, "device", str(device),
+                                   f"{XqaBackend._first_gpu}, the first GPU XQA ran on in this process",
+                                   "flashinfer 0.5.3 xqa.py xqa(): cudaErrorInvalidValue on a second GPU (H200 x2)")
+
     def plan(self, problem, batch) -> XqaPlan:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "xqa (bmm1_scale)")
+        self._refuse_second_gpu(batch.q.device)
         fn = self._loaded().module.xqa_batch_decode_with_kv_cache
         _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True)
         if problem.phase != "spec_decode":

@@ -18,6 +18,15 @@ from typing import Any, Optional
 
 import torch
 
+# The eager entry points, registered by their modules (ops imports no entry module: no cycle).
+EAGER: dict[str, Any] = {}
+
+
+def register_eager(name: str, fn: Any) -> Any:
+    EAGER[name] = fn
+    return fn
+
+
 _F = Optional[float]
 _T = Optional[torch.Tensor]
 _LIB = "attn_dispatch"
@@ -69,7 +78,7 @@ def single_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, custom_mas
                    logits_soft_cap: _F, rope_scale: _F, rope_theta: _F, return_lse: bool, backend: str,
                    k_scale: _F, k_scale_t: _T, v_scale: _F, v_scale_t: _T,
                    o_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
-    from .entries.single import single_prefill_with_kv_cache as fn
+    fn = EAGER["single_prefill_with_kv_cache"]
     res = fn(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale=sm_scale,
              window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
              return_lse=return_lse, backend=backend, k_scale=join_scale(k_scale, k_scale_t),
@@ -92,7 +101,7 @@ def trtllm_context(query: torch.Tensor, k_cache: torch.Tensor, v_cache: _T, work
                    bmm1_scale: _F, bmm1_scale_t: _T, bmm2_scale: _F, bmm2_scale_t: _T, batch_size: int,
                    cum_seq_lens_q: torch.Tensor, window_left: int, out_dtype: Optional[torch.dtype], kv_layout: str,
                    sinks: _T, causal: bool, want_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from .entries.trtllm import trtllm_batch_context_with_kv_cache as fn
+    fn = EAGER["trtllm_batch_context_with_kv_cache"]
     res = fn(query, join_kv(k_cache, v_cache), workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len,
              join_scale(bmm1_scale, bmm1_scale_t), join_scale(bmm2_scale, bmm2_scale_t), batch_size, cum_seq_lens_q,
              None, window_left, out_dtype=out_dtype, kv_layout=kv_layout, sinks=sinks, causal=causal,
@@ -116,7 +125,7 @@ def xqa_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: _T, workspac
                block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int, bmm1_scale: _F, bmm1_scale_t: _T,
                bmm2_scale: _F, bmm2_scale_t: _T, window_left: int, sinks: _T, kv_layout: str, q_len_per_req: int,
                o_scale: _F, mask: _T, q_cu_seq_lens: _T) -> torch.Tensor:
-    from .entries.xqa import xqa_batch_decode_with_kv_cache as fn
+    fn = EAGER["xqa_batch_decode_with_kv_cache"]
     return fn(query, join_kv(k_cache, v_cache), workspace_buffer, block_tables, seq_lens, max_seq_len,
               join_scale(bmm1_scale, bmm1_scale_t), join_scale(bmm2_scale, bmm2_scale_t), window_left, None, sinks,
               kv_layout, None, q_len_per_req, o_scale, mask, q_cu_seq_lens=q_cu_seq_lens)
@@ -135,7 +144,7 @@ def cudnn_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   return_lse: bool, batch_offsets_q: _T, batch_offsets_o: _T, batch_offsets_k: _T,
                   batch_offsets_v: _T, is_cuda_graph_compatible: bool, backend: Optional[str],
                   batch_offsets_units: str, o_data_type: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
-    from .entries.cudnn import cudnn_batch_prefill_with_kv_cache as fn
+    fn = EAGER["cudnn_batch_prefill_with_kv_cache"]
     out, lse = fn(q, k_cache, v_cache, join_scale(scale, scale_t), workspace_buffer,
                   max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
                   actual_seq_lens_q=actual_seq_lens_q, actual_seq_lens_kv=actual_seq_lens_kv,

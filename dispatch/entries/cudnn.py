@@ -148,3 +148,6 @@ def _indices(args: dict, d):
     else:
         kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
     return qo, kv_indptr, kv_lens
+
+
+ops.register_eager('cudnn_batch_prefill_with_kv_cache', cudnn_batch_prefill_with_kv_cache)

@@ -77,6 +77,7 @@ def single_prefill_with_kv_cache(
 
 B.seed_signature(single_prefill_with_kv_cache, {"allow_fp16_qk_reduction": False,
                                                 "use_fp16_qk_reduction": None})
+ops.register_eager("single_prefill_with_kv_cache", single_prefill_with_kv_cache)
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
 
 

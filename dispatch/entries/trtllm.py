@@ -10,7 +10,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import ops
+from .. import ops, policy
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import TrtllmContextSpec
 from . import _base as B
@@ -65,7 +65,7 @@ def trtllm_batch_context_with_kv_cache(
                 sinks=B.sinks_tensor(sinks, query), kv_cache_sf=block_scales,
                 uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, causal=causal, lse=lse, return_lse=return_lse)
     problem, batch = prepare(args)
-    B.remember(trtllm_batch_context_with_kv_cache, B.execute(problem, batch, None))
+    B.remember(trtllm_batch_context_with_kv_cache, B.execute(problem, batch, policy.explicit_choice()))
     return (batch.out, batch.lse) if return_lse else batch.out
 
 
@@ -110,3 +110,6 @@ def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
         out_scale=args["bmm2_scale"], block_table=args["block_tables"],
         lse=B.new_lse(args["lse"], d.total_q, d.hq, q.device, wants_lse), sinks=args["sinks"])
     return problem, batch
+
+
+ops.register_eager('trtllm_batch_context_with_kv_cache', trtllm_batch_context_with_kv_cache)

@@ -9,7 +9,7 @@ from typing import Optional, Union
 
 import torch
 
-from .. import ops
+from .. import ops, policy
 from .._normalize import uniform_indptr
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import XqaDecodeSpec
@@ -59,7 +59,7 @@ def xqa_batch_decode_with_kv_cache(
                 out=out, sinks=B.sinks_tensor(sinks, query), kv_layout=kv_layout, q_len_per_req=q_len_per_req,
                 o_scale=o_scale, mask=mask, kv_cache_sf=kv_cache_sf, q_cu_seq_lens=q_cu_seq_lens)
     problem, batch = prepare(args)
-    B.remember(xqa_batch_decode_with_kv_cache, B.execute(problem, batch, None))
+    B.remember(xqa_batch_decode_with_kv_cache, B.execute(problem, batch, policy.explicit_choice()))
     return batch.out
 
 
@@ -87,3 +87,6 @@ def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
         max_q_len=qlen, max_kv_len=args["max_seq_len"], sm_scale=args["bmm1_scale"], out_scale=args["bmm2_scale"],
         block_table=args["block_tables"], sinks=args["sinks"], spec_mask=args["mask"] if qlen > 1 else None)
     return problem, batch
+
+
+ops.register_eager('xqa_batch_decode_with_kv_cache', xqa_batch_decode_with_kv_cache)
