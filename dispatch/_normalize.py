@@ -44,8 +44,13 @@ def dtypes_text(dtypes: Sequence[torch.dtype]) -> str:
 
 
 def full_validation() -> bool:
-    """ATTN_DISPATCH_VALIDATE=full: device-data checks on every call, not once per key."""
-    return os.environ.get(ENV_VALIDATE, "") == "full"
+    """ATTN_DISPATCH_VALIDATE=full: device-data checks on every call, not once per key
+    ('' or 'first', the default: CPU tensors every call, device tensors on a key's first call)."""
+    value = os.environ.get(ENV_VALIDATE, "")
+    mode = value.strip().lower()
+    if mode not in ("", "first", "full"):
+        raise bad(ENV_VALIDATE, value, "'full' (check device data on every call), 'first' or unset")
+    return mode == "full"
 
 
 def parse_dtype(value: Any, name: str) -> torch.dtype:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import torch
 
 from ._normalize import bad, check_scale, paged_nhd, split_kv
-from .specs import (OUT_DTYPES, Q_DTYPES, Layout, Scale, _Spec, check_indptr_values, check_paged_values,
+from ._spec_base import (OUT_DTYPES, Q_DTYPES, Layout, Scale, _Spec, check_indptr_values, check_paged_values,
                     need_finite, need_heads, need_index, need_int, need_kv_dtype, need_out, need_sinks,
                     need_tensor, need_window, out_dtype_of)
 
@@ -227,8 +227,4 @@ class XqaDecodeSpec(_Spec):
         check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
 
 
-from ._specs_more import (CudnnPrefillSpec, PagedPlanSpec, PagedRunSpec, RaggedPlanSpec,  # noqa: E402
-                          RaggedRunSpec, SinglePrefillSpec)
-
-__all__ = ["CudnnPrefillSpec", "PagedPlanSpec", "PagedRunSpec", "RaggedPlanSpec", "RaggedRunSpec",
-           "SinglePrefillSpec", "TrtllmContextSpec", "XqaDecodeSpec"]
+__all__ = ["TrtllmContextSpec", "XqaDecodeSpec"]

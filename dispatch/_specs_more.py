@@ -9,7 +9,7 @@ import torch
 from ._normalize import bad, check_scale, host_ints, paged_nhd
 from ._specs_entries import _query
 from .problem import dtype_name
-from .specs import (OUT_DTYPES, Scale, _Spec, check_indptr_values, check_paged_values, need_heads, need_index,
+from ._spec_base import (OUT_DTYPES, Scale, _Spec, check_indptr_values, check_paged_values, need_heads, need_index,
                     need_int, need_kv_dtype, need_out, need_tensor, out_dtype_of)
 
 Units = Any  # checked by hand so the message lists both spellings
@@ -199,8 +199,4 @@ class CudnnPrefillSpec(_Spec):
         return kv_lens if kv_lens is not None else spans
 
 
-from ._specs_wrappers import (PagedPlanSpec, PagedRunSpec, RaggedPlanSpec, RaggedRunSpec,  # noqa: E402
-                              SinglePrefillSpec)
-
-__all__ = ["CudnnPrefillSpec", "PagedPlanSpec", "PagedRunSpec", "RaggedPlanSpec", "RaggedRunSpec",
-           "SinglePrefillSpec", "lens_shapes", "offsets_shapes", "token_offsets"]
+__all__ = ["CudnnPrefillSpec", "lens_shapes", "offsets_shapes", "token_offsets"]

@@ -10,7 +10,7 @@ from ._normalize import FP8_DTYPES, bad, check_scale, host_ints, parse_dtype
 from ._specs_entries import _paged_kv, _query
 from ._specs_more import lens_shapes
 from .problem import dtype_name
-from .specs import (OUT_DTYPES, Q_DTYPES, Layout, PosMode, Scale, _Spec, check_indptr_values, need_finite,
+from ._spec_base import (OUT_DTYPES, Q_DTYPES, Layout, PosMode, Scale, _Spec, check_indptr_values, need_finite,
                     need_heads, need_index, need_int, need_kv_dtype, need_out, need_sinks, need_soft_cap,
                     need_tensor, need_window, out_dtype_of)
 

@@ -4,7 +4,6 @@ Numerical agreement with an fp64 oracle is tests/test_agreement.py's job; here e
 checked to be fully written (NaN-poisoned buffers) and finite, and the returned objects are the
 provided ones where FlashInfer promises that.
 """
-import math
 
 import pytest
 import torch
@@ -190,3 +189,22 @@ def test_cudnn_offsets_derived_from_lengths_when_absent():
     assert torch.allclose(out, ref, atol=1e-6)
     for b, (start, n) in enumerate(zip(c["qo"].tolist(), c["q_lens"])):
         assert torch.allclose(lse[b, :n], ref_lse[start:start + n], atol=1e-5)
+
+
+def test_validate_env_values(monkeypatch):
+    """ATTN_DISPATCH_VALIDATE takes full/first (any case) or nothing; anything else names the variable."""
+    from dispatch._normalize import full_validation
+    for value, full in (("", False), ("first", False), ("FULL", True), ("full", True)):
+        monkeypatch.setenv("ATTN_DISPATCH_VALIDATE", value)
+        assert full_validation() is full
+    monkeypatch.setenv("ATTN_DISPATCH_VALIDATE", "1")
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_VALIDATE='1'"):
+        full_validation()
+
+
+def test_paged_run_takes_sinks_as_a_list():
+    c = paged()
+    w = paged_wrapper(c)
+    sinks = torch.randn(HQ)
+    want = w.run(c["q"], c["cache"], sinks=sinks)
+    assert torch.equal(w.run(c["q"], c["cache"], sinks=sinks.tolist()), want)

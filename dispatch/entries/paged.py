@@ -98,8 +98,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             res, res_lse = ops.paged_run(self._handle, q, k_cache, v_cache, k_scale, v_scale, return_lse or lse is not None, q_scale,
                                          window_left, sinks)
             return self._compiled_result(res, res_lse, out, lse, return_lse)
-        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
-                         kv_cache_sf, ())
+        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left,
+                         B.sinks_tensor(sinks, q), kv_cache_sf, ())
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
