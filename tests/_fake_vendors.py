@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Optional
 
 import torch
 
@@ -195,7 +194,6 @@ def _xqa_compute(rec, query, kv_cache, workspace_buffer, block_tables, seq_lens,
     # FlashInfer 0.5.3 folds bmm2 into kv_scale, which the kernel applies only to a quantized cache.
     logit_scale, out_mult = (bmm1, bmm2) if quantized else (bmm1 / bmm2, 1.0)
     b = block_tables.shape[0]
-    hkv = k_cache.shape[2] if kv_layout == "NHD" else k_cache.shape[1]
     psize = k_cache.shape[1] if kv_layout == "NHD" else k_cache.shape[2]
     qo = q_cu_seq_lens if q_cu_seq_lens is not None else torch.arange(b + 1) * q_len_per_req
     rows = mask.reshape(-1, mask.shape[-1]) if mask is not None else None
