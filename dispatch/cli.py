@@ -26,17 +26,15 @@ from typing import Any, Callable, Optional, Sequence
 import capability_db
 from backends import REGISTRY, DeviceDesc, Reason
 
+from .entries import ENTRIES
+
 DTYPE_ALIASES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
     "fp32": "float32", "float32": "float32", "fp8": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
     "fp8_e4m3": "float8_e4m3fn", "float8_e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
     "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
 }
-ENTRY_POINTS = (
-    "cudnn_batch_prefill_with_kv_cache", "trtllm_batch_context_with_kv_cache", "xqa_batch_decode_with_kv_cache",
-    "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
-    "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
-)
+ENTRY_POINTS = tuple(ENTRIES)  # the registry of dispatch/entries/
 DEFAULT_ENTRY = "attn-dispatch cli"  # not an entry point: the family's own order applies
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 100  # human output fits a 100-column terminal
