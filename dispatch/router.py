@@ -80,6 +80,7 @@ class Decision:
     explicit: Optional[tuple[str, str]] = None
     strict: bool = False
     fallbacks: list[tuple[str, list[Reason]]] = field(default_factory=list)  # plan-time rejections
+    ran: Optional[str] = None  # the backend that served the latest call (differs from chosen after a fallback)
 
     def accepted(self) -> list[str]:
         """The automatic order: ranked candidates that accept the problem (fallbacks follow it)."""
@@ -90,6 +91,7 @@ class Decision:
             "problem": self.problem.describe(),
             "device": self.device.name,
             "chosen": self.chosen,
+            "ran": self.ran or self.chosen,
             "explicit": {"backend": self.explicit[0], "from": self.explicit[1]} if self.explicit else None,
             "strict": self.strict,
             "candidates": [c.to_json() for c in self.candidates],
@@ -104,6 +106,8 @@ class Decision:
             lines.extend(candidate_lines(c, self.chosen))
         for b, rs in self.fallbacks:
             lines.extend(wrap(f"fallback: {b} refused at plan time: " + "; ".join(map(str, rs)), 2))
+        if self.ran and self.ran != self.chosen:
+            lines.append(f"ran: {self.ran} (the latest call fell back from {self.chosen})")
         return "\n".join(lines)
 
     def __str__(self) -> str:  # what a user sees when printing explain(...)
@@ -227,10 +231,19 @@ class Planned:
 
 
 def plan(decision: Decision, batch: AttentionBatch) -> Planned:
-    """Plan on the chosen backend; a plan-time rejection hands over to the next accepted one."""
-    order = [decision.chosen] if decision.explicit else [decision.chosen] + [
-        b for b in decision.accepted() if b != decision.chosen]
-    for name in order:
+    """Plan on the chosen backend; a plan-time rejection hands over to the next accepted one.
+    ``decision.ran`` records which backend planned (what explain() reports as having run)."""
+    try:
+        planned = Planned(decision, decision.chosen, get_backend(decision.chosen).plan(decision.problem, batch))
+    except BackendRejected as exc:
+        _record_fallback(decision, decision.chosen, exc)
+        planned = _plan_fallback(decision, batch)
+    decision.ran = planned.backend
+    return planned
+
+
+def _plan_fallback(decision: Decision, batch: AttentionBatch) -> Planned:
+    for name in (b for b in decision.accepted() if b != decision.chosen):
         try:
             return Planned(decision, name, get_backend(name).plan(decision.problem, batch))
         except BackendRejected as exc:
@@ -262,6 +275,7 @@ def run(planned: Planned, batch: AttentionBatch) -> Planned:
         for name in nxt:
             try:
                 replanned = Planned(planned.decision, name, get_backend(name).plan(planned.decision.problem, batch))
+                planned.decision.ran = name
                 return run(replanned, batch)
             except BackendRejected as exc2:
                 _record_fallback(planned.decision, name, exc2)

@@ -23,7 +23,8 @@ import torch
 
 from .._cache import BoundedCache
 from .._normalize import full_validation
-from .. import router, specs
+from .. import policy, router, specs
+from ..problem import AttentionProblem
 
 
 class _Unset:
@@ -103,54 +104,87 @@ def sinks_tensor(sinks: Any, query: Any) -> Any:
 
 
 # -- cache keys ---------------------------------------------------------------------------------
-def tensor_facts(t: torch.Tensor, vary: tuple[int, ...] = (0,)) -> tuple:
-    """dtype, device (with index), rank, the fixed dims (varying ones as -1), unit last stride."""
-    shape = tuple(-1 if i in vary else n for i, n in enumerate(t.shape))
-    return (t.dtype, t.device, shape, t.dim() == 0 or t.stride(-1) == 1)
+ROWS = (0,)  # the usual varying dim: tokens, pages or KV rows
+ALL_DIMS = tuple(range(8))  # every dim varies (index tensors): dtype, device and rank only
 
 
-def value_facts(value: Any, vary: tuple[int, ...] = (0,)) -> Hashable:
+def tensor_facts(t: torch.Tensor, vary: tuple[int, ...] = ROWS) -> tuple:
+    """dtype, device (with index), the fixed dims (varying ones left out, the rank kept), and
+    whether the last stride is 1. The two common cases skip the generic loop (hot path)."""
+    unit = t.dim() == 0 or t.stride(-1) == 1
+    if vary is ROWS:
+        return (t.dtype, t.device, t.dim(), t.shape[1:], unit)
+    if vary is ALL_DIMS:
+        return (t.dtype, t.device, t.dim(), unit)
+    return (t.dtype, t.device, t.dim(), tuple(n for i, n in enumerate(t.shape) if i not in vary), unit)
+
+
+_PLAIN = (bool, int, float, str, torch.dtype, _Unset, type(None))
+
+
+def value_facts(value: Any, vary: tuple[int, ...] = ROWS) -> Hashable:
+    if type(value) in _PLAIN:  # the type too: True and 1 are equal keys otherwise
+        return (type(value), value)
     if isinstance(value, torch.Tensor):
         return tensor_facts(value, vary)
     if isinstance(value, (tuple, list)):
         return (type(value),) + tuple(value_facts(v, vary) for v in value)
-    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, _Unset)):
-        return (type(value), value)
     return type(value)
-
-
-ALL_DIMS = tuple(range(8))
 
 
 def call_key(entry: str, args: Mapping[str, Any], vary: Mapping[str, tuple[int, ...]],
              per_call: tuple[str, ...] = ()) -> tuple:
     """The key of one call. ``vary``: per tensor argument, the dims whose size varies per call
-    (default: dim 0); ``per_call``: scalar arguments whose value varies per call (type only)."""
+    (default: ROWS, dim 0); ``per_call``: scalar arguments whose value varies per call (their
+    type only: the spec's size checks test their values on every call)."""
     parts: list = [entry]
     for name, value in args.items():
-        if name in per_call and not isinstance(value, torch.Tensor):
-            parts.append(type(value))
+        kind = type(value)
+        if kind in _PLAIN:  # inlined value_facts: the common case on the hot path
+            parts.append(kind if name in per_call else (kind, value))
+        elif kind is torch.Tensor:
+            parts.append(tensor_facts(value, vary.get(name, ROWS)))
         else:
-            parts.append(value_facts(value, vary.get(name, (0,))))
+            parts.append(value_facts(value, vary.get(name, ROWS)))
     return tuple(parts)
 
 
-PROBLEMS = BoundedCache(maxsize=4096)  # call key -> AttentionProblem (model configurations)
+class CallPlan:
+    """What a call key proves, kept between calls: the problem, and its routing decisions per
+    (explicit choice, strict mode) — so a repeated call neither rebuilds nor re-hashes the
+    problem. The decision is the device's: the key holds the device index."""
+
+    __slots__ = ("problem", "_decisions")
+
+    def __init__(self, problem: AttentionProblem):
+        self.problem = problem
+        self._decisions: dict = {}
+
+    def decision(self, query: torch.Tensor, explicit) -> router.Decision:
+        strict = policy.strict_mode()
+        decision = self._decisions.get((explicit, strict))
+        if decision is None:
+            decision = router.decide(self.problem, router.live_device(query), explicit, strict)
+            self._decisions[(explicit, strict)] = decision
+        return decision
+
+
+PLANS = BoundedCache(maxsize=4096)  # call key -> CallPlan (model configurations)
 
 
 def checked(spec_cls: type, args: dict, key: tuple, query: Any, build: Callable):
-    """(problem, spec, derived). A new key: the full spec (every check, device reads included)
+    """(call plan, spec, derived). A new key: the full spec (every check, device reads included)
     and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
     or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
-    problem = PROBLEMS.get(key)
-    if problem is None:
+    plan = PLANS.get(key)
+    if plan is None:
         spec, derived = specs.validate(spec_cls, args)
-        problem = build(spec, derived)
-        PROBLEMS.put(key, problem)
-        return problem, spec, derived
+        plan = CallPlan(build(spec, derived))
+        PLANS.put(key, plan)
+        return plan, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
     spec, derived = spec_cls.fast(args, values=query.device.type == "cpu" or full_validation())
-    return problem, spec, derived
+    return plan, spec, derived
 
 
 def new_out(out, rows: int, heads: int, dim: int, dtype, device) -> torch.Tensor:
@@ -182,12 +216,13 @@ def is_dry() -> bool:
     return getattr(_DRY, "on", False)
 
 
-def execute(problem, batch, explicit) -> router.Planned:
-    """The functions' one-shot path: decide (cached), plan, launch; only decide when dry."""
+def execute(plan: CallPlan, batch, explicit) -> router.Planned:
+    """The functions' one-shot path: the cached decision, the backend's plan, the launch; only
+    the decision when dry (explain)."""
+    decision = plan.decision(batch.q, explicit)
     if is_dry():
-        decision = router.decide(problem, router.live_device(batch.q), explicit)
         return router.Planned(decision, decision.chosen, None)
-    return router.execute(problem, batch, explicit)
+    return router.run(router.plan(decision, batch), batch)
 
 
 def remember(entry: Callable, planned) -> None:
@@ -196,4 +231,4 @@ def remember(entry: Callable, planned) -> None:
 
 
 def clear_caches() -> None:
-    PROBLEMS.clear()
+    PLANS.clear()

@@ -92,8 +92,11 @@ def _unflatten_mask(mask: torch.Tensor, q, k, kv_layout) -> torch.Tensor:
     return mask.view(q.shape[0], kv_len)
 
 
+_HND_ROWS = (1,)  # (num_kv_heads, kv_len, head_dim): kv_len varies
+
+
 def _vary(args: dict) -> dict:
-    kv_dim = (1,) if args["kv_layout"] == "HND" else (0,)
+    kv_dim = _HND_ROWS if args["kv_layout"] == "HND" else B.ROWS
     return {"k": kv_dim, "v": kv_dim, "custom_mask": B.ALL_DIMS, "packed_custom_mask": B.ALL_DIMS}
 
 
