@@ -119,7 +119,10 @@ class PrefillWrapper:
         self._explicit = policy.explicit_choice(self._backend)
         self._variants = BoundedCache(maxsize=64)  # per plan; keyed on the variant's options
         self._run_keys = BoundedCache(maxsize=64)  # run call keys whose full checks passed
-        self._last = self._variant((), self._shape_only_batch())
+        # Decide now (refusals show at plan time); the chosen vendor plans on the first run, with
+        # the real tensors: a plan made on placeholders would bake their strides (cuDNN refuses them).
+        decision = router.decide(problem, self._device_desc(), self._explicit)
+        self._last = router.Planned(decision, decision.chosen, None)
 
     def _plan_mask(self, spec, q_lens, kv_lens) -> Optional[torch.Tensor]:
         sizes = [a * b for a, b in zip(q_lens, kv_lens)]
@@ -129,15 +132,9 @@ class PrefillWrapper:
             return spec.custom_mask.reshape(-1).to(self._device)
         return None
 
-    def _shape_only_batch(self) -> AttentionBatch:
-        p, dev = self._plan, self._device
-
-        def view(shape, dtype):  # stride-0 view: right shape/dtype/device, no memory
-            return torch.empty((1,) * len(shape), dtype=dtype, device=dev).expand(*shape)
-        kv_rows = self._kv_shape()
-        return self._batch(view((p.total_q, p.hq, p.dqk), p.q_dtype), view(kv_rows + (p.dqk,), p.kv_dtype),
-                           view(kv_rows + (p.dvo,), p.kv_dtype), view((p.total_q, p.hq, p.dvo), p.out_dtype),
-                           None, None, p.sm_scale, 1.0)
+    def _device_desc(self):
+        probe = torch.empty(0, device=self._device)  # live_device reads a tensor's device
+        return router.live_device(probe)
 
     def _kv_shape(self) -> tuple:
         raise NotImplementedError
@@ -151,6 +148,9 @@ class PrefillWrapper:
             decision = router.decide(problem, router.live_device(batch.q), self._explicit)
             if B.is_dry():
                 return router.Planned(decision, decision.chosen, None)
+            if batch.q.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"{type(self).__name__}.run() planned its backend inside CUDA-graph capture: "
+                                   "call run() once outside the capture with the same arguments first")
             planned = router.plan(decision, batch)
             self._variants.put(overrides, planned)
         return planned
