@@ -105,6 +105,8 @@ class FlashInferPrefill(Provider):
         return kwargs
 
     def plan(self, problem, batch) -> FiState:
+        if problem.kv_storage == "dense":  # one request: FlashInfer's single-request kernel, no batch plan
+            return FiState(None, (), self._common_kwargs(problem, batch), False)
         paged = problem.kv_storage == "paged"
         wrapper = self._wrapper(problem, batch.q.device, paged)
         kwargs = self._common_kwargs(problem, batch)
@@ -120,6 +122,27 @@ class FlashInferPrefill(Provider):
         self._apply_plan(state)
         return state
 
+    def _run_single(self, problem, state: FiState, batch) -> None:
+        """flashinfer.prefill.single_prefill_with_kv_cache on the caller's tensors (its physical
+        layout: our dense K/V are logical NHD views, an HND cache is their transpose)."""
+        kw = dict(state.plan_kwargs)
+        kw["sm_scale"] = _vendor.host_float(batch.sm_scale)  # per call: never baked
+        _vendor.refuse_negative_scale(self.label, kw["sm_scale"], self.label)
+        for name in ("head_dim_vo", "q_data_type", "kv_data_type"):
+            kw.pop(name, None)
+        k, v = batch.k, batch.v
+        if problem.kv_layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        if problem.mask == "custom":
+            kw["custom_mask"] = batch.custom_mask.view(batch.q.shape[0], batch.k.shape[0])
+        res = self.loaded().module.single_prefill_with_kv_cache(
+            batch.q, k, v, kv_layout=problem.kv_layout, backend=self.kind, return_lse=batch.lse is not None, **kw)
+        out, lse = res if batch.lse is not None else (res, None)
+        batch.out.copy_(out)
+        if lse is not None:
+            batch.lse.copy_(lse)
+        _vendor.apply_out_scale(batch.out, batch.out_scale)
+
     @staticmethod
     def _apply_plan(state: FiState) -> None:
         state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
@@ -127,6 +150,8 @@ class FlashInferPrefill(Provider):
 
     # -- run -------------------------------------------------------------------------------
     def run(self, problem, state: FiState, batch) -> None:
+        if state.wrapper is None:
+            return self._run_single(problem, state, batch)
         scale = batch.sm_scale
         if not isinstance(scale, torch.Tensor) and float(scale) != state.plan_kwargs["sm_scale"]:
             state.plan_kwargs = {**state.plan_kwargs, "sm_scale": float(scale)}  # a plan must not bake it

@@ -180,6 +180,7 @@ def make_flashinfer(rec: Recorder, version="0.5.3", new_api=False):
     prefill.trtllm_batch_context_with_kv_cache = _trtllm_new(rec) if new_api else _trtllm_053(rec)
     prefill.BatchPrefillWithPagedKVCacheWrapper = _paged_wrapper(rec)
     prefill.BatchPrefillWithRaggedKVCacheWrapper = _ragged_wrapper(rec)
+    prefill.single_prefill_with_kv_cache = _single_prefill(rec)
     return {"flashinfer": fi, "flashinfer.decode": decode, "flashinfer.prefill": prefill}
 
 
@@ -367,6 +368,22 @@ def _ragged_wrapper(rec):
             return self._run(q, sl(k), sl(v), out, lse if return_lse else None)
     BatchPrefillWithRaggedKVCacheWrapper.rec = rec
     return BatchPrefillWithRaggedKVCacheWrapper
+
+
+def _single_prefill(rec):
+    """FlashInfer's single-request prefill (0.5.3 keywords); returns fresh out (and base-2 lse)."""
+    def single_prefill_with_kv_cache(q, k, v, custom_mask=None, causal=False, kv_layout="NHD",
+                                     pos_encoding_mode="NONE", sm_scale=None, window_left=-1, logits_soft_cap=None,
+                                     rope_scale=None, rope_theta=None, backend="auto", return_lse=False):
+        rec.add("single_prefill", q=q, k=k, kv_layout=kv_layout, backend=backend, sm_scale=sm_scale,
+                causal=causal, window_left=window_left, custom_mask=custom_mask)
+        if kv_layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        o, l = attend(q.float(), k.float(), v.float(), scale=sm_scale, lo=window_left if window_left >= 0 else None,
+                      hi=0 if causal else None, soft_cap=logits_soft_cap or 0.0, mask=custom_mask)
+        out = o.to(q.dtype)
+        return (out, (l / math.log(2.0)).float()) if return_lse else out
+    return single_prefill_with_kv_cache
 
 
 # -- Dao-AILab FlashAttention ----------------------------------------------------------------

@@ -214,6 +214,26 @@ def test_flashinfer_fa2_ragged_custom_mask_and_replan(fakes):
     assert_agrees(p, b2, r2)
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_flashinfer_single_request_kernel_for_dense(fakes, layout):
+    """One request (single_prefill): FlashInfer's single-request kernel on the caller's physical
+    layout, no batch wrapper plan; a new scale per call is passed, never a cached one."""
+    rec, install = fakes
+    install(flashinfer=True)
+    p = make_problem(kv_storage="dense", kv_layout=layout, causal=True, window_left=5, return_lse=True)
+    batch, refs = make_batch(p, [6], [11], lse=True)
+    fa2 = get_backend("fa2")
+    plan = fa2.plan(p, batch)
+    fa2.run(plan, batch)
+    call = rec.last("single_prefill")
+    assert call["kv_layout"] == layout and call["backend"] == "fa2" and call["q"] is batch.q
+    assert not [c for c in rec.calls if c[0] in ("ragged_plan", "paged_plan")]
+    assert_agrees(p, batch, refs)
+    batch.sm_scale = 0.5
+    fa2.run(plan, batch)
+    assert rec.last("single_prefill")["sm_scale"] == 0.5
+
+
 def test_flashinfer_fa3_limits_reject_at_plan(fakes):
     _, install = fakes
     install(flashinfer=True)
