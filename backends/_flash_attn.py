@@ -101,9 +101,7 @@ class DaoFA3(Provider):
         out = []
         if problem.head_dim_qk != problem.head_dim_vo:
             out.append(Reason("head_dim_vo", problem.head_dim_vo, f"equal to head_dim_qk {problem.head_dim_qk} (routed pairs)", SRC_FA3 + " L782-792"))
-        if problem.kv_dtype != problem.q_dtype:
-            out.append(Reason("kv_dtype", problem.kv_dtype, f"equal to q_dtype {problem.q_dtype!r}", SRC_FA3 + " L714-722"))
-        return out
+        return out  # K/V dtype = Q's holds for both fa3 providers: capability_db/backends/fa3.json
 
     def run(self, problem, state, batch) -> None:
         fai = self.loaded().module

@@ -143,6 +143,7 @@ class CudnnPlan:
     entry: GraphEntry
     inputs: dict  # uid -> tensor (metadata buffers and fixed views)
     scale_tensor: Optional[torch.Tensor]
+    problem: Any = None  # what the graph was planned for (run() re-checks the batch against key)
 
 
 # --------------------------------------------------------------------------- key
@@ -357,11 +358,7 @@ class CudnnBackend(Backend):
 
     # -- capability ---------------------------------------------------------
     def extra_checks(self, problem, device) -> list[Reason]:
-        reasons = []
-        if problem.kv_dtype != problem.q_dtype or problem.out_dtype != problem.q_dtype:
-            reasons.append(Reason("kv_dtype/out_dtype", f"{problem.kv_dtype}/{problem.out_dtype}",
-                                  f"equal to q_dtype ({problem.q_dtype}) in this adapter (no sdpa_fp8 path)",
-                                  "backends/cudnn.py"))
+        reasons = []  # the dtype rules (K/V and out = Q's: no sdpa_fp8 path) are data: cudnn.json
         version = self.backend_version()
         if version is not None and device.kind == "cuda":
             for minimum, applies, field, source in VERSION_GATES:
@@ -420,10 +417,14 @@ class CudnnBackend(Backend):
         key = graph_key(problem, batch)
         entry = self._entry(cudnn, key, batch.q.device)
         with on_device(batch.q.device):
-            return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch))
+            return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch), problem)
 
     def run(self, plan: CudnnPlan, batch) -> None:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "cudnn (attn_scale)")  # before launch
+        if plan.problem is not None and graph_key(plan.problem, batch) != plan.key:
+            # The graph bakes strides, sizes and a float scale: a batch that differs (another
+            # layer's cache view, another k_scale) gets the graph of its own key, never the old one.
+            plan = self.plan(plan.problem, batch)
         with on_device(batch.q.device):
             self._launch(plan, batch)
 

@@ -69,12 +69,6 @@ class TorchFlashBackend(Backend):
     def version(self) -> str | None:
         return f"torch {torch.__version__}"
 
-    def extra_checks(self, problem, device) -> list[Reason]:
-        if problem.kv_dtype != problem.q_dtype or problem.out_dtype != problem.q_dtype:
-            return [Reason("kv_dtype/out_dtype", f"{problem.kv_dtype}/{problem.out_dtype}",
-                           f"equal to q_dtype ({problem.q_dtype})", SRC_PT + ": q/k/v/out share one dtype")]
-        return []
-
     def plan(self, problem, batch) -> TorchFlashPlan:
         if problem.kv_storage == "paged" or batch.kv_indptr is None:
             raise BackendRejected(self.name, [Reason("kv_storage", problem.kv_storage, "ragged or dense (kv_indptr)", SRC_PT)])

@@ -21,7 +21,6 @@ from typing import Any
 
 from backends import _vendor
 from backends._device import on_device
-from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FI tests use 128-256 MiB
 SRC = "calling conventions 2.2 (FI prefill.py trtllm_batch_context_with_kv_cache)"
@@ -36,13 +35,6 @@ class TrtllmPlan:
 class TrtllmGenBackend(_vendor.FlashInferModuleBackend):
     name = "trtllm-gen"
     vendor_module = "flashinfer.prefill"
-
-    def extra_checks(self, problem, device) -> list[Reason]:
-        fp8_q = problem.q_dtype == "float8_e4m3fn"
-        if not fp8_q and problem.kv_dtype != problem.q_dtype:
-            return [Reason("kv_dtype", problem.kv_dtype, f"equal to q_dtype {problem.q_dtype!r} "
-                           "(no bf16-Q + fp8-KV context kernel)", "vendor-constraints.md section 3 (vLLM PR #22095)")]
-        return []
 
     def plan(self, problem, batch) -> TrtllmPlan:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "trtllm-gen (bmm1_scale)")

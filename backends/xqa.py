@@ -28,7 +28,6 @@ import torch
 
 from backends import _vendor
 from backends._device import device_key, on_device
-from backends.base import Reason
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 SRC = "vendor-constraints.md section 4 (FI decode.py, xqa.py, jit/xqa.py)"
@@ -61,16 +60,6 @@ def draft_mask(qo_indptr: torch.Tensor, max_q: int, causal: bool, device) -> tor
 class XqaBackend(_vendor.FlashInferModuleBackend):
     name = "xqa"
     vendor_module = "flashinfer.decode"
-
-    def extra_checks(self, problem, device) -> list[Reason]:
-        out = []
-        if problem.kv_dtype not in (problem.q_dtype, "float8_e4m3fn"):
-            out.append(Reason("kv_dtype", problem.kv_dtype, f"{problem.q_dtype!r} (= q_dtype) or 'float8_e4m3fn'",
-                              SRC + ": jit/xqa.py L73-80"))
-        if problem.out_dtype != problem.q_dtype:
-            out.append(Reason("out_dtype", problem.out_dtype, f"equal to q_dtype {problem.q_dtype!r}",
-                              SRC + ": xqa.py L370-375 (fp8 output not routed)"))
-        return out
 
     # FlashInfer 0.5.3's XQA launch fails with cudaErrorInvalidValue on a second GPU of the process
     # (seen on two H200s: tools/results/multi-device-h200x2.md), so XQA serves the first GPU it

@@ -3,8 +3,10 @@
 One row per backend. Every cell is derived from the backend's constraints: a
 fact no constraint names reads "any" (value columns) or "yes" (feature
 columns); a constraint that only applies under a ``when`` condition is shown
-with that condition ("no if phase=decode"). The same rows feed the Markdown
-table (``attn-dispatch matrix``, the README block) and ``--json``.
+with that condition ("no if phase=decode"). A dtype rule relative to Q's dtype
+(``kv_dtype_is_q_dtype``, ``out_dtype_is_q_dtype``) reads "= q_dtype" in its dtype
+column. The same rows feed the Markdown table (``attn-dispatch matrix``, the README
+block) and ``--json``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from . import all_backend_caps
-from .schema import BackendCaps, Constraint
+from .schema import RELATIONS, BackendCaps, Constraint
 
 README_BEGIN = "<!-- matrix:begin -->"
 README_END = "<!-- matrix:end -->"
@@ -37,12 +39,12 @@ FEATURES: dict[str, list[tuple[str, list[Any]]]] = {
     "lse": [("return_lse", [True])],
     "spec_decode": [("phase", ["spec_decode"]), ("q_len_per_req", [2, 4, 8])],
 }
-# Value columns: the facts whose constraints the cell lists.
+# Value columns: the facts whose constraints the cell lists (the first one names the column).
 VALUES: dict[str, tuple[str, ...]] = {
     "phases": ("phase",),
     "q_dtype": ("q_dtype",),
-    "kv_dtype": ("kv_dtype",),
-    "out_dtype": ("out_dtype",),
+    "kv_dtype": ("kv_dtype", "kv_dtype_is_q_dtype"),
+    "out_dtype": ("out_dtype", "out_dtype_is_q_dtype"),
     "kv_storage": ("kv_storage",),
     "layouts": ("kv_layout",),
     "page_sizes": ("page_size",),
@@ -88,9 +90,11 @@ def when_text(when: dict[str, list[Any]], hide: Iterable[str] = ()) -> str:
 
 
 def constraint_text(c: Constraint, hide_when: Iterable[str] = ()) -> str:
-    """Short text of what one constraint allows, e.g. 'sm_80+', 'bf16, fp16', 'power of 2'."""
+    """Short text of what one constraint allows, e.g. 'sm_80+', 'bf16, fp16', 'power of 2', '= q_dtype'."""
     parts = []
-    if c.allowed is not None:
+    if c.fact in RELATIONS:  # the schema allows only [true] here: "equal to the other dtype"
+        parts.append(f"= {RELATIONS[c.fact][1]}")
+    elif c.allowed is not None:
         parts.append(", ".join(fmt_value(c.fact, v) for v in c.allowed) or "nothing")
     lo = fmt_value(c.fact, int(c.min) if c.min is not None and float(c.min).is_integer() else c.min)
     hi = fmt_value(c.fact, int(c.max) if c.max is not None and float(c.max).is_integer() else c.max)
@@ -124,8 +128,8 @@ def value_cell(caps: BackendCaps, facts: tuple[str, ...], hide_when: Iterable[st
     cons = _ordered([c for c in caps.constraints if c.fact in facts])
     if not cons:
         return "any"
-    label = len(facts) > 1
-    return _join([(f"{c.fact}: " if label else "") + constraint_text(c, hide_when) for c in cons])
+    labelled = [c for c in cons if c.fact != facts[0] and c.fact not in RELATIONS]  # none today
+    return _join([(f"{c.fact}: " if c in labelled else "") + constraint_text(c, hide_when) for c in cons])
 
 
 def archs_cell(caps: BackendCaps) -> str:

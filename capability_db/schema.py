@@ -7,6 +7,10 @@ two), an optional ``when`` (the constraint applies only where every named fact
 takes one of the listed values) and the ``source`` the fact comes from.
 The same constraints answer "can it?" (``check``) and "why not?" (the Reasons),
 and render the support matrix.
+
+Two derived facts compare dtypes (``kv_dtype_is_q_dtype``, ``out_dtype_is_q_dtype``):
+rules such as "K/V dtype equals Q's" live in the data like any other, and a refusal
+names the dtype itself, not the flag (``RELATIONS``).
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .vocabulary import AttentionProblem
 
 DEVICE_FACTS = ("sm", "family", "device_fp8", "device_kind")
+# derived fact -> (the field it is about, the field it is compared with): a Reason names the first
+RELATIONS = {"kv_dtype_is_q_dtype": ("kv_dtype", "q_dtype"), "out_dtype_is_q_dtype": ("out_dtype", "q_dtype")}
 
 
 class _Frozen(BaseModel):
@@ -43,6 +49,9 @@ class Constraint(_Frozen):
             self.multiple_of or self.power_of_two
         ):
             raise ValueError(f"constraint on {self.fact!r} allows everything: give allowed/min/max/multiple_of")
+        if self.fact in RELATIONS and self.allowed != [True]:
+            raise ValueError(f"constraint on {self.fact!r}: allowed must be [true] (the rule is 'equal'; "
+                             f"list {RELATIONS[self.fact][0]} values for anything else)")
         return self
 
     def applies(self, facts: dict) -> bool:
@@ -78,10 +87,22 @@ class Constraint(_Frozen):
         elif self.max is not None:
             parts.append(f"<= {self.max:g}")
         text = " and ".join(parts)
-        if self.when:
-            cond = ", ".join(f"{k} in {v}" for k, v in self.when.items())
-            text += f" (when {cond})"
-        return text
+        return text + self.when_text()
+
+    def when_text(self) -> str:
+        if not self.when:
+            return ""
+        cond = ", ".join(f"{k} in {v}" for k, v in self.when.items())
+        return f" (when {cond})"
+
+    def reason(self, facts: dict, arch: str) -> Reason:
+        """Why ``facts`` break this constraint (call only when it applies and refuses)."""
+        if self.fact in RELATIONS and self.allowed == [True]:
+            field, other = RELATIONS[self.fact]
+            allowed = self.note or f"equal to {other} {facts[other]!r}{self.when_text()}"
+            return Reason(field, facts[field], allowed, self.source)
+        value = arch if self.fact == "sm" else facts[self.fact]
+        return Reason(self.fact, value, self.allowed_text(), self.source)
 
 
 BACKEND_NAME = r"^[a-z][a-z0-9-]*$"
@@ -148,8 +169,7 @@ class BackendCaps(_Frozen):
             if c.fact not in facts:
                 raise KeyError(f"capability_db/{self.name}: unknown fact {c.fact!r}")
             if c.applies(facts) and not c.accepts(facts[c.fact]):
-                value = device.arch if c.fact == "sm" else facts[c.fact]
-                reasons.append(Reason(c.fact, value, c.allowed_text(), c.source))
+                reasons.append(c.reason(facts, device.arch))
         return reasons
 
     def facts_about(self, fact: str) -> list[Constraint]:

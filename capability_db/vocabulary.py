@@ -98,6 +98,8 @@ class AttentionProblem:
         out["has_window"] = self.window_left >= 0
         out["has_soft_cap"] = self.logits_soft_cap > 0
         out["same_head_dims"] = self.head_dim_qk == self.head_dim_vo
+        out["kv_dtype_is_q_dtype"] = self.kv_dtype == self.q_dtype
+        out["out_dtype_is_q_dtype"] = self.out_dtype == self.q_dtype
         return out
 
     def describe(self) -> str:

@@ -7,6 +7,7 @@ complete, and the data never over-promises (vendor facts that must be refused ar
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import typing
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 import capability_db
 from backends import get_backend
-from capability_db.schema import DEVICE_FACTS, BackendCaps
+from capability_db.schema import DEVICE_FACTS, RELATIONS, BackendCaps, Constraint
 from capability_db import vocabulary as problem_module
 from dispatch.problem import DTYPE_NAMES, AttentionProblem
 
@@ -44,7 +45,7 @@ def _literal_domains() -> dict[str, set]:
                    family={d.family for d in capability_db.device_table().devices} | {"cpu"})
     bools = [f.name for f in dataclasses.fields(AttentionProblem) if f.type in ("bool", bool)]
     domains.update({name: {True, False} for name in bools + ["has_window", "has_soft_cap", "same_head_dims",
-                                                              "device_fp8"]})
+                                                              "device_fp8", *RELATIONS]})
     return domains
 
 
@@ -354,6 +355,23 @@ MUST_REJECT = [
     ("cudnn", "h100", {"head_dim_qk": 100, "head_dim_vo": 100}, {"head_dim_qk"}, "2: multiple of 8"),
     ("cudnn", "a100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype", "kv_dtype", "sm"},
      "2: fp8 needs Hopper+"),
+    # dtype rules relative to Q's dtype: data since the "front door" work (they were adapter code)
+    ("xqa", "h100", {"phase": "decode", "out_dtype": "float32"}, {"out_dtype"}, "4: output in Q's dtype"),
+    ("xqa", "h100", {"phase": "decode", "kv_dtype": "float16"}, {"kv_dtype"}, "4: K/V = Q or fp8 e4m3"),
+    ("trtllm-gen", "b200", {"kv_dtype": "float16"}, {"kv_dtype"}, "3: KV = Q for 16-bit Q"),
+    ("fa3", "h100", {"kv_dtype": "float8_e4m3fn"}, {"kv_dtype"}, "6: K/V dtype equals Q's"),
+    ("fa3", "h100", {"kv_dtype": "float16"}, {"kv_dtype"}, "6: K/V dtype equals Q's"),
+    ("fa3", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "6: output in Q's dtype"),
+    ("fa3", "h100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn", "out_dtype": "float8_e4m3fn"},
+     {"out_dtype"}, "6: fp8 inputs give bf16 output"),
+    ("fa2", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "5: output same dtype"),
+    ("fa2", "h100", {"out_dtype": "float16"}, {"out_dtype"}, "5: output same dtype"),
+    ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "kv_dtype": "float16"}, {"kv_dtype"},
+     "7: q/k/v one dtype"),
+    ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "out_dtype": "float32"}, {"out_dtype"},
+     "7: output like q"),
+    ("cudnn", "h100", {"kv_dtype": "float16"}, {"kv_dtype"}, "2: K/V in Q's dtype (no sdpa_fp8 path)"),
+    ("cudnn", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "2: output in Q's dtype"),
 ]
 MUST_REJECT_IDS = [f"{b}-{gpu}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'base'}"
                    for b, gpu, o, _, _ in MUST_REJECT]
@@ -382,3 +400,71 @@ def test_each_backend_accepts_a_problem_inside_its_documented_envelope(name):
                      "return_lse": True, "mask": "custom", "pos_encoding": "ALIBI"}
     reasons = get_backend(name).check(base_problem(**overrides), device)
     assert reasons == [], f"{name} refuses the base problem on {gpus[name]}: {[str(r) for r in reasons]}"
+
+
+# -- dtype rules relative to Q: data, and exactly the rules the adapters applied in code -------------
+# What each adapter's extra_checks refused before the rules moved into the capability files
+# (q, kv, out dtype names -> refused). The data must refuse exactly these, on top of its value lists.
+CODE_DTYPE_RULES = {
+    "fa2": lambda q, kv, out: out != q,
+    "fa3": lambda q, kv, out: out != ("bfloat16" if q == "float8_e4m3fn" else q) or kv != q,
+    "cudnn": lambda q, kv, out: kv != q or out != q,
+    "torch-flash": lambda q, kv, out: kv != q or out != q,
+    "trtllm-gen": lambda q, kv, out: q != "float8_e4m3fn" and kv != q,
+    "xqa": lambda q, kv, out: kv not in (q, "float8_e4m3fn") or out != q,
+}
+DTYPES = ("float16", "bfloat16", "float32", "float8_e4m3fn", "float8_e5m2")
+DTYPE_FACTS = ("q_dtype", "kv_dtype", "out_dtype")
+
+
+@pytest.mark.parametrize("name", sorted(CODE_DTYPE_RULES))
+def test_dtype_rules_moved_from_code_to_data_refuse_what_the_code_refused(name):
+    caps = capability_db.backend_caps(name)
+    device = capability_db.resolve_device("b200" if name == "trtllm-gen" else "h100")
+    lists = [c for c in caps.constraints if c.fact in DTYPE_FACTS]  # the value lists the data always had
+    for q, kv, out in itertools.product(DTYPES, repeat=3):
+        problem = base_problem(q_dtype=q, kv_dtype=kv, out_dtype=out)
+        facts = problem.facts()
+        by_lists = any(c.applies(facts) and not c.accepts(facts[c.fact]) for c in lists)
+        reasons = get_backend(name).check(problem, device)
+        refused = bool({r.field for r in reasons} & set(DTYPE_FACTS))
+        assert refused == (by_lists or CODE_DTYPE_RULES[name](q, kv, out)), (name, q, kv, out, [str(r) for r in reasons])
+        assert not [r for r in get_backend(name).extra_checks(problem, device) if r.field in DTYPE_FACTS], (
+            f"{name}: a dtype rule is still adapter code; it belongs in capability_db/backends/{name}.json")
+
+
+def test_a_relative_dtype_rule_reads_as_the_dtype_and_what_it_must_equal():
+    reasons = get_backend("xqa").check(base_problem(phase="decode", out_dtype="float32"), capability_db.resolve_device("h100"))
+    (reason,) = [r for r in reasons if r.field == "out_dtype"]
+    assert reason.value == "float32" and reason.allowed == "equal to q_dtype 'bfloat16'"
+    assert reason.source.startswith("flashinfer @fb28d72 (0.6.18) flashinfer/xqa.py")
+    reasons = get_backend("trtllm-gen").check(base_problem(kv_dtype="float16"), capability_db.resolve_device("b200"))
+    assert [(r.value, r.allowed) for r in reasons if r.field == "kv_dtype"] == [
+        ("float16", "equal to q_dtype 'bfloat16' (when q_dtype in ['float16', 'bfloat16'])")]
+
+
+@pytest.mark.parametrize("backend, gpu, overrides", [
+    ("xqa", "h100", {"phase": "decode", "kv_dtype": "float8_e4m3fn"}),  # fp8 KV with 16-bit Q
+    ("fa3", "h100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn", "head_dim_qk": 128}),  # out stays bf16
+    ("trtllm-gen", "b200", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}),
+    ("fa2", "h100", {"kv_dtype": "float8_e4m3fn"}),  # through the FlashInfer fa2 provider
+])
+def test_relative_dtype_rules_keep_what_the_vendors_serve(backend, gpu, overrides):
+    reasons = get_backend(backend).check(base_problem(**overrides), capability_db.resolve_device(gpu))
+    assert reasons == [], [str(r) for r in reasons]
+
+
+def test_flash_attn_alone_refuses_fp8_kv_a_provider_limit():
+    """fa2's two providers differ: FlashInfer's dequantizes fp8 K/V, Dao-AILab flash_attn has no fp8."""
+    from backends._fi_prefill import FlashInferPrefill
+    from backends._flash_attn import DaoFA2
+
+    problem = base_problem(kv_dtype="float8_e4m3fn", page_size=256)
+    assert [r.field for r in DaoFA2().limits(problem)] == ["kv_dtype"]
+    assert FlashInferPrefill("fa2").limits(problem) == []
+
+
+@pytest.mark.parametrize("allowed", [[False], [True, False]])
+def test_a_relative_dtype_rule_only_says_equal(allowed):
+    with pytest.raises(ValueError, match="allowed must be \\[true\\]"):
+        Constraint(fact="kv_dtype_is_q_dtype", allowed=allowed, source="t")

@@ -390,6 +390,25 @@ def test_matrix_json_rows_follow_the_data(capsys):
     assert rows["xqa"]["lse"] == "no"  # xqa.json: return_lse allowed [false]
 
 
+# Before the dtype rules moved from adapter code into the data, every Out cell here read "any".
+DTYPE_CELLS = {  # backend -> (KV dtype cell, Out dtype cell)
+    "cudnn": ("fp16, bf16; = q_dtype", "= q_dtype"),
+    "trtllm-gen": ("fp16, bf16, e4m3; = q_dtype (if q_dtype=fp16/bf16)", "fp16, bf16"),
+    "xqa": ("fp16, bf16, e4m3; = q_dtype (if kv_dtype=fp16/bf16)", "= q_dtype"),
+    "fa3": ("fp16, bf16, e4m3; = q_dtype", "bf16 (if q_dtype=e4m3); = q_dtype (if q_dtype=fp16/bf16)"),
+    "fa2": ("fp16, bf16, e4m3, e5m2", "= q_dtype"),  # flash_attn's K/V = Q is a provider limit
+    "torch-flash": ("fp16, bf16; = q_dtype", "= q_dtype"),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(DTYPE_CELLS))
+def test_matrix_dtype_cells_show_the_rules_the_adapters_apply(backend):
+    row = render.matrix_row(capability_db.backend_caps(backend))
+    assert (row["kv_dtype"], row["out_dtype"]) == DTYPE_CELLS[backend]
+    assert "any" not in (row["q_dtype"], row["kv_dtype"], row["out_dtype"])
+    assert "dtype_is_q_dtype" not in row["other"]  # shown in the dtype columns, not as "other limits"
+
+
 SYNTHETIC = {
     "name": "synthetic", "title": "a made-up backend", "adapter": "backends.synthetic:SyntheticBackend",
     "install": "never: it is made up", "cuda_graph": "after_warmup",

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: dispatch, backends
 
 import dispatch  # noqa: E402
 from dispatch import entries, router, specs  # noqa: E402
+from dispatch.lab import (cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args,  # noqa: E402
+                          xqa_args)
 from backends import get_backend  # noqa: E402
-from _api_cases import (cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args,  # noqa: E402
-                        xqa_args)
 
 
 def calls():
