@@ -317,9 +317,10 @@ def test_build_failure_is_a_plan_time_rejection(monkeypatch):
 
 def test_version_gates_and_dtype_checks(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", make_fake_cudnn(backend_version=90400))
-    reasons = adapter.CudnnBackend().extra_checks(replace(BASE, kv_dtype="float8_e4m3fn", has_sinks=True), H100)
-    fields = {r.field for r in reasons}
-    assert {"kv_dtype/out_dtype", "kv_storage=paged", "has_sinks"} <= fields
+    problem = replace(BASE, kv_dtype="float8_e4m3fn", has_sinks=True)
+    fields = {r.field for r in adapter.CudnnBackend().extra_checks(problem, H100)}
+    assert {"kv_storage=paged", "has_sinks"} <= fields
+    assert "kv_dtype" in {r.field for r in adapter.CudnnBackend().check(problem, H100)}  # data: cudnn.json
 
 
 @pytest.mark.parametrize("changes,field", [
