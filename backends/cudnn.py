@@ -52,6 +52,7 @@ import importlib
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -144,6 +145,7 @@ class CudnnPlan:
     inputs: dict  # uid -> tensor (metadata buffers and fixed views)
     scale_tensor: Optional[torch.Tensor]
     problem: Any = None  # what the graph was planned for (run() re-checks the batch against key)
+    planned_on: Any = None  # weakref to the batch it was planned with: that one needs no re-check
 
 
 # --------------------------------------------------------------------------- key
@@ -417,11 +419,13 @@ class CudnnBackend(Backend):
         key = graph_key(problem, batch)
         entry = self._entry(cudnn, key, batch.q.device)
         with on_device(batch.q.device):
-            return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch), problem)
+            return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch), problem,
+                             weakref.ref(batch))
 
     def run(self, plan: CudnnPlan, batch) -> None:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "cudnn (attn_scale)")  # before launch
-        if plan.problem is not None and graph_key(plan.problem, batch) != plan.key:
+        same_batch = plan.planned_on is not None and plan.planned_on() is batch  # the functions' plan-then-run
+        if plan.problem is not None and not same_batch and graph_key(plan.problem, batch) != plan.key:
             # The graph bakes strides, sizes and a float scale: a batch that differs (another
             # layer's cache view, another k_scale) gets the graph of its own key, never the old one.
             plan = self.plan(plan.problem, batch)

@@ -147,13 +147,14 @@ def device_for_capability(major: int, minor: int, name: str = "") -> DeviceDesc:
 
 
 def candidates(device: DeviceDesc, phase: str, entry: str) -> list[PriorityEntry]:
-    """Ordered candidates for a device family and phase; the entry's own engine first."""
+    """Ordered candidates for a device family and phase; the entry's own list (its engine first) ahead."""
     prio = priorities()
     family = prio.families.get(device.family) or prio.families["default"]
     ordered = list(family.get(phase) or family["prefill"])
-    first = prio.entry_first.get(entry)
-    if first is not None and device.kind == "cuda":
-        ordered = [first] + [e for e in ordered if e.backend != first.backend]
+    first = prio.entry_first.get(entry, [])
+    if first and device.kind == "cuda":
+        ahead = {e.backend for e in first}
+        ordered = list(first) + [e for e in ordered if e.backend not in ahead]
     return ordered
 
 

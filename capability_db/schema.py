@@ -203,4 +203,5 @@ class Priorities(_Frozen):
     # family -> phase -> ordered candidates
     families: dict[str, dict[str, list[PriorityEntry]]]
     # entry point -> the backend it routes to first (the seed's own engine)
-    entry_first: dict[str, PriorityEntry] = Field(default_factory=dict)
+    # Backends ahead of the family's list for one entry point, in order (its own engine first).
+    entry_first: dict[str, list[PriorityEntry]] = Field(default_factory=dict)

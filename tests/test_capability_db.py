@@ -264,8 +264,10 @@ def test_priorities_name_known_backends_once_with_a_why():
             assert set(names) <= set(capability_db.BACKEND_NAMES), (family, phase, names)
             assert len(names) == len(set(names)), f"{family}/{phase} lists a backend twice: {names}"
             assert all(e.why.strip() for e in entries), (family, phase)
-    for entry, first in prio.entry_first.items():
-        assert first.backend in capability_db.BACKEND_NAMES and first.why.strip(), entry
+    for entry, ahead in prio.entry_first.items():
+        names = [e.backend for e in ahead]
+        assert set(names) <= set(capability_db.BACKEND_NAMES) and len(names) == len(set(names)), (entry, names)
+        assert all(e.why.strip() for e in ahead), entry
 
 
 def test_every_family_has_every_phase_ending_with_the_safety_net():

@@ -73,7 +73,8 @@ def test_query_sm90_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
     assert "sm" in rejected_fields(data, "trtllm-gen")  # section 3: SM100/103/107 only
     sm_reason = [r for r in candidate(data, "trtllm-gen")["reasons"] if r["field"] == "sm"][0]
     assert sm_reason["value"] == "sm_90" and sm_reason["source"]
-    assert data["chosen"] == "fa3"
+    # device-side lengths: cuDNN (no host re-plan per call) before FlashInfer's fa3, see priorities.json
+    assert data["chosen"] == "cudnn"
 
 
 def test_query_sm90_decode_xqa_accepted_torch_flash_rejects_paged(capsys):
