@@ -130,13 +130,18 @@ class FlashInferPrefill(Provider):
         _vendor.refuse_negative_scale(self.label, kw["sm_scale"], self.label)
         for name in ("head_dim_vo", "q_data_type", "kv_data_type"):
             kw.pop(name, None)
-        k, v = batch.k, batch.v
-        if problem.kv_layout == "HND":
+        k, v, layout = batch.k, batch.v, problem.kv_layout
+        if layout == "HND" and self.kind == "fa3":
+            # flashinfer 0.5.3 csrc/single_prefill_sm90.cu reads kv_len/num_kv_heads as k.size(0)/(1)
+            # whatever the layout (HND crashed with SIGFPE on the H100): give it the NHD view, whose
+            # strides it honours.
+            layout = "NHD"
+        elif layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
         if problem.mask == "custom":
             kw["custom_mask"] = batch.custom_mask.view(batch.q.shape[0], batch.k.shape[0])
         res = self.loaded().module.single_prefill_with_kv_cache(
-            batch.q, k, v, kv_layout=problem.kv_layout, backend=self.kind, return_lse=batch.lse is not None, **kw)
+            batch.q, k, v, kv_layout=layout, backend=self.kind, return_lse=batch.lse is not None, **kw)
         out, lse = res if batch.lse is not None else (res, None)
         batch.out.copy_(out)
         if lse is not None:

@@ -227,6 +227,10 @@ def test_flashinfer_single_request_kernel_for_dense(fakes, layout):
     fa2.run(plan, batch)
     call = rec.last("single_prefill")
     assert call["kv_layout"] == layout and call["backend"] == "fa2" and call["q"] is batch.q
+    fa3 = get_backend("fa3")
+    fa3.run(fa3.plan(p, batch), batch)  # fa3's single kernel ignores HND: it gets the NHD view
+    assert rec.last("single_prefill")["kv_layout"] == "NHD" and rec.last("single_prefill")["k"] is batch.k
+    assert_agrees(p, batch, refs)
     assert not [c for c in rec.calls if c[0] in ("ragged_plan", "paged_plan")]
     assert_agrees(p, batch, refs)
     batch.sm_scale = 0.5
