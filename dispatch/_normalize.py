@@ -83,8 +83,10 @@ def split_kv(kv_cache: Any, name: str, allow_squeezed: bool) -> tuple[torch.Tens
     if kv_cache.dim() not in ranks or kv_cache.shape[1] not in (1, 2):
         raise bad(name, kv_cache, f"a {' or '.join(f'{r}-D' for r in ranks)} tensor (pages, 2, ...) "
                   "with K at [:, 0] and V at [:, 1] (dim 1 of size 1 or 2)")
-    k = kv_cache[:, 0]
-    v = kv_cache[:, 1] if kv_cache.shape[1] == 2 else k
+    if kv_cache.shape[1] == 2:
+        k, v = kv_cache.unbind(1)  # one call for both views (the hot path of every paged run)
+    else:
+        k = v = kv_cache.select(1, 0)
     return k, v, kv_cache.dim() == 4
 
 

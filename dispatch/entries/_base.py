@@ -106,12 +106,15 @@ def sinks_tensor(sinks: Any, query: Any) -> Any:
 # -- cache keys ---------------------------------------------------------------------------------
 ROWS = (0,)  # the usual varying dim: tokens, pages or KV rows
 ALL_DIMS = tuple(range(8))  # every dim varies (index tensors): dtype, device and rank only
+FULL: tuple = ()  # no dim varies (a wrapper's run: the plan fixes every size)
 
 
 def tensor_facts(t: torch.Tensor, vary: tuple[int, ...] = ROWS) -> tuple:
     """dtype, device (with index), the fixed dims (varying ones left out, the rank kept), and
     whether the last stride is 1. The two common cases skip the generic loop (hot path)."""
     unit = t.dim() == 0 or t.stride(-1) == 1
+    if vary is FULL:
+        return (t.dtype, t.device, t.shape, unit)
     if vary is ROWS:
         return (t.dtype, t.device, t.dim(), t.shape[1:], unit)
     if vary is ALL_DIMS:
@@ -120,6 +123,14 @@ def tensor_facts(t: torch.Tensor, vary: tuple[int, ...] = ROWS) -> tuple:
 
 
 _PLAIN = (bool, int, float, str, torch.dtype, _Unset, type(None))
+
+
+class _NothingVaries(dict):
+    def get(self, name, default=None):
+        return FULL
+
+
+_NOTHING_VARIES = _NothingVaries()
 
 
 def value_facts(value: Any, vary: tuple[int, ...] = ROWS) -> Hashable:
@@ -132,12 +143,15 @@ def value_facts(value: Any, vary: tuple[int, ...] = ROWS) -> Hashable:
     return type(value)
 
 
-def call_key(entry: str, args: Mapping[str, Any], vary: Mapping[str, tuple[int, ...]],
+def call_key(entry: str, args: Mapping[str, Any], vary: Optional[Mapping[str, tuple[int, ...]]],
              per_call: tuple[str, ...] = ()) -> tuple:
     """The key of one call. ``vary``: per tensor argument, the dims whose size varies per call
     (default: ROWS, dim 0); ``per_call``: scalar arguments whose value varies per call (their
-    type only: the spec's size checks test their values on every call)."""
+    type only: the spec's size checks test their values on every call). ``vary=None``: every
+    tensor's whole shape is in the key (nothing varies)."""
     parts: list = [entry]
+    if vary is None:
+        vary = _NOTHING_VARIES
     for name, value in args.items():
         kind = type(value)
         if kind in _PLAIN:  # inlined value_facts: the common case on the hot path
@@ -172,6 +186,16 @@ class CallPlan:
 PLANS = BoundedCache(maxsize=4096)  # call key -> CallPlan (model configurations)
 
 
+# CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
+# this off to drive the GPU's cached path on the CPU.
+CPU_VALUE_CHECKS = True
+
+
+def values_every_call(device: torch.device) -> bool:
+    """Whether a known key still re-reads device data (lengths, page ids) on this call."""
+    return (CPU_VALUE_CHECKS and device.type == "cpu") or full_validation()
+
+
 def checked(spec_cls: type, args: dict, key: tuple, query: Any, build: Callable):
     """(call plan, spec, derived). A new key: the full spec (every check, device reads included)
     and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
@@ -183,7 +207,7 @@ def checked(spec_cls: type, args: dict, key: tuple, query: Any, build: Callable)
         PLANS.put(key, plan)
         return plan, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
-    spec, derived = spec_cls.fast(args, values=query.device.type == "cpu" or full_validation())
+    spec, derived = spec_cls.fast(args, values=values_every_call(query.device))
     return plan, spec, derived
 
 

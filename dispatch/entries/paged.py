@@ -8,7 +8,7 @@ from typing import Optional, Union
 import torch
 
 from .. import ops, specs
-from .._normalize import block_table_from_pages, fold_scale
+from .._normalize import block_table_from_pages, fold_scale, paged_nhd, split_kv
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PrefillWrapper
@@ -107,13 +107,23 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
              kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
         args = dict(q=q, paged_kv_cache=paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
                     lse=lse, return_lse=return_lse, window_left=window_left, sinks=sinks, kv_cache_sf=kv_cache_sf)
-        key = B.call_key("paged-run", args, {}, _RUN_PER_CALL) + (overrides,)
-        d = self._check_run(specs.PagedRunSpec, args, key)
+        key = B.call_key("paged-run", args, None, _RUN_PER_CALL) + (overrides,)
+        if self._known_run(key, args, _RUN_PER_CALL):
+            k, v = self._kv_views(paged_kv_cache)
+        else:
+            d = self._check_run(specs.PagedRunSpec, args, key)
+            k, v = d.k, d.v
         if window_left is not None and window_left != self._plan.window_left:
             overrides += (("window_left", window_left),)
         base = self._plan.sm_scale if sm_scale is None else sm_scale
-        return self._launch(q, d.k, d.v, out, lse, return_lse, sinks, fold_scale(base, q_scale, k_scale),
+        return self._launch(q, k, v, out, lse, return_lse, sinks, fold_scale(base, q_scale, k_scale),
                             fold_scale(1.0, v_scale), overrides)
+
+    def _kv_views(self, paged_kv_cache) -> tuple:
+        """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""
+        layout = "HND" if self._plan.cudnn else self._plan.layout
+        k, v, squeezed = split_kv(paged_kv_cache, "paged_kv_cache", not self._plan.cudnn)
+        return paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
 
     def forward(self, q: torch.Tensor, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
                 use_fp16_qk_reduction: bool = False, k_scale: Optional[float] = None, v_scale: Optional[float] = None,

@@ -86,7 +86,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
              sm_scale: Optional[float] = None):
         args = dict(q=q, k=k, v=v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale, out=out,
                     lse=lse, return_lse=return_lse, kv_cache_sf=kv_cache_sf)
-        self._check_run(specs.RaggedRunSpec, args, B.call_key("ragged-run", args, {}, _RUN_PER_CALL) + (overrides,))
+        key = B.call_key("ragged-run", args, None, _RUN_PER_CALL) + (overrides,)
+        if not self._known_run(key, args, _RUN_PER_CALL):
+            self._check_run(specs.RaggedRunSpec, args, key)
         base = self._plan.sm_scale if sm_scale is None else sm_scale
         if isinstance(o_scale, (int, float)) and o_scale == 0:
             raise bad("o_scale", o_scale, "a non-zero finite float (the output is divided by it)")

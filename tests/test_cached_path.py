@@ -1,0 +1,87 @@
+"""The cached per-call path as a GPU takes it (device data not re-read, a wrapper's known run key
+skipping every check but the per-call scale values), driven on the CPU: the same results as the
+checked path, and a call that differs from a cached one in anything but per-call values still
+gets the full checks and its error."""
+import math
+
+import pytest
+import torch
+
+import dispatch
+from _api_cases import HKV, HQ, D, paged, paged_wrapper, ragged, ragged_wrapper
+from dispatch.entries import _base
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    monkeypatch.setattr(_base, "CPU_VALUE_CHECKS", False)
+    dispatch.entries.clear_caches()
+    yield
+    dispatch.entries.clear_caches()
+
+
+def test_paged_run_cached_equals_checked(gpu_like):
+    c = paged()
+    w = paged_wrapper(c)
+    first = w.run(c["q"], c["cache"], k_scale=0.7)
+    again = w.run(c["q"], c["cache"], k_scale=0.7)  # a known key: the fast lane
+    assert torch.equal(first, again)
+    other = w.run(c["q"], c["cache"], k_scale=0.5)  # a per-call value changes, the result follows
+    assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (dict(k_scale=float("nan")), ["k_scale", "nan"]),
+    (dict(v_scale=float("inf")), ["v_scale", "inf"]),
+    (dict(out=torch.empty(9, HQ, D, dtype=torch.int32)), ["out.dtype", "int32"]),
+    (dict(lse=torch.empty(8, HQ)), ["lse.shape"]),
+])
+def test_paged_run_warm_bad_values_still_refused(gpu_like, bad, words):
+    c = paged()
+    w = paged_wrapper(c)
+    w.run(c["q"], c["cache"], k_scale=1.0)
+    w.run(c["q"], c["cache"], k_scale=1.0)
+    with pytest.raises((ValueError, TypeError)) as err:
+        w.run(c["q"], c["cache"], **{"k_scale": 1.0, **bad})
+    assert all(word in str(err.value) for word in words), str(err.value)
+
+
+def test_paged_run_warm_other_cache_shape_is_checked(gpu_like):
+    c = paged()
+    w = paged_wrapper(c)
+    w.run(c["q"], c["cache"])
+    wider = torch.randn(*c["cache"].shape[:3], 2 * HKV, D)  # other kv heads than planned
+    with pytest.raises(ValueError, match="paged_kv_cache"):
+        w.run(c["q"], wider)
+    fewer = c["cache"][: int(c["table"].max())]  # pages the plan uses are missing
+    with pytest.raises(ValueError, match="paged_kv_cache"):
+        w.run(c["q"], fewer)
+
+
+def test_ragged_run_warm_other_heads_and_zero_o_scale(gpu_like):
+    c = ragged()
+    w = ragged_wrapper(c)
+    w.run(c["q"], c["k"], c["v"])
+    w.run(c["q"], c["k"], c["v"])
+    k2 = torch.randn(c["k"].shape[0], 2 * HKV, D)
+    with pytest.raises(ValueError, match=r"k\.shape"):
+        w.run(c["q"], k2, k2)
+    with pytest.raises(ValueError, match="o_scale"):
+        w.run(c["q"], c["k"], c["v"], o_scale=0.0)
+
+
+def test_single_prefill_cached_siblings(gpu_like):
+    """Sibling calls on the cached path: other kv heads / head dim / kv length are re-validated
+    or computed right (the key holds every fixed dim)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(5, 8, 64, generator=g)
+    for hkv, dv, kv_len in ((2, 64, 7), (4, 64, 7), (2, 48, 7), (2, 64, 11), (2, 64, 7)):
+        k = torch.randn(kv_len, hkv, 64, generator=g)
+        v = torch.randn(kv_len, hkv, dv, generator=g)
+        out = dispatch.single_prefill_with_kv_cache(q, k, v, sm_scale=0.2)
+        rep = 8 // hkv
+        s = torch.einsum("qhd,khd->hqk", q.double(), k.double().repeat_interleave(rep, 1)) * 0.2
+        want = torch.einsum("hqk,khd->qhd", s.softmax(-1), v.double().repeat_interleave(rep, 1))
+        assert out.shape == want.shape and (out.double() - want).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="sm_scale"):
+        dispatch.single_prefill_with_kv_cache(q, k, v, sm_scale=math.nan)
