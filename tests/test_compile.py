@@ -8,8 +8,27 @@ import pytest
 import torch
 
 import dispatch
-from _api_cases import (D, HQ, cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, ws,
-                        xqa_args)
+from _api_cases import D, HKV, HQ, P, cudnn_args, paged, ragged, trtllm_args, ws, xqa_args
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="the GPU half runs on the GPU host"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def on(device, value):
+    """Inputs built on the CPU, moved to the test's device (lists, tuples and dicts too)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(on(device, v) for v in value)
+    if isinstance(value, dict):
+        return {k: on(device, v) for k, v in value.items()}
+    return value
 
 
 def compiled(fn):
@@ -29,8 +48,8 @@ def assert_same(got, want):
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_single_prefill(return_lse):
-    c = ragged()
+def test_single_prefill(return_lse, device):
+    c = on(device, ragged())
     q, k, v = c["q"][:5], c["k"][:9], c["v"][:9]
 
     def step(q, k, v):
@@ -38,8 +57,8 @@ def test_single_prefill(return_lse):
     assert_same(compiled(step)(q, k, v), step(q, k, v))
 
 
-def test_single_prefill_return_lse_partial():
-    c = ragged()
+def test_single_prefill_return_lse_partial(device):
+    c = on(device, ragged())
     q, k, v = c["q"][:5], c["k"][:9], c["v"][:9]
 
     def step(q, k, v):
@@ -48,21 +67,19 @@ def test_single_prefill_return_lse_partial():
     assert_same(compiled(step)(q, k, v), step(q, k, v))
 
 
-def test_trtllm_with_buffers():
-    c = paged()
-    args, kw = trtllm_args(c)
-    sinks = torch.randn(HQ)
+def test_trtllm_with_buffers(device):
+    args, kw = on(device, trtllm_args(paged()))
+    sinks = torch.randn(HQ, device=device)
 
     def step(*a):
-        out = torch.full((a[0].shape[0], HQ, D), float("nan"))
-        lse = torch.full((a[0].shape[0], HQ), float("nan"))
+        out = torch.full((a[0].shape[0], HQ, D), float("nan"), device=a[0].device)
+        lse = torch.full((a[0].shape[0], HQ), float("nan"), device=a[0].device)
         return dispatch.trtllm_batch_context_with_kv_cache(*a, out=out, sinks=sinks, **kw, lse=lse, return_lse=True)
     assert_same(compiled(step)(*args), step(*args))
 
 
-def test_xqa():
-    c = paged()
-    args, kw = xqa_args(c)
+def test_xqa(device):
+    args, kw = on(device, xqa_args(paged()))
 
     def step(*a):
         return dispatch.xqa_batch_decode_with_kv_cache(*a, **kw)
@@ -70,18 +87,18 @@ def test_xqa():
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_cudnn(return_lse):
-    c = paged()
-    args, kw = cudnn_args(c, return_lse=return_lse)
+def test_cudnn(return_lse, device):
+    args, kw = on(device, cudnn_args(paged(), return_lse=return_lse))
 
     def step(*a):
         return dispatch.cudnn_batch_prefill_with_kv_cache(*a, **kw)
     assert_same(compiled(step)(*args), step(*args))
 
 
-def test_paged_wrapper_run():
-    c = paged()
-    w = paged_wrapper(c)
+def test_paged_wrapper_run(device):
+    c = on(device, paged())
+    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
+    w.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], HQ, HKV, D, P, causal=True, q_data_type=torch.float32)
 
     def step(q, cache):
         out, lse = w.run(q, cache, return_lse=True)
@@ -89,12 +106,13 @@ def test_paged_wrapper_run():
     assert_same(compiled(step)(c["q"], c["cache"]), step(c["q"], c["cache"]))
 
 
-def test_ragged_wrapper_run_with_out():
-    c = ragged()
-    w = ragged_wrapper(c)
+def test_ragged_wrapper_run_with_out(device):
+    c = on(device, ragged())
+    w = dispatch.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 16, dtype=torch.uint8, device=device))
+    w.plan(c["qo"], c["kv"], HQ, HKV, D, causal=True, q_data_type=torch.float32)
 
     def step(q, k, v):
-        out = torch.empty(q.shape[0], HQ, D)
+        out = torch.empty(q.shape[0], HQ, D, device=q.device)
         return w.run(q, k, v, out=out, k_scale=0.5)
     assert_same(compiled(step)(c["q"], c["k"], c["v"]), step(c["q"], c["k"], c["v"]))
 
