@@ -216,3 +216,65 @@ def test_single_prefill_on_flashinfer_single_request_kernel(backend, layout):
     assert dispatch.single_prefill_with_kv_cache.last_decision.chosen == backend
     assert (out.float().cpu() - want.float()).abs().max().item() < 3e-2
     assert (lse.cpu() - want_lse).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("backend", ["native-triton", "cudnn", "xqa"])
+@pytest.mark.parametrize("entry", ["trtllm", "xqa"])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_scales_as_device_tensors_and_sinks(entry, backend, with_sinks):
+    """bmm1/bmm2 as 0-dim fp32 device tensors give what the same floats give, sinks are applied,
+    and both agree with the CPU reference (out = bmm2 * softmax(bmm1 * q.k) v)."""
+    saved = _api_cases.P, _api_cases.D
+    _api_cases.P, _api_cases.D = P, D
+    try:
+        pc = paged(kv_lens=(40, 17, 70), dtype=DT)
+        args, kw = trtllm_args(pc) if entry == "trtllm" else xqa_args(pc)
+    finally:
+        _api_cases.P, _api_cases.D = saved
+    i1, i2 = (7, 8) if entry == "trtllm" else (6, 7)
+    args[i1], args[i2] = 0.6 * D ** -0.5, 0.7
+    if with_sinks:
+        kw = {**kw, "sinks": torch.randn(HQ)}
+    fn = dispatch.trtllm_batch_context_with_kv_cache if entry == "trtllm" else dispatch.xqa_batch_decode_with_kv_cache
+    with dispatch.use_backend("reference"):
+        want = fn(*args, **kw).float()
+    gargs, gkw = to_cuda(args), to_cuda(kw)
+    floats = forced(backend, lambda: fn(*gargs, **gkw)).float().cpu()
+    targs = list(gargs)
+    targs[i1] = torch.tensor(args[i1], dtype=torch.float32, device="cuda")
+    targs[i2] = torch.tensor(args[i2], dtype=torch.float32, device="cuda")
+    tensors = forced(backend, lambda: fn(*targs, **gkw)).float().cpu()
+    assert fn.last_decision.chosen == backend
+    assert (floats - want).abs().max().item() < 3e-2
+    assert (tensors - floats).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("entry", ["single", "paged", "xqa"])
+def test_negative_scale_is_computed_on_the_gpu(entry):
+    """A negative softmax scale is valid math: the vendors that fold scale*log2e refuse it before
+    launch and the router hands the call to one that computes it (native-triton), logged."""
+    saved = _api_cases.P, _api_cases.D
+    _api_cases.P, _api_cases.D = P, D
+    try:
+        pc, rc = paged(kv_lens=(40, 17, 70), dtype=DT), ragged(dtype=DT)
+        x_args, x_kw = xqa_args(pc)
+    finally:
+        _api_cases.P, _api_cases.D = saved
+
+    def call(dev):
+        on = to_cuda if dev == "cuda" else (lambda v: v)
+        if entry == "single":
+            return dispatch.single_prefill_with_kv_cache(*on([rc["q"][:5], rc["k"][:9], rc["v"][:9]]), causal=True,
+                                                         sm_scale=-0.05)
+        if entry == "xqa":
+            a = list(x_args)
+            a[6] = -0.05
+            return dispatch.xqa_batch_decode_with_kv_cache(*on(a), **x_kw)
+        w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=dev))
+        w.plan(*on([pc["qo"], pc["kv_indptr"], pc["perm"], pc["last"]]), HQ, HKV, D, P, causal=True,
+               q_data_type=DT, sm_scale=-0.05)
+        return w.run(on(pc["q"]), on(pc["cache"]))
+    with dispatch.use_backend("reference"):
+        want = call("cpu").float()
+    got = call("cuda").float().cpu()
+    assert torch.isfinite(got).all() and (got - want).abs().max().item() < 3e-2
