@@ -3,7 +3,7 @@
 1. environment (GPU, torch, triton, date);
 2. agreement vs a float64 oracle over GPU-sized scenarios (paged NHD/HND, pages 1/5/16,
    GQA 32/8, causal, window / soft cap / sinks, fp8 KV, spec decode, head dims
-   64/96/128/192-128/256), reusing tests/test_native_triton.py's builders and oracle;
+   64/96/128/192-128/256), reusing the scenarios, builders and oracle of dispatch/lab_native.py;
 3. benchmark (bf16, 32 q heads / 8 kv heads, d128, pages of 16) against PyTorch's FA2
    (torch.ops.aten._flash_attention_forward on equivalent dense inputs), with a small
    sweep of tile configs on the two anchor workloads.
@@ -26,11 +26,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import test_native_triton as T  # noqa: E402
 from backends.native.triton_backend import NativeTritonBackend, TileConfig  # noqa: E402
-from dispatch.problem import AttentionBatch, AttentionProblem  # noqa: E402
+from dispatch.lab_native import Case, run_case, spec_bits  # noqa: E402
+from dispatch.problem import NAME_DTYPES, AttentionBatch, AttentionProblem  # noqa: E402
 
 BACKEND = NativeTritonBackend()
 HQ, HKV, D, PAGE = 32, 8, 128, 16
@@ -50,38 +49,38 @@ def environment() -> dict:
 # agreement
 # ---------------------------------------------------------------------------
 AGREEMENT = {
-    "paged_nhd_p16_causal_gqa4_bf16": T.Case(hq=32, hkv=8, dqk=128, dvo=128, page_size=16, dtype="bfloat16",
-                                             q_lens=(37, 300, 1), kv_lens=(900, 1500, 2000)),
-    "paged_hnd_p5_causal_fp16": T.Case(layout="HND", page_size=5, hq=8, hkv=2, dqk=128, dvo=128,
-                                       q_lens=(64, 129), kv_lens=(500, 129)),
-    "paged_p1_decode_d64": T.Case(page_size=1, hq=16, hkv=4, q_lens=(1,) * 5, kv_lens=(1, 77, 600, 2048, 3000),
-                                  dtype="bfloat16", **DEC),
-    "decode_d96_p16": T.Case(page_size=16, hq=32, hkv=8, dqk=96, dvo=96, q_lens=(1,) * 4,
-                             kv_lens=(4000, 17, 333, 1024), dtype="bfloat16", **DEC),
-    "prefill_d192_dv128_ragged": T.Case(storage="ragged", hq=16, hkv=16, dqk=192, dvo=128, dtype="bfloat16",
-                                        q_lens=(200, 77), kv_lens=(200, 300)),
-    "prefill_d256_paged": T.Case(page_size=16, hq=8, hkv=2, dqk=256, dvo=256, dtype="bfloat16",
-                                 q_lens=(100, 3), kv_lens=(260, 1000)),
-    "window_softcap_sinks_prefill": T.Case(page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
-                                           q_lens=(256, 50), kv_lens=(1024, 700), window_left=127,
-                                           soft_cap=30.0, sinks=True),
-    "window_softcap_sinks_decode": T.Case(page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
-                                          q_lens=(1,) * 3, kv_lens=(5000, 900, 64), window_left=511,
-                                          soft_cap=30.0, sinks=True, **DEC),
-    "fp8_e4m3_decode_hnd": T.Case(layout="HND", page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
-                                  kv_dtype="float8_e4m3fn", q_lens=(1,) * 4, kv_lens=(4096, 100, 2500, 9),
-                                  **DEC),
-    "fp8_e4m3_prefill": T.Case(page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
-                               kv_dtype="float8_e4m3fn", q_lens=(128, 9), kv_lens=(600, 9)),
-    "spec_decode_q4": T.Case(phase="spec_decode", mask="spec_bits", causal=False, page_size=16, hq=32, hkv=8,
-                             dqk=128, dvo=128, dtype="bfloat16", q_lens=(4,) * 4, kv_lens=(3000, 40, 777, 4),
-                             q_len_per_req=4),
-    "custom_mask_ragged": T.Case(storage="ragged", mask="custom", causal=False, hq=8, hkv=2, dqk=128, dvo=128,
-                                 q_lens=(70, 5), kv_lens=(120, 300), dtype="bfloat16"),
-    "alibi_rope_ragged": T.Case(storage="ragged", pos="ROPE_LLAMA", hq=8, hkv=8, dqk=128, dvo=128,
-                                q_lens=(90, 2), kv_lens=(300, 40)),
-    "alibi_paged": T.Case(pos="ALIBI", page_size=16, hq=12, hkv=12, dqk=64, dvo=64, q_lens=(50,), kv_lens=(400,)),
-    "fp32_dense": T.Case(storage="dense", dtype="float32", hq=4, hkv=1, q_lens=(100,), kv_lens=(180,)),
+    "paged_nhd_p16_causal_gqa4_bf16": Case(hq=32, hkv=8, dqk=128, dvo=128, page_size=16, dtype="bfloat16",
+                                           q_lens=(37, 300, 1), kv_lens=(900, 1500, 2000)),
+    "paged_hnd_p5_causal_fp16": Case(layout="HND", page_size=5, hq=8, hkv=2, dqk=128, dvo=128,
+                                     q_lens=(64, 129), kv_lens=(500, 129)),
+    "paged_p1_decode_d64": Case(page_size=1, hq=16, hkv=4, q_lens=(1,) * 5, kv_lens=(1, 77, 600, 2048, 3000),
+                                dtype="bfloat16", **DEC),
+    "decode_d96_p16": Case(page_size=16, hq=32, hkv=8, dqk=96, dvo=96, q_lens=(1,) * 4,
+                           kv_lens=(4000, 17, 333, 1024), dtype="bfloat16", **DEC),
+    "prefill_d192_dv128_ragged": Case(storage="ragged", hq=16, hkv=16, dqk=192, dvo=128, dtype="bfloat16",
+                                      q_lens=(200, 77), kv_lens=(200, 300)),
+    "prefill_d256_paged": Case(page_size=16, hq=8, hkv=2, dqk=256, dvo=256, dtype="bfloat16",
+                               q_lens=(100, 3), kv_lens=(260, 1000)),
+    "window_softcap_sinks_prefill": Case(page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
+                                         q_lens=(256, 50), kv_lens=(1024, 700), window_left=127,
+                                         soft_cap=30.0, sinks=True),
+    "window_softcap_sinks_decode": Case(page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
+                                        q_lens=(1,) * 3, kv_lens=(5000, 900, 64), window_left=511,
+                                        soft_cap=30.0, sinks=True, **DEC),
+    "fp8_e4m3_decode_hnd": Case(layout="HND", page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
+                                kv_dtype="float8_e4m3fn", q_lens=(1,) * 4, kv_lens=(4096, 100, 2500, 9),
+                                **DEC),
+    "fp8_e4m3_prefill": Case(page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16",
+                             kv_dtype="float8_e4m3fn", q_lens=(128, 9), kv_lens=(600, 9)),
+    "spec_decode_q4": Case(phase="spec_decode", mask="spec_bits", causal=False, page_size=16, hq=32, hkv=8,
+                           dqk=128, dvo=128, dtype="bfloat16", q_lens=(4,) * 4, kv_lens=(3000, 40, 777, 4),
+                           q_len_per_req=4),
+    "custom_mask_ragged": Case(storage="ragged", mask="custom", causal=False, hq=8, hkv=2, dqk=128, dvo=128,
+                               q_lens=(70, 5), kv_lens=(120, 300), dtype="bfloat16"),
+    "alibi_rope_ragged": Case(storage="ragged", pos="ROPE_LLAMA", hq=8, hkv=8, dqk=128, dvo=128,
+                              q_lens=(90, 2), kv_lens=(300, 40)),
+    "alibi_paged": Case(pos="ALIBI", page_size=16, hq=12, hkv=12, dqk=64, dvo=64, q_lens=(50,), kv_lens=(400,)),
+    "fp32_dense": Case(storage="dense", dtype="float32", hq=4, hkv=1, q_lens=(100,), kv_lens=(180,)),
 }
 
 
@@ -91,7 +90,7 @@ def agreement() -> list[dict]:
         for splits in (None, 4) if case.phase != "prefill" else (None,):
             label = name + ("" if splits is None else f"_split{splits}")
             try:
-                plan, err, lerr = T.run_case(case, num_splits=splits)
+                plan, err, lerr = run_case(case, num_splits=splits)
                 rows.append({"scenario": label, "ok": True, "out_rel_err": err, "lse_rel_err": lerr,
                              "splits": plan.num_splits})
             except Exception as exc:  # noqa: BLE001 - record and go on
@@ -108,7 +107,7 @@ def paged_workload(b, q_len, kv_len, *, causal=True, phase="prefill", window=-1,
     """(problem, batch) with random bf16 data in a paged NHD cache, pages shuffled (or ragged)."""
     ppr = math.ceil(kv_len / PAGE)
     dt = torch.bfloat16
-    kvt = T.NAME_DTYPES[kv_dtype]
+    kvt = NAME_DTYPES[kv_dtype]
     k = torch.randn(b * ppr, PAGE, HKV, D, device="cuda", dtype=dt).to(kvt)
     v = torch.randn(b * ppr, PAGE, HKV, D, device="cuda", dtype=dt).to(kvt)
     table = torch.randperm(b * ppr, device="cuda", dtype=torch.int32).view(b, ppr)
@@ -125,7 +124,7 @@ def paged_workload(b, q_len, kv_len, *, causal=True, phase="prefill", window=-1,
         problem = replace(problem, kv_storage="ragged", page_size=0)
     if mask == "spec_bits":
         bits = torch.tril(torch.ones(q_len, q_len, dtype=torch.bool, device="cuda")).expand(b, q_len, q_len)
-        extra["spec_mask"] = T.spec_bits(bits)
+        extra["spec_mask"] = spec_bits(bits)
     batch = AttentionBatch(
         q=q, k=k, v=v, out=torch.empty_like(q),
         qo_indptr=torch.arange(0, b * q_len + 1, q_len, device="cuda", dtype=torch.int32),

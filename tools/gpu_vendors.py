@@ -4,7 +4,7 @@ Usage on the device machine (after installing the .whl wheels, see /tmp/briefs/g
     FLASHINFER_WORKSPACE_BASE=/tmp/fi python3 tools/gpu_vendors.py --out $OUT [--budget-s 480]
 
 1. Agreement: each case goes through our adapter (plan + run), output compared with an
-   fp64 oracle of our semantics (tests/_fake_vendors.py ``reference``) by relative
+   fp64 oracle of our semantics (dispatch/lab_vendors.py ``reference``) by relative
    Frobenius error; out is poisoned with NaN first and must be fully written.
    Includes out_scale (bmm2_scale) = 0.7, window, sinks, fp8 KV, HND, LSE base 2, and the
    raw FlashInfer xqa call with bmm2_scale = 0.7 to show what the adapter compensates.
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from _fake_vendors import make_batch, make_problem, reference  # noqa: E402
 from _gpu_common import time_ms  # noqa: E402  (tools/ is sys.path[0])
 from backends import BackendRejected, get_backend  # noqa: E402
+from dispatch.lab_vendors import make_batch, make_problem, reference  # noqa: E402
 
 BANDS = {"bfloat16": 1e-2, "float16": 1e-2, "float8_e4m3fn": 6e-2}
 HEADS = dict(num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128)

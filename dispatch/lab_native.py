@@ -1,0 +1,253 @@
+"""native-triton scenarios and their float64 check, shared by tests/test_native_triton.py and
+tools/gpu_native.py (so that tools/ never imports tests/).
+
+A ``Case`` names a scenario: storage (paged NHD/HND, ragged, dense), sizes, dtypes, mask, position
+encoding, sinks, scales. ``build`` draws its random tensors on ``DEVICE`` (paged caches with shuffled
+pages and a junk tail in the block table); ``run_case`` plans and runs the native-triton backend
+directly (no router) with out/lse poisoned with NaN, and asserts that every element was written and
+that out and lse agree with ``oracle`` (float64 dense attention per request, LSE base 2 over the
+keys) within ``BANDS``. It returns (plan, out rel. error, lse rel. error).
+
+    plan, err, lse_err = run_case(Case(page_size=16, q_lens=(1, 1), kv_lens=(900, 7), phase="decode"))
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from backends._numerics import alibi_slopes
+from backends.native.triton_backend import NativeTritonBackend, TileConfig
+
+from .problem import NAME_DTYPES, AttentionBatch, AttentionProblem
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BANDS = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "fp8": 6e-2}
+BACKEND = NativeTritonBackend()
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named scenario: everything needed to build the problem and the tensors."""
+
+    storage: str = "paged"
+    layout: str = "NHD"
+    page_size: int = 4
+    q_lens: tuple = (3, 5)
+    kv_lens: tuple = (9, 13)
+    hq: int = 4
+    hkv: int = 2
+    dqk: int = 64
+    dvo: int = 64
+    dtype: str = "float16"
+    kv_dtype: str = ""  # "" = same as dtype
+    out_dtype: str = ""  # "" = same as dtype
+    causal: bool = True
+    window_left: int = -1
+    soft_cap: float = 0.0
+    sinks: bool = False
+    mask: str = "none"
+    pos: str = "NONE"
+    lse: bool = True
+    tensor_scales: bool = False
+    strided_q: bool = False
+    phase: str = "prefill"
+    q_len_per_req: int = 0
+    spec_ragged: bool = False  # xqa mask as (total_q, W) instead of (B, Q, W)
+
+
+def problem_of(c: Case) -> AttentionProblem:
+    return AttentionProblem(
+        entry="test", phase=c.phase, kv_storage=c.storage, kv_layout=c.layout, num_qo_heads=c.hq,
+        num_kv_heads=c.hkv, head_dim_qk=c.dqk, head_dim_vo=c.dvo, q_dtype=c.dtype,
+        kv_dtype=c.kv_dtype or c.dtype, out_dtype=c.out_dtype or c.dtype, page_size=c.page_size if c.storage == "paged" else 0,
+        causal=c.causal, window_left=c.window_left, mask=c.mask, logits_soft_cap=c.soft_cap,
+        pos_encoding=c.pos, has_sinks=c.sinks, return_lse=c.lse, q_len_per_req=c.q_len_per_req,
+        device_type=DEVICE)
+
+
+def _rand(shape, dtype, scale=1.0):
+    x = torch.randn(shape, device=DEVICE, dtype=torch.float32) * scale
+    return x.to(NAME_DTYPES[dtype])
+
+
+def build(c: Case):
+    """(problem, batch, dense float64 per-request K/V for the oracle, extras)."""
+    kv_dtype = c.kv_dtype or c.dtype
+    total_q, total_kv = sum(c.q_lens), sum(c.kv_lens)
+    qo_indptr = torch.tensor([0, *torch.tensor(c.q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    kv_lens = torch.tensor(c.kv_lens, dtype=torch.int32, device=DEVICE)
+    if c.strided_q:  # q as a column slice of a wider packed buffer
+        q = _rand((total_q, c.hq + 2 * c.hkv, c.dqk + 16), c.dtype)[:, : c.hq, : c.dqk]
+    else:
+        q = _rand((total_q, c.hq, c.dqk), c.dtype)
+    batch = dict(q=q, qo_indptr=qo_indptr, kv_lens=kv_lens, batch_size=len(c.q_lens),
+                 max_q_len=max(c.q_lens), max_kv_len=max(c.kv_lens))
+    dense_k, dense_v = [], []
+    if c.storage == "paged":
+        pages = [math.ceil(n / c.page_size) for n in c.kv_lens]
+        n_pages = sum(pages) + 3
+        perm = torch.randperm(n_pages, device=DEVICE).to(torch.int32)
+        table = torch.zeros((len(pages), max(pages) + 1), dtype=torch.int32, device=DEVICE)
+        table[:, -1] = perm[-1]  # a tail pointing at somebody else's page must be ignored
+        k, v = _paged_cache(c, n_pages, kv_dtype)
+        used = 0
+        for b, (np_, n) in enumerate(zip(pages, c.kv_lens)):
+            table[b, :np_] = perm[used: used + np_]
+            used += np_
+            rows = table[b, :np_].long()
+            dense_k.append(k[rows].reshape(-1, c.hkv, c.dqk)[:n].double())
+            dense_v.append(v[rows].reshape(-1, c.hkv, c.dvo)[:n].double())
+        batch.update(k=k, v=v, block_table=table)
+    else:
+        k = _rand((total_kv + 5, c.hkv, c.dqk), "float32").to(NAME_DTYPES[kv_dtype])[5:]
+        v = _rand((total_kv, c.hkv, c.dvo), "float32").to(NAME_DTYPES[kv_dtype])
+        kv_indptr = torch.tensor([0, *torch.tensor(c.kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+        for b in range(len(c.kv_lens)):
+            s, e = kv_indptr[b].item(), kv_indptr[b + 1].item()
+            dense_k.append(k[s:e].double())
+            dense_v.append(v[s:e].double())
+        batch.update(k=k, v=v, kv_indptr=kv_indptr)
+    return batch, dense_k, dense_v
+
+
+def _paged_cache(c: Case, n_pages: int, kv_dtype: str):
+    """Logical NHD (pages, P, Hkv, D) views; HND caches are permuted views, never copies."""
+    out = []
+    for d in (c.dqk, c.dvo):
+        if c.layout == "HND":
+            phys = _rand((n_pages, c.hkv, c.page_size, d), "float32")
+            out.append(phys.to(NAME_DTYPES[kv_dtype]).permute(0, 2, 1, 3))
+        else:
+            out.append(_rand((n_pages, c.page_size, c.hkv, d), "float32").to(NAME_DTYPES[kv_dtype]))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# masks, the oracle, and one run
+# ---------------------------------------------------------------------------
+def spec_bits(bool_rows: torch.Tensor) -> torch.Tensor:
+    """(B, Q, Q) bool -> xqa uint16 (B, Q, 2*ceil(Q/32)): little-endian uint32 words as uint16 pairs."""
+    b, q, _ = bool_rows.shape
+    words = 2 * math.ceil(q / 32)
+    out = torch.zeros((b, q, words), dtype=torch.int32)
+    for j in range(q):
+        out[..., j // 16] |= bool_rows[..., j].to(torch.int32).cpu() << (j % 16)
+    return out.to(torch.uint16).to(DEVICE)
+
+
+def visible(c: Case, b: int, extras: dict) -> torch.Tensor:
+    """(q_len, kv_len) bool: the mask semantics of dispatch/problem.py."""
+    ql, kl = c.q_lens[b], c.kv_lens[b]
+    qpos = torch.arange(ql, device=DEVICE)[:, None] + (kl - ql)
+    kidx = torch.arange(kl, device=DEVICE)[None, :]
+    keep = torch.ones((ql, kl), dtype=torch.bool, device=DEVICE)
+    if c.mask == "custom":
+        keep = extras["custom"][b]
+    elif c.mask == "spec_bits":
+        draft = kidx - (kl - ql)
+        keep = (draft < 0) | extras["spec_bool"][b][:, draft.clamp(min=0)[0]]
+    elif c.causal:
+        keep = kidx <= qpos
+    if c.window_left >= 0:
+        keep = keep & (kidx >= qpos - c.window_left)
+    return keep
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float = 1e4, scale: float = 1.0) -> torch.Tensor:
+    """LLaMA rotate-half on (n, H, D) float64 at positions pos (n,)."""
+    half = x.shape[-1] // 2
+    freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64, device=x.device) / x.shape[-1]) / scale
+    ang = pos.double()[:, None, None] * freq
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)
+
+
+def oracle(c: Case, q, dense_k, dense_v, sm_scale, out_scale, sinks, extras):
+    """Float64 dense attention per request; LSE base 2 over the keys (sinks: denominator only)."""
+    outs, lses, start = [], [], 0
+    group = c.hq // c.hkv
+    for b, (ql, kl) in enumerate(zip(c.q_lens, c.kv_lens)):
+        qb = q[start: start + ql].double()
+        kb, vb = dense_k[b], dense_v[b]
+        if c.pos == "ROPE_LLAMA":
+            qb = rope(qb, torch.arange(ql, device=DEVICE) + kl - ql)
+            kb = rope(kb, torch.arange(kl, device=DEVICE))
+        kb, vb = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1)
+        s = torch.einsum("qhd,khd->hqk", qb, kb) * sm_scale
+        if c.pos == "ALIBI":
+            slopes = torch.tensor(alibi_slopes(c.hq), dtype=torch.float64, device=DEVICE)
+            rel = (torch.arange(kl, device=DEVICE)[None, :] - torch.arange(ql, device=DEVICE)[:, None]).double()
+            s = s + slopes[:, None, None] * rel
+        if c.soft_cap > 0:
+            s = c.soft_cap * torch.tanh(s / c.soft_cap)
+        keep = visible(c, b, extras)
+        s = s.masked_fill(~keep, float("-inf"))
+        if sinks is not None:
+            s = torch.cat([s, sinks.double()[:, None, None].expand(c.hq, ql, 1)], -1)
+        m = s.amax(-1, keepdim=True).clamp(min=-1e300)
+        p = (s - m).exp()
+        denom = p.sum(-1)
+        o = torch.einsum("hqk,khd->qhd", p[..., :kl], vb) / denom.T[..., None] * out_scale
+        lse = (p[..., :kl].sum(-1).log() + m[..., 0]) / math.log(2)  # keys only, not the sink
+        empty = ~keep.any(-1)  # fully masked rows: out 0, lse -inf
+        o[empty] = 0
+        lse[:, empty] = float("-inf")
+        outs.append(o)
+        lses.append(lse.T)
+        start += ql
+    return torch.cat(outs), torch.cat(lses)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).norm() / ref.norm().clamp(min=1e-30)).item()
+
+
+def run_case(c: Case, num_splits: Optional[int] = None, config: Optional[TileConfig] = None):
+    kw, dense_k, dense_v = build(c)
+    total_q = sum(c.q_lens)
+    sm = 0.9 / math.sqrt(c.dqk)
+    osc = 1.3
+    out_buf = torch.full((total_q, c.hq + 1, c.dvo + 8), float("nan"), device=DEVICE,
+                         dtype=NAME_DTYPES[c.out_dtype or c.dtype])
+    out = out_buf[:, 1:, : c.dvo] if c.strided_q else out_buf[:, : c.hq, : c.dvo].contiguous()
+    lse = torch.full((total_q, c.hq), float("nan"), device=DEVICE) if c.lse else None
+    sinks = torch.rand(c.hq, device=DEVICE) * 5 if c.sinks else None
+    extras = {}
+    if c.mask == "custom":
+        extras["custom"] = [torch.rand(ql, kl, device=DEVICE) > 0.4 for ql, kl in zip(c.q_lens, c.kv_lens)]
+        kw["custom_mask"] = torch.cat([m.flatten() for m in extras["custom"]])
+        sizes = [ql * kl for ql, kl in zip(c.q_lens, c.kv_lens)]
+        kw["mask_indptr"] = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32,
+                                         device=DEVICE)
+    if c.mask == "spec_bits":
+        qn = c.q_len_per_req
+        bits = (torch.rand(len(c.q_lens), qn, qn, device=DEVICE) > 0.5) | torch.eye(qn, dtype=torch.bool,
+                                                                                   device=DEVICE)
+        extras["spec_bool"] = [bits[b, :ql, :ql] for b, ql in enumerate(c.q_lens)]
+        words = spec_bits(bits)
+        if c.spec_ragged:  # (total_q, W) rows, request-major, each request its own q_len
+            words = torch.cat([words[b, :ql] for b, ql in enumerate(c.q_lens)])
+        kw["spec_mask"] = words
+    scale_of = (lambda x: torch.tensor(x, device=DEVICE)) if c.tensor_scales else (lambda x: x)
+    batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=scale_of(sm), out_scale=scale_of(osc), **kw)
+    problem = problem_of(c)
+    plan = BACKEND.plan(problem, batch, num_splits=num_splits, config=config)
+    BACKEND.run(plan, batch)
+    ref_out, ref_lse = oracle(c, kw["q"], dense_k, dense_v, sm, osc, sinks, extras)
+    assert not out.isnan().any(), "some output elements were never written"
+    if c.strided_q:
+        assert out_buf[:, 0].isnan().all() and out_buf[:, :, c.dvo + 1:].isnan().all(), "wrote outside out"
+    band = BANDS["fp8"] if (c.kv_dtype or c.dtype).startswith("float8") else BANDS[c.dtype]
+    err = rel_err(out, ref_out)
+    assert err < band, f"out rel. error {err:.2e} >= {band}"
+    lerr = 0.0
+    if lse is not None:
+        assert not lse.isnan().any(), "some lse elements were never written"
+        assert torch.equal(lse.isinf(), ref_lse.isinf()), "fully masked rows must have lse -inf, others finite"
+        fin = ~ref_lse.isinf()
+        lerr = rel_err(lse[fin], ref_lse[fin]) if fin.any() else 0.0
+        assert lerr < band, f"lse rel. error {lerr:.2e} >= {band}"
+    return plan, err, lerr
