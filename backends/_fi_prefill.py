@@ -106,7 +106,8 @@ class FlashInferPrefill(Provider):
 
     def plan(self, problem, batch) -> FiState:
         if problem.kv_storage == "dense":  # one request: FlashInfer's single-request kernel, no batch plan
-            return FiState(None, (), self._common_kwargs(problem, batch), False)
+            op = self._single_op(problem, batch)
+            return FiState(None, op or (), self._common_kwargs(problem, batch), False)
         paged = problem.kv_storage == "paged"
         wrapper = self._wrapper(problem, batch.q.device, paged)
         kwargs = self._common_kwargs(problem, batch)
@@ -122,22 +123,52 @@ class FlashInferPrefill(Provider):
         self._apply_plan(state)
         return state
 
+    def _single_layout(self, problem, batch) -> tuple:
+        """(k, v, layout) for the single-request kernel: the caller's physical layout, except that
+        flashinfer 0.5.3's fa3 binding (csrc/single_prefill_sm90.cu) reads kv_len/num_kv_heads as
+        k.size(0)/(1) whatever the layout (HND crashed with SIGFPE on the H100): fa3 gets the NHD
+        view, whose strides it honours."""
+        if problem.kv_layout == "HND" and self.kind != "fa3":
+            return batch.k.transpose(0, 1), batch.v.transpose(0, 1), "HND"
+        return batch.k, batch.v, "NHD"
+
+    def _single_op(self, problem, batch) -> Any:
+        """FlashInfer 0.5.x's compiled single-prefill op and its fixed arguments, prepared once
+        per problem (not paying FlashInfer's Python layer per call), or None to use the public
+        function (a custom mask, fp8, or another FlashInfer version)."""
+        prefill = self.loaded().module
+        version = self.version() or ""
+        if not version.startswith("0.5.") or problem.mask != "none" or problem.q_dtype.startswith("float8"):
+            return None
+        try:
+            module = prefill.get_single_prefill_module(
+                self.kind, batch.q.dtype, batch.k.dtype, batch.out.dtype, problem.head_dim_qk,
+                problem.head_dim_vo, prefill.PosEncodingMode[problem.pos_encoding].value, problem.window_left >= 0,
+                problem.logits_soft_cap > 0, False)
+            tmp = prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024, batch.q.device)
+            alibi = prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, batch.q.device)
+            mask = (prefill.MaskMode.CAUSAL if problem.causal else prefill.MaskMode.NON_CAUSAL).value
+            layout = prefill.TensorLayout[self._single_layout(problem, batch)[2]].value
+        except (AttributeError, KeyError, TypeError):
+            return None
+        return module.run, tmp, alibi, mask, layout
+
     def _run_single(self, problem, state: FiState, batch) -> None:
-        """flashinfer.prefill.single_prefill_with_kv_cache on the caller's tensors (its physical
-        layout: our dense K/V are logical NHD views, an HND cache is their transpose)."""
-        kw = dict(state.plan_kwargs)
-        kw["sm_scale"] = _vendor.host_float(batch.sm_scale)  # per call: never baked
-        _vendor.refuse_negative_scale(self.label, kw["sm_scale"], self.label)
-        for name in ("head_dim_vo", "q_data_type", "kv_data_type"):
-            kw.pop(name, None)
-        k, v, layout = batch.k, batch.v, problem.kv_layout
-        if layout == "HND" and self.kind == "fa3":
-            # flashinfer 0.5.3 csrc/single_prefill_sm90.cu reads kv_len/num_kv_heads as k.size(0)/(1)
-            # whatever the layout (HND crashed with SIGFPE on the H100): give it the NHD view, whose
-            # strides it honours.
-            layout = "NHD"
-        elif layout == "HND":
-            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        """One request on FlashInfer's single-request kernel, written straight into batch.out."""
+        scale = _vendor.host_float(batch.sm_scale)  # per call: never baked
+        _vendor.refuse_negative_scale(self.label, scale, self.label)
+        k, v, layout = self._single_layout(problem, batch)
+        if state.plan_args:
+            run, tmp, alibi, mask, layout_value = state.plan_args
+            run(batch.q, k, v, tmp, batch.out, batch.lse, mask, layout_value, problem.window_left, None, alibi,
+                problem.logits_soft_cap, scale, None, None, None, problem.rope_scale, problem.rope_theta)
+        else:
+            self._run_single_public(problem, state, batch, k, v, layout, scale)
+        _vendor.apply_out_scale(batch.out, batch.out_scale)
+
+    def _run_single_public(self, problem, state, batch, k, v, layout, scale) -> None:
+        kw = {n: x for n, x in state.plan_kwargs.items() if n not in ("head_dim_vo", "q_data_type", "kv_data_type")}
+        kw["sm_scale"] = scale
         if problem.mask == "custom":
             kw["custom_mask"] = batch.custom_mask.view(batch.q.shape[0], batch.k.shape[0])
         res = self.loaded().module.single_prefill_with_kv_cache(
@@ -146,7 +177,6 @@ class FlashInferPrefill(Provider):
         batch.out.copy_(out)
         if lse is not None:
             batch.lse.copy_(lse)
-        _vendor.apply_out_scale(batch.out, batch.out_scale)
 
     @staticmethod
     def _apply_plan(state: FiState) -> None:

@@ -52,6 +52,7 @@ def make_flashinfer(rec: Recorder, version="0.5.3", new_api=False):
     prefill.BatchPrefillWithPagedKVCacheWrapper = _paged_wrapper(rec)
     prefill.BatchPrefillWithRaggedKVCacheWrapper = _ragged_wrapper(rec)
     prefill.single_prefill_with_kv_cache = _single_prefill(rec)
+    _single_prefill_internals(prefill, rec)
     return {"flashinfer": fi, "flashinfer.decode": decode, "flashinfer.prefill": prefill}
 
 
@@ -255,6 +256,29 @@ def _single_prefill(rec):
         out = o.to(q.dtype)
         return (out, (l / math.log(2.0)).float()) if return_lse else out
     return single_prefill_with_kv_cache
+
+
+def _single_prefill_internals(prefill, rec):
+    """flashinfer 0.5.x's compiled single-prefill op and the helpers its public function uses."""
+    import enum
+    prefill.MaskMode = enum.Enum("MaskMode", {"NON_CAUSAL": 0, "CAUSAL": 1, "CUSTOM": 2})
+    prefill.TensorLayout = enum.Enum("TensorLayout", {"NHD": 0, "HND": 1})
+    prefill.PosEncodingMode = enum.Enum("PosEncodingMode", {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2})
+    prefill._get_cache_buf = lambda name, nbytes, device: torch.empty(nbytes, dtype=torch.uint8, device=device)
+    prefill._get_cache_alibi_slopes_buf = lambda heads, device: torch.zeros(heads, device=device)
+
+    def run(q, k, v, tmp, o, lse, mask_mode, layout, window_left, packed_mask, alibi, soft_cap, sm_scale,
+            scale_q, scale_k, scale_v, rope_scale, rope_theta):
+        rec.add("single_prefill_op", q=q, k=k, o=o, lse=lse, mask_mode=mask_mode, layout=layout, sm_scale=sm_scale)
+        if layout == 1:
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        res, l = attend(q.float(), k.float(), v.float(), scale=sm_scale, lo=window_left if window_left >= 0 else None,
+                        hi=0 if mask_mode == 1 else None, soft_cap=soft_cap)
+        o.copy_(res.to(o.dtype))
+        if lse is not None:
+            lse.copy_((l / math.log(2.0)).float())
+
+    prefill.get_single_prefill_module = lambda backend, *args: types.SimpleNamespace(run=run)
 
 
 # -- Dao-AILab FlashAttention ----------------------------------------------------------------

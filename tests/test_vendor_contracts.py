@@ -225,17 +225,30 @@ def test_flashinfer_single_request_kernel_for_dense(fakes, layout):
     fa2 = get_backend("fa2")
     plan = fa2.plan(p, batch)
     fa2.run(plan, batch)
-    call = rec.last("single_prefill")
-    assert call["kv_layout"] == layout and call["backend"] == "fa2" and call["q"] is batch.q
+    call = rec.last("single_prefill_op")  # flashinfer 0.5.x: the compiled op, into our own out/lse
+    assert call["layout"] == (1 if layout == "HND" else 0) and call["q"] is batch.q
+    assert call["o"] is batch.out and call["lse"] is batch.lse
+    assert not [c for c in rec.calls if c[0] in ("single_prefill", "ragged_plan", "paged_plan")]
+    assert_agrees(p, batch, refs)
     fa3 = get_backend("fa3")
     fa3.run(fa3.plan(p, batch), batch)  # fa3's single kernel ignores HND: it gets the NHD view
-    assert rec.last("single_prefill")["kv_layout"] == "NHD" and rec.last("single_prefill")["k"] is batch.k
-    assert_agrees(p, batch, refs)
-    assert not [c for c in rec.calls if c[0] in ("ragged_plan", "paged_plan")]
+    assert rec.last("single_prefill_op")["layout"] == 0 and rec.last("single_prefill_op")["k"] is batch.k
     assert_agrees(p, batch, refs)
     batch.sm_scale = 0.5
     fa2.run(plan, batch)
-    assert rec.last("single_prefill")["sm_scale"] == 0.5
+    assert rec.last("single_prefill_op")["sm_scale"] == 0.5
+
+
+def test_flashinfer_single_request_public_function_for_a_custom_mask(fakes):
+    """A custom mask (or another FlashInfer than 0.5.x) takes FlashInfer's public function."""
+    rec, install = fakes
+    install(flashinfer=True)
+    p = make_problem(kv_storage="dense", mask="custom", return_lse=True)
+    batch, refs = make_batch(p, [6], [11], custom_mask=True, lse=True)
+    fa2 = get_backend("fa2")
+    fa2.run(fa2.plan(p, batch), batch)
+    assert rec.last("single_prefill")["custom_mask"].shape == (6, 11)
+    assert_agrees(p, batch, refs)
 
 
 def test_flashinfer_fa3_limits_reject_at_plan(fakes):
