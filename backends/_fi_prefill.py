@@ -104,6 +104,11 @@ class FlashInferPrefill(Provider):
             kwargs["custom_mask"] = batch.custom_mask
         return kwargs
 
+    def plan_reusable(self, problem) -> bool:
+        # One request: the compiled op and its fixed arguments depend on dtypes and the device
+        # only; run() reads the scale, the tensors and the mask of each call.
+        return problem.kv_storage == "dense"
+
     def plan(self, problem, batch) -> FiState:
         if problem.kv_storage == "dense":  # one request: FlashInfer's single-request kernel, no batch plan
             op = self._single_op(problem, batch)

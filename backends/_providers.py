@@ -38,6 +38,9 @@ class Provider:
     def plan(self, problem, batch) -> Any:
         return None
 
+    def plan_reusable(self, problem) -> bool:
+        return False
+
     def run(self, problem, state: Any, batch) -> None:
         raise NotImplementedError
 
@@ -77,6 +80,12 @@ class MultiProviderBackend(Backend):
                 return p
             why.extend(Reason(f"{p.label}: {r.field}", r.value, r.allowed, r.source) for r in limits)
         raise BackendRejected(self.name, why)
+
+    def plan_reusable(self, problem) -> bool:
+        try:
+            return self.choose(problem).plan_reusable(problem)
+        except BackendRejected:
+            return False
 
     def plan(self, problem, batch) -> ProviderPlan:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, self.name)

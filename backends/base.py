@@ -68,6 +68,12 @@ class Backend:
         that write caller memory."""
         return None
 
+    def plan_reusable(self, problem: "AttentionProblem") -> bool:
+        """True when ``plan`` reads from the batch nothing but what a call key proves (dtypes,
+        devices, head counts and dims): the entry points then keep one plan per call key instead
+        of planning every call. Per-call values (lengths, scales, masks) must be read in ``run``."""
+        return False
+
     def run(self, plan: Any, batch: "AttentionBatch") -> None:
         """Write ``batch.out`` (and ``batch.lse`` when present). Errors propagate."""
         raise NotImplementedError(f"backend {self.name!r} cannot run yet")

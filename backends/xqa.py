@@ -77,6 +77,9 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
                                    f"{XqaBackend._first_gpu}, the first GPU XQA ran on in this process",
                                    "flashinfer 0.5.3 xqa.py xqa(): cudaErrorInvalidValue on a second GPU (H200 x2)")
 
+    def plan_reusable(self, problem) -> bool:
+        return problem.phase != "spec_decode"  # decode: the function alone; run reads the rest
+
     def plan(self, problem, batch) -> XqaPlan:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "xqa (bmm1_scale)")
         self._refuse_second_gpu(batch.q.device)

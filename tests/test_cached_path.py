@@ -85,3 +85,23 @@ def test_single_prefill_cached_siblings(gpu_like):
         assert out.shape == want.shape and (out.double() - want).abs().max().item() < 1e-5
     with pytest.raises(ValueError, match="sm_scale"):
         dispatch.single_prefill_with_kv_cache(q, k, v, sm_scale=math.nan)
+
+
+def test_a_reusable_backend_plan_is_kept_per_call_key(gpu_like, monkeypatch):
+    """A backend whose plan reads only what the call key proves is planned once per key; other
+    lengths in later calls are read by run() and still computed right."""
+    from backends import get_backend
+    reference = get_backend("reference")
+    planned = []
+    original = type(reference).plan
+    monkeypatch.setattr(type(reference), "plan", lambda self, p, b: planned.append(p) or original(self, p, b))
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(5, 8, 64, generator=g)
+    for kv_len in (7, 9, 12):
+        k, v = (torch.randn(kv_len, 2, 64, generator=g) for _ in range(2))
+        out = dispatch.single_prefill_with_kv_cache(q, k, v, causal=True)
+        with dispatch.use_backend("reference"), monkeypatch.context() as m:
+            m.setattr(type(reference), "plan_reusable", lambda self, p: False)  # the per-call path
+            want = dispatch.single_prefill_with_kv_cache(q, k, v, causal=True)
+        assert torch.equal(out, want)
+    assert len(planned) == 1 + 3  # once for the kept plan, once per call for the per-call path

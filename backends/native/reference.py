@@ -84,6 +84,9 @@ class ReferenceBackend(Backend):
                                   "backends/native/reference.py (GQA grouping)"))
         return reasons
 
+    def plan_reusable(self, problem) -> bool:
+        return True  # the problem and its ALiBi slopes
+
     def plan(self, problem, batch) -> ReferencePlan:
         alibi = ops.alibi_slopes(problem.num_qo_heads) if problem.pos_encoding == "ALIBI" else None
         return ReferencePlan(problem=problem, alibi=alibi)

@@ -23,6 +23,8 @@ import torch
 
 from .._cache import BoundedCache
 from .._normalize import full_validation
+from backends import get_backend
+
 from .. import policy, router, specs
 from ..problem import AttentionProblem
 
@@ -168,11 +170,12 @@ class CallPlan:
     (explicit choice, strict mode) — so a repeated call neither rebuilds nor re-hashes the
     problem. The decision is the device's: the key holds the device index."""
 
-    __slots__ = ("problem", "_decisions")
+    __slots__ = ("problem", "_decisions", "_planned")
 
     def __init__(self, problem: AttentionProblem):
         self.problem = problem
         self._decisions: dict = {}
+        self._planned: dict = {}  # (explicit, strict) -> a backend plan the backend says is reusable
 
     def decision(self, query: torch.Tensor, explicit) -> router.Decision:
         strict = policy.strict_mode()
@@ -181,6 +184,17 @@ class CallPlan:
             decision = router.decide(self.problem, router.live_device(query), explicit, strict)
             self._decisions[(explicit, strict)] = decision
         return decision
+
+    def planned(self, batch, explicit) -> router.Planned:
+        """The backend's plan: kept per call key when it reads nothing a later call could change."""
+        decision = self.decision(batch.q, explicit)
+        key = (decision.explicit, decision.strict)
+        planned = self._planned.get(key)
+        if planned is None:
+            planned = router.plan(decision, batch)
+            if get_backend(planned.backend).plan_reusable(self.problem):
+                self._planned[key] = planned
+        return planned
 
 
 PLANS = BoundedCache(maxsize=4096)  # call key -> CallPlan (model configurations)
@@ -243,10 +257,10 @@ def is_dry() -> bool:
 def execute(plan: CallPlan, batch, explicit) -> router.Planned:
     """The functions' one-shot path: the cached decision, the backend's plan, the launch; only
     the decision when dry (explain)."""
-    decision = plan.decision(batch.q, explicit)
     if is_dry():
+        decision = plan.decision(batch.q, explicit)
         return router.Planned(decision, decision.chosen, None)
-    return router.run(router.plan(decision, batch), batch)
+    return router.run(plan.planned(batch, explicit), batch)
 
 
 def remember(entry: Callable, planned) -> None:
