@@ -202,10 +202,19 @@ class PrefillWrapper:
             max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=sm_scale, out_scale=out_scale, kv_indptr=p.kv_indptr,
             block_table=p.block_table, lse=lse, sinks=sinks, custom_mask=p.custom_mask, mask_indptr=p.mask_indptr)
 
+    def _forward_options(self, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                         rope_theta) -> tuple:
+        """(overrides of the planned problem, softmax scale) from the deprecated forward()'s
+        plan-time options (FlashInfer's forward() sets them on the wrapper before running)."""
+        if self._plan is None:
+            raise RuntimeError(f"{type(self).__name__}.forward() before plan(): call plan(...) first")
+        specs.need_finite("sm_scale", sm_scale)
+        scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self._plan.dqk)
+        return self._forward_overrides(causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
+                                       rope_theta), scale
+
     def _forward_overrides(self, causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
                            rope_theta) -> tuple:
-        """The deprecated forward()'s plan-time options, as overrides of the planned problem
-        (FlashInfer's forward() sets them on the wrapper before running)."""
         if not isinstance(causal, bool):
             raise bad("causal", causal, "True or False", TypeError)
         if pos_encoding_mode not in ("NONE", "ROPE_LLAMA", "ALIBI"):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional, Union
 
 import torch
@@ -145,12 +144,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 
     def _forward(self, q, paged_kv_cache, causal, pos_encoding_mode, k_scale, v_scale, window_left,
                  logits_soft_cap, sm_scale, rope_scale, rope_theta, return_lse):
-        if self._plan is None:
-            raise RuntimeError(f"{type(self).__name__}.forward() before plan(): call plan(...) first")
-        overrides = self._forward_overrides(causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
-                                            rope_theta)
-        specs.need_finite("sm_scale", sm_scale)
-        scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self._plan.dqk)
+        overrides, scale = self._forward_options(causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                                                 rope_scale, rope_theta)
         return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, None, None, None, None, None, None,
                          overrides, scale)
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from typing import Optional, Union
 
 import torch
@@ -116,12 +115,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     def _forward(self, q, k, v, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
                  rope_theta, return_lse):
-        if self._plan is None:
-            raise RuntimeError(f"{type(self).__name__}.forward() before plan(): call plan(...) first")
-        overrides = self._forward_overrides(causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
-                                            rope_theta)
-        specs.need_finite("sm_scale", sm_scale)
-        scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self._plan.dqk)
+        overrides, scale = self._forward_options(causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                                                 rope_scale, rope_theta)
         return self._run(q, k, v, return_lse, None, None, None, None, None, None, None, overrides, scale)
 
 
