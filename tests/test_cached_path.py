@@ -105,3 +105,24 @@ def test_a_reusable_backend_plan_is_kept_per_call_key(gpu_like, monkeypatch):
             want = dispatch.single_prefill_with_kv_cache(q, k, v, causal=True)
         assert torch.equal(out, want)
     assert len(planned) == 1 + 3  # once for the kept plan, once per call for the per-call path
+
+
+@pytest.mark.native_triton
+def test_wrapper_plans_rope_copies_for_the_pages_it_uses_not_the_pool():
+    """The wrapper plans its backend on the first run, with the caller's whole page pool: native's
+    rotated-K scratch covers the pages the plan reaches (here 4 of 64), not the pool."""
+    c = paged()
+    pool = torch.randn(64, *c["cache"].shape[1:])
+    pool[: c["cache"].shape[0]] = c["cache"]
+    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8), "NHD", backend="native")
+    w.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], HQ, HKV, D, 4, causal=True, q_data_type=torch.float32,
+           pos_encoding_mode="ROPE_LLAMA")
+    out = w.run(c["q"], pool)
+    plan = w._last.plan
+    assert plan.rope_k.shape[0] == int(c["perm"].max()) + 1 < pool.shape[0]
+    with dispatch.use_backend("reference"):
+        ref = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(16, dtype=torch.uint8), "NHD")
+        ref.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], HQ, HKV, D, 4, causal=True,
+                 q_data_type=torch.float32, pos_encoding_mode="ROPE_LLAMA")
+        want = ref.run(c["q"], pool)
+    assert (out - want).abs().max().item() < 1e-4

@@ -271,7 +271,12 @@ def _plan_rope(plan: TritonPlan, problem: AttentionProblem, batch: AttentionBatc
     dtype = torch.bfloat16 if problem.q_dtype.startswith("float8") else batch.q.dtype
     plan.rope_q = torch.empty((batch.total_q, problem.num_qo_heads, problem.head_dim_qk),
                               dtype=dtype, device=batch.q.device)
-    plan.rope_k = torch.empty(tuple(batch.k.shape), dtype=dtype, device=batch.k.device)
+    shape = tuple(batch.k.shape)
+    if problem.kv_storage == "paged" and "pages_used" in batch.extras:
+        # A wrapper plans on its first run, with the caller's whole page pool: the copy needs only
+        # the pages the plan's block table reaches, not the pool.
+        shape = (min(shape[0], batch.extras["pages_used"]),) + shape[1:]
+    plan.rope_k = torch.empty(shape, dtype=dtype, device=batch.k.device)
     block_t = 16
     plan.rope_grids = (
         (batch.batch_size, max(1, math.ceil(batch.max_q_len / block_t)), problem.num_qo_heads),

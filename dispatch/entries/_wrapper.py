@@ -117,6 +117,7 @@ class PrefillWrapper:
             mask_indptr=torch.tensor(cumsum0(sizes), dtype=torch.int32, device=dev) if custom is not None else None,
             problem=problem, **storage)
         self._explicit = policy.explicit_choice(self._backend)
+        self._extras = {"pages_used": self._plan.max_page_id + 1} if self._storage == "paged" else {}
         self._variants = BoundedCache(maxsize=64)  # per plan; keyed on the variant's options
         self._run_keys = BoundedCache(maxsize=64)  # run call keys whose full checks passed
         # Decide now (refusals show at plan time); the chosen vendor plans on the first run, with
@@ -200,7 +201,8 @@ class PrefillWrapper:
         return AttentionBatch(
             q=q, k=k, v=v, qo_indptr=p.qo_indptr, kv_lens=p.kv_lens, out=out, batch_size=p.kv_lens.numel(),
             max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=sm_scale, out_scale=out_scale, kv_indptr=p.kv_indptr,
-            block_table=p.block_table, lse=lse, sinks=sinks, custom_mask=p.custom_mask, mask_indptr=p.mask_indptr)
+            block_table=p.block_table, lse=lse, sinks=sinks, custom_mask=p.custom_mask, mask_indptr=p.mask_indptr,
+            extras=self._extras)
 
     def _forward_options(self, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
                          rope_theta) -> tuple:
