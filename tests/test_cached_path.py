@@ -126,3 +126,46 @@ def test_wrapper_plans_rope_copies_for_the_pages_it_uses_not_the_pool():
                  q_data_type=torch.float32, pos_encoding_mode="ROPE_LLAMA")
         want = ref.run(c["q"], pool)
     assert (out - want).abs().max().item() < 1e-4
+
+
+def _xqa_call():
+    from _api_cases import xqa_args
+    c = paged()
+    args, kw = xqa_args(c)
+    return args, kw
+
+
+def test_xqa_repeats_equal_the_checked_path(gpu_like):
+    args, kw = _xqa_call()
+    first = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    again = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)  # an exact repeat: no per-call checks
+    assert torch.equal(first, again)
+    other = list(args)
+    other[6] = 0.5 * args[6]  # another bmm1_scale: not a repeat, checked, and computed with it
+    assert not torch.equal(dispatch.xqa_batch_decode_with_kv_cache(*other, **kw), first)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda a, kw: a.__setitem__(6, float("nan")), ["bmm1_scale", "nan"]),
+    (lambda a, kw: kw.__setitem__("o_scale", 0.0), ["o_scale"]),
+    (lambda a, kw: kw.__setitem__("out", torch.empty(3, HQ, D, dtype=torch.int32)), ["out.dtype", "int32"]),
+    (lambda a, kw: a.__setitem__(4, a[4][:2]), ["seq_lens"]),
+    (lambda a, kw: a.__setitem__(5, 0), ["max_seq_len", "0"]),
+])
+def test_xqa_warm_repeats_still_refuse_bad_calls(gpu_like, change, words):
+    args, kw = _xqa_call()
+    dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    args, kw = list(args), dict(kw)
+    change(args, kw)
+    with pytest.raises((ValueError, TypeError)) as err:
+        dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_trtllm_repeats_equal_the_checked_path(gpu_like):
+    from _api_cases import trtllm_args
+    args, kw = trtllm_args(paged())
+    first = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw)
+    again = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw)
+    assert torch.equal(first, again) and len(_base.REPEATS) >= 1

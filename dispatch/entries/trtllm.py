@@ -101,8 +101,10 @@ def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
     q = args["query"]
     wants_lse = args["return_lse"] or args["lse"] is not None
     # max_q_len == 1 makes it a decode problem: a fact of the key, not only a per-call size.
-    key = B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)
-    problem, spec, d = B.checked(TrtllmContextSpec, args, key, q, lambda s, dd: _problem(s, dd, wants_lse))
+    key = lambda: B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)  # noqa: E731
+    problem, spec, d = B.checked_repeat(ENTRY, TrtllmContextSpec, args, key, q,
+                                        lambda s, dd: _problem(s, dd, wants_lse),
+                                        lambda a: B.paged_views(a["kv_cache"], a["kv_layout"]))
     batch = AttentionBatch(
         q=q, k=d.k, v=d.v, qo_indptr=args["cum_seq_lens_q"], kv_lens=args["seq_lens"],
         out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=args["batch_size"],

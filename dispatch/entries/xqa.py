@@ -77,8 +77,9 @@ def _problem(spec, d) -> AttentionProblem:
 
 def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
     q = args["query"]
-    key = B.call_key(ENTRY, args, _VARY, _PER_CALL)
-    problem, spec, d = B.checked(XqaDecodeSpec, args, key, q, _problem)
+    key = lambda: B.call_key(ENTRY, args, _VARY, _PER_CALL)  # noqa: E731 (built only when needed)
+    problem, spec, d = B.checked_repeat(ENTRY, XqaDecodeSpec, args, key, q, _problem,
+                                        lambda a: B.paged_views(a["kv_cache"], a["kv_layout"]))
     qlen = args["q_len_per_req"]
     qo = args["q_cu_seq_lens"] if args["q_cu_seq_lens"] is not None else uniform_indptr(d.batch, qlen, q.device)
     batch = AttentionBatch(
