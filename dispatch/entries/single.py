@@ -115,8 +115,9 @@ def _problem(spec, d) -> AttentionProblem:
 def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
     """Validate (full once per key, sizes per call) and build the problem and the batch."""
     q = args["q"]
-    key = B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else None
-    problem, spec, d = B.checked(SinglePrefillSpec, args, key, q, _problem)
+    def key():  # built only when the call is not an exact repeat
+        return B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else None
+    problem, spec, d = B.checked_repeat(ENTRY, SinglePrefillSpec, args, key, q, _problem, _views)
     sm_scale = args["sm_scale"] if args["sm_scale"] is not None else 1.0 / math.sqrt(d.dqk)
     mask = _flat_mask(args, d)
     qo_indptr, kv_indptr = uniform_indptr(1, d.qo_len, q.device), uniform_indptr(1, d.kv_len, q.device)
@@ -127,6 +128,14 @@ def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
         kv_indptr=kv_indptr, lse=B.new_lse(None, d.qo_len, d.hq, q.device, args["return_lse"]), custom_mask=mask,
         mask_indptr=uniform_indptr(1, d.qo_len * d.kv_len, q.device) if mask is not None else None)
     return problem, batch
+
+
+def _views(args: dict) -> dict:
+    """The logical (kv_len, Hkv, D) views of k and v (an HND pair is transposed), as the spec's."""
+    k, v = args["k"], args["v"]
+    if args["kv_layout"] == "HND":
+        return {"k": k.transpose(0, 1), "v": v.transpose(0, 1)}
+    return {"k": k, "v": v}
 
 
 def _flat_mask(args: dict, d) -> Optional[torch.Tensor]:
