@@ -1,11 +1,12 @@
 """What the two batch prefill wrappers share: plan once, run per layer.
 
 ``plan`` copies the index tensors to the host (it may synchronize), converts them once (block
-table + kv_lens, token indptrs, unpacked masks), decides and plans. ``run`` checks sizes,
-builds the batch and launches: no host synchronization, no allocation but ``out``/``lse``
-when they are not given. A run-time argument that changes the problem (sinks, an LSE, a
-window override, the deprecated ``forward``'s plan-time options) is decided and planned once
-per variant of the plan.
+table + kv_lens, token indptrs, unpacked masks) and decides. The chosen vendor plans on the
+first ``run``, against the caller's real tensors (so run once outside a CUDA-graph capture
+first, as with FlashInfer). ``run`` checks what its key does not prove, builds the batch and
+launches: no host synchronization, no allocation but ``out``/``lse`` when they are not given.
+A run-time argument that changes the problem (sinks, an LSE, a window override, the deprecated
+``forward``'s plan-time options) is decided and planned once per variant of the plan.
 """
 from __future__ import annotations
 
