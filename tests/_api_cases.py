@@ -75,3 +75,14 @@ def ragged_wrapper(c, dtype=torch.float32, **plan_kw):
     w = __import__("dispatch").BatchPrefillWithRaggedKVCacheWrapper(ws(), "NHD")
     w.plan(c["qo"], c["kv"], HQ, HKV, D, causal=True, q_data_type=dtype, **plan_kw)
     return w
+
+
+def on_device(device, value):
+    """Inputs built on the CPU, moved to ``device`` (tensors inside lists, tuples and dicts too)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_device(device, v) for v in value)
+    if isinstance(value, dict):
+        return {k: on_device(device, v) for k, v in value.items()}
+    return value

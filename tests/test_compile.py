@@ -9,6 +9,7 @@ import torch
 
 import dispatch
 from _api_cases import D, HKV, HQ, P, cudnn_args, paged, ragged, trtllm_args, ws, xqa_args
+from _api_cases import on_device as on
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -18,17 +19,6 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
-
-
-def on(device, value):
-    """Inputs built on the CPU, moved to the test's device (lists, tuples and dicts too)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(on(device, v) for v in value)
-    if isinstance(value, dict):
-        return {k: on(device, v) for k, v in value.items()}
-    return value
 
 
 def compiled(fn):

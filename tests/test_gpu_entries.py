@@ -8,7 +8,7 @@ import torch
 
 import _api_cases
 import dispatch
-from _api_cases import HKV, HQ, cudnn_args, paged, ragged, trtllm_args, xqa_args
+from _api_cases import HKV, HQ, cudnn_args, on_device, paged, ragged, trtllm_args, xqa_args
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 D, P, DT = 128, 16, torch.bfloat16
@@ -16,13 +16,7 @@ GRAPH_BACKENDS = ("native-triton", "cudnn", "xqa", "torch-flash")  # capability 
 
 
 def to_cuda(value):
-    if isinstance(value, torch.Tensor):
-        return value.cuda()
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cuda(v) for v in value)
-    if isinstance(value, dict):
-        return {k: to_cuda(v) for k, v in value.items()}
-    return value
+    return on_device("cuda", value)
 
 
 def cases():

@@ -12,20 +12,11 @@ import torch
 import dispatch
 import _api_cases
 from _api_cases import HQ, cudnn_args, paged, ragged, trtllm_args, xqa_args
+from _api_cases import on_device as to
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 D = 64
 BACKENDS = ("native-triton", "xqa", "cudnn", "torch-flash", "fa2", None)  # None: the automatic choice
-
-
-def to(device, value):
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (list, tuple)):
-        return type(value)(to(device, v) for v in value)
-    if isinstance(value, dict):
-        return {k: to(device, v) for k, v in value.items()}
-    return value
 
 
 def calls():
