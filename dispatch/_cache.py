@@ -9,14 +9,17 @@ from typing import Any, Hashable
 class BoundedCache:
     """A thread-safe LRU dict. Every per-process cache of the entry layer is one of these."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, refresh: bool = True):
+        """``refresh=False``: a hit does not move its key to the end, so the oldest insertion is
+        evicted first (a lookup that costs one dict read, for the hottest caches)."""
         self.maxsize = maxsize
+        self.refresh = refresh
         self._data: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> Any:
         value = self._data.get(key)
-        if value is not None:
+        if value is not None and self.refresh:
             try:
                 self._data.move_to_end(key)
             except KeyError:  # evicted by another thread meanwhile: still a valid answer

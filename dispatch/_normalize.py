@@ -8,12 +8,12 @@ the entry points call them only at plan time, on CPU tensors, or on the first ca
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Sequence
 
 import torch
 
 from ._cache import BoundedCache
+from .policy import getenv
 from .problem import dtype_name
 
 ENV_VALIDATE = "ATTN_DISPATCH_VALIDATE"
@@ -46,7 +46,9 @@ def dtypes_text(dtypes: Sequence[torch.dtype]) -> str:
 def full_validation() -> bool:
     """ATTN_DISPATCH_VALIDATE=full: device-data checks on every call, not once per key
     ('' or 'first', the default: CPU tensors every call, device tensors on a key's first call)."""
-    value = os.environ.get(ENV_VALIDATE, "")
+    value = getenv(ENV_VALIDATE)
+    if not value:  # unset or empty: the default, and the common case (every call reads it)
+        return False
     mode = value.strip().lower()
     if mode not in ("", "first", "full"):
         raise bad(ENV_VALIDATE, value, "'full' (check device data on every call), 'first' or unset")

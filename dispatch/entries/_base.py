@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
-from types import SimpleNamespace
+import contextvars
+from types import MappingProxyType, SimpleNamespace
 from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
 import torch
@@ -186,6 +186,10 @@ class CallPlan:
             self._decisions[(explicit, strict)] = decision
         return decision
 
+    def keeps(self, planned: router.Planned) -> bool:
+        """Whether ``planned`` is the plan kept for its (explicit, strict) pair."""
+        return self._planned.get((planned.decision.explicit, planned.decision.strict)) is planned
+
     def planned(self, batch, explicit) -> router.Planned:
         """The backend's plan: kept per call key when it reads nothing a later call could change."""
         decision = self.decision(batch.q, explicit)
@@ -211,7 +215,7 @@ def values_every_call(device: torch.device) -> bool:
     return (CPU_VALUE_CHECKS and device.type == "cpu") or full_validation()
 
 
-def checked(spec_cls: type, args: dict, key: tuple, query: Any, build: Callable):
+def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable):
     """(call plan, spec, derived). A new key: the full spec (every check, device reads included)
     and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
     or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
@@ -226,35 +230,117 @@ def checked(spec_cls: type, args: dict, key: tuple, query: Any, build: Callable)
     return plan, spec, derived
 
 
-# whole-call key -> (CallPlan, the derived sizes): calls that repeat exactly (every shape and every
-# per-call number, as the 32 layers of one decode step do) skip the spec's per-call checks too.
-REPEATS = BoundedCache(maxsize=1024)
+# -- the fast lane -------------------------------------------------------------------------------
+# A call that repeats another exactly (every tensor's dtype, device, shape and strides; every other
+# argument's value and type; the explicit choice and strict mode in force), as the layers of one
+# decode step do, skips every check, the problem and the decision: its lane holds the call plan
+# and the sizes the batch is built from. The key is built from the arguments as they arrive.
+LANES = BoundedCache(maxsize=1024, refresh=False)  # first in, first out: a hit costs one dict lookup
+_TENSOR = torch.Tensor
 
 
-def checked_repeat(entry: str, spec_cls: type, args: dict, key: Callable[[], tuple], query: Any,
-                   build: Callable, views: Callable):
-    """``checked``, plus a second key holding every shape and every per-call number by value: a
-    repeat of a call whose size checks passed only rebuilds the views of the caller's tensors
-    (``views(args) -> dict``); ``key()`` (the call key) is built only when it is not a repeat.
-    CPU tensors and ATTN_DISPATCH_VALIDATE=full take ``checked``."""
-    repeatable = isinstance(query, torch.Tensor) and not values_every_call(query.device)
-    if repeatable:
-        whole = call_key(entry, args, None, ())
-        hit = REPEATS.get(whole)
-        if hit is not None:
-            plan, sizes = hit
-            return plan, None, SimpleNamespace(**sizes, **views(args))
-    plan, spec, derived = checked(spec_cls, args, key(), query, build)
-    if repeatable:
-        fresh = views(args)
-        REPEATS.put(whole, (plan, {n: x for n, x in vars(derived).items() if n not in fresh}))
-    return plan, spec, derived
+def _facts(value: Any):
+    """A lane key's part for one argument; None when the key cannot hold it (the call is checked)."""
+    kind = type(value)
+    if kind is _TENSOR:
+        return (value.dtype, value.device, value.shape, value.stride())
+    if kind in _PLAIN:
+        return (kind, value)
+    if kind is tuple or kind is list:
+        inner = tuple(_facts(v) for v in value)
+        return None if None in inner else (kind,) + inner
+    return None
 
 
-def paged_views(kv_cache, layout: str) -> dict:
-    """The logical NHD views of a paged cache that already passed the checks (as the specs make)."""
+_PLAIN_TYPES = frozenset(_PLAIN)
+_ALL_PLAIN: dict[tuple, bool] = {}  # option types -> all plain (a few entries per call site)
+
+
+def lane_key(entry: str, tensors: tuple, others: tuple, backend: Optional[str] = None) -> Optional[tuple]:
+    """The whole-call key of a call that may take the fast lane, or None: a query (``tensors[0]``)
+    that is not a tensor, a CPU query while CPU value checks are on, ATTN_DISPATCH_VALIDATE=full,
+    a dry run (explain), or an argument the key cannot hold. ``tensors``: the arguments that must
+    be tensors; ``others``: the rest. The argument types lead the key, so the flat run of facts
+    after them reads one way only."""
+    query = tensors[0]
+    if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation():
+        return None
+    kinds = tuple(map(type, tensors))
+    other_kinds = tuple(map(type, others))
+    parts = [entry, policy.explicit_choice(backend), policy.strict_mode(), kinds, other_kinds]
+    append = parts.append
+    plain = _ALL_PLAIN.get(other_kinds)
+    if plain is None:
+        plain = _ALL_PLAIN[other_kinds] = _PLAIN_TYPES.issuperset(other_kinds)
+    if plain:  # the common case: no tensor among the options
+        append(others)
+    else:
+        for value in others:
+            facts = _facts(value)
+            if facts is None:
+                return None
+            append(facts)
+    if any(kind is not _TENSOR for kind in kinds):
+        return None  # the checked path names the argument that is not a tensor
+    for t in tensors:
+        append(t.dtype)
+        append(t.device)
+        append(t.shape)
+        append(t.stride())
+    return tuple(parts)
+
+
+def kv_parts(kv_cache: Any) -> tuple:
+    """A KV cache argument as lane-key tensors: (cache,) or the (k, v) pair (a pair and a single
+    cache differ in count, so they never share a key)."""
+    return tuple(kv_cache) if type(kv_cache) in (tuple, list) else (kv_cache,)
+
+
+class Lane:
+    """What a lane key proves: the call plan, the explicit choice and strict mode of the key, the
+    sizes the batch is built from, and the backend's plan once it is known to be reusable."""
+
+    __slots__ = ("plan", "explicit", "strict", "sizes", "planned")
+
+    def __init__(self, plan: CallPlan, explicit, sizes: SimpleNamespace):
+        self.plan, self.explicit, self.strict, self.sizes = plan, explicit, policy.strict_mode(), sizes
+        self.planned: Optional[router.Planned] = None
+
+    def launch(self, batch) -> router.Planned:
+        """The backend's plan (kept when reusable) and the launch; only the decision when dry."""
+        planned = self.planned
+        if planned is None:
+            if is_dry():
+                decision = self.plan.decision(batch.q, self.explicit)
+                return router.Planned(decision, decision.chosen, None)
+            planned = self.plan.planned(batch, self.explicit)
+            if self.plan.keeps(planned):
+                self.planned = planned
+        return router.run(planned, batch)
+
+
+def lane(key: Optional[tuple], spec_cls: type, args: Callable[[], dict], call_key_of: Callable[[dict], tuple],
+         build: Callable, sizes: Callable, explicit) -> Lane:
+    """The lane of ``key``; else a checked call's (``checked``: the full checks once per call key,
+    the size checks on every call) with ``sizes(args, derived)``, kept under ``key`` if any."""
+    found = LANES.get(key) if key is not None else None
+    if found is not None:
+        return found
+    values = args()
+    plan, _, derived = checked(spec_cls, values, call_key_of(values), values.get("query", values.get("q")), build)
+    found = Lane(plan, explicit, sizes(values, derived))
+    if key is not None:
+        LANES.put(key, found)
+    return found
+
+
+def paged_kv(kv_cache, layout: str) -> tuple:
+    """The logical NHD (k, v) views of a paged cache that passed the checks (as the specs make)."""
     k, v, squeezed = split_kv(kv_cache, "kv_cache", False)
-    return {"k": paged_nhd(k, layout, squeezed), "v": paged_nhd(v, layout, squeezed)}
+    return paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
+
+
+NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})  # a batch's extras when the entry has none (read-only)
 
 
 def new_out(out, rows: int, heads: int, dim: int, dtype, device) -> torch.Tensor:
@@ -268,22 +354,22 @@ def new_lse(lse, rows: int, heads: int, device, wanted: bool):
 
 
 # -- explain without launching -------------------------------------------------------------------
-_DRY = threading.local()
+_DRY: contextvars.ContextVar[bool] = contextvars.ContextVar("attn_dispatch_dry_run", default=False)
 
 
 @contextlib.contextmanager
 def dry_run() -> Iterator[None]:
     """Inside the block an entry validates, decides and records its decision, but neither
     plans a vendor nor launches (``dispatch.explain``)."""
-    _DRY.on = True
+    token = _DRY.set(True)
     try:
         yield
     finally:
-        _DRY.on = False
+        _DRY.reset(token)
 
 
 def is_dry() -> bool:
-    return getattr(_DRY, "on", False)
+    return _DRY.get()
 
 
 def execute(plan: CallPlan, batch, explicit) -> router.Planned:
@@ -302,4 +388,4 @@ def remember(entry: Callable, planned) -> None:
 
 def clear_caches() -> None:
     PLANS.clear()
-    REPEATS.clear()
+    LANES.clear()

@@ -7,12 +7,13 @@ by default (q: x Hq*Dqk, o: x Hq*Dvo, k: x Hkv*Dqk, v: x Hkv*Dvo) or tokens with
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional, Union
 
 import torch
 
 from .. import ops, policy
-from .._normalize import fold_scale, scatter_padded_lse, uniform_indptr
+from .._normalize import fold_scale, paged_nhd, scatter_padded_lse, uniform_indptr
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import CudnnPrefillSpec
 from . import _base as B
@@ -61,16 +62,21 @@ def cudnn_batch_prefill_with_kv_cache(
             batch_offsets_k, batch_offsets_v, is_cuda_graph_compatible, backend, batch_offsets_units, o_data_type)
         return ops.fill(res, out), (ops.fill(res_lse, lse) if return_lse else None)
     explicit = policy.explicit_choice(backend)
+    actual_seq_lens_q, actual_seq_lens_kv = _on_device(actual_seq_lens_q, q), _on_device(actual_seq_lens_kv, q)
+    key = B.lane_key(ENTRY, (q, k_cache, v_cache, workspace_buffer, actual_seq_lens_q, actual_seq_lens_kv), (
+        scale, max_token_per_sequence, max_sequence_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale,
+        batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_v, batch_offsets_units, out, lse,
+        is_cuda_graph_compatible, o_data_type), backend)
     args = dict(q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
-                max_token_per_sequence=max_token_per_sequence,
-                max_sequence_kv=max_sequence_kv, actual_seq_lens_q=_on_device(actual_seq_lens_q, q),
-                actual_seq_lens_kv=_on_device(actual_seq_lens_kv, q), block_tables=block_tables, causal=causal,
-                return_lse=return_lse, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
+                actual_seq_lens_q=actual_seq_lens_q, actual_seq_lens_kv=actual_seq_lens_kv, block_tables=block_tables,
+                causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                 batch_offsets_q=batch_offsets_q, batch_offsets_o=batch_offsets_o, batch_offsets_k=batch_offsets_k,
                 batch_offsets_v=batch_offsets_v, batch_offsets_units=batch_offsets_units, out=out, lse=lse,
                 is_cuda_graph_compatible=is_cuda_graph_compatible, o_data_type=o_data_type)
-    problem, batch, padded = prepare(args)
-    B.remember(cudnn_batch_prefill_with_kv_cache, B.execute(problem, batch, explicit))
+    lane = B.lane(key, CudnnPrefillSpec, lambda: args, _call_key, _problem, _sizes, explicit)
+    batch, padded = _batch(args, lane.sizes)
+    B.remember(cudnn_batch_prefill_with_kv_cache, lane.launch(batch))
     if not return_lse:
         return batch.out, None
     if not B.is_dry():
@@ -97,29 +103,40 @@ def _problem(spec, d) -> AttentionProblem:
         cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda")
 
 
-def prepare(args: dict):
+def _call_key(args: dict) -> tuple:
+    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1,)
+
+
+def _sizes(args: dict, d) -> SimpleNamespace:
+    return SimpleNamespace(total_q=d.total_q, hq=d.hq, dqk=d.dqk, hkv=d.hkv, dvo=d.dvo, out_dtype=d.out_dtype,
+                           batch=d.batch, paged=d.paged)
+
+
+def _batch(args: dict, z: SimpleNamespace) -> tuple[AttentionBatch, Optional[torch.Tensor]]:
+    """The batch (with token-unit indices derived on the device) and the padded LSE buffer."""
     q = args["q"]
-    key = B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1,)
-    problem, spec, d = B.checked(CudnnPrefillSpec, args, key, q, _problem)
-    qo_indptr, kv_indptr, kv_lens = _indices(args, d)
+    if z.paged:
+        k, v = paged_nhd(args["k_cache"], "HND", False), paged_nhd(args["v_cache"], "HND", False)  # as the spec's
+    else:
+        k, v = args["k_cache"], args["v_cache"]
+    qo_indptr, kv_indptr, kv_lens = _indices(args, z)
     batch = AttentionBatch(
-        q=q, k=d.k, v=d.v, qo_indptr=qo_indptr, kv_lens=kv_lens,
-        out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=d.batch,
+        q=q, k=k, v=v, qo_indptr=qo_indptr, kv_lens=kv_lens,
+        out=B.new_out(args["out"], z.total_q, z.hq, z.dvo, z.out_dtype, q.device), batch_size=z.batch,
         max_q_len=args["max_token_per_sequence"], max_kv_len=args["max_sequence_kv"],
         sm_scale=fold_scale(args["scale"], args["q_scale"], args["k_scale"]), out_scale=fold_scale(1.0, args["v_scale"]),
         kv_indptr=kv_indptr, block_table=args["block_tables"],
-        lse=B.new_lse(None, d.total_q, d.hq, q.device, args["return_lse"]))
+        lse=B.new_lse(None, z.total_q, z.hq, q.device, args["return_lse"]), extras=B.NO_EXTRAS)
     padded = None
     if args["return_lse"]:
         padded = args["lse"] if args["lse"] is not None else torch.empty(
-            d.batch, args["max_token_per_sequence"], d.hq, dtype=torch.float32, device=q.device)
-    return problem, batch, padded
+            z.batch, args["max_token_per_sequence"], z.hq, dtype=torch.float32, device=q.device)
+    return batch, padded
 
 
 def _cumsum0(lens: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
-    out[1:] = lens.reshape(-1).cumsum(0)
-    return out
+    """(B+1,) int32 prefix sums of (B,) lengths, on the device (two launches, no sync)."""
+    return torch.nn.functional.pad(lens.reshape(-1).cumsum(0, dtype=torch.int32), (1, 0))
 
 
 def _token_offsets(offsets: torch.Tensor, units_per_token: int, tokens: bool) -> torch.Tensor:

@@ -104,6 +104,12 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
              kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
+        lane_key = B.lane_key("paged-run", (q,) + B.kv_parts(paged_kv_cache), (
+            q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks, kv_cache_sf, overrides, sm_scale))
+        lane = self._lanes.get(lane_key) if lane_key is not None else None
+        if lane is not None:  # an exact repeat on this plan: nothing to check
+            k, v = self._kv_views(paged_kv_cache)
+            return self._go(lane, q, k, v, out, lse, return_lse, sinks)
         args = dict(q=q, paged_kv_cache=paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
                     lse=lse, return_lse=return_lse, window_left=window_left, sinks=sinks, kv_cache_sf=kv_cache_sf)
         key = B.call_key("paged-run", args, None, _RUN_PER_CALL) + (overrides,)
@@ -116,7 +122,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             overrides += (("window_left", window_left),)
         base = self._plan.sm_scale if sm_scale is None else sm_scale
         return self._launch(q, k, v, out, lse, return_lse, sinks, fold_scale(base, q_scale, k_scale),
-                            fold_scale(1.0, v_scale), overrides)
+                            fold_scale(1.0, v_scale), overrides, lane_key)
 
     def _kv_views(self, paged_kv_cache) -> tuple:
         """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""

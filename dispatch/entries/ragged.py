@@ -83,6 +83,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, overrides,
              sm_scale: Optional[float] = None):
+        lane_key = B.lane_key("ragged-run", (q, k, v), (
+            q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf, overrides, sm_scale))
+        lane = self._lanes.get(lane_key) if lane_key is not None else None
+        if lane is not None:  # an exact repeat on this plan: nothing to check
+            return self._go(lane, q, k, v, out, lse, return_lse, None)
         args = dict(q=q, k=k, v=v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale, out=out,
                     lse=lse, return_lse=return_lse, kv_cache_sf=kv_cache_sf)
         key = B.call_key("ragged-run", args, None, _RUN_PER_CALL) + (overrides,)
@@ -94,7 +99,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         inv_o = None if o_scale is None else (o_scale.reciprocal() if isinstance(o_scale, torch.Tensor)
                                               else 1.0 / o_scale)
         return self._launch(q, k, v, out, lse, return_lse, None, fold_scale(base, q_scale, k_scale),
-                            fold_scale(1.0, v_scale, inv_o), overrides)
+                            fold_scale(1.0, v_scale, inv_o), overrides, lane_key)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                 pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False, window_left: int = -1,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 from typing import Optional, Union
 
 import torch
@@ -65,14 +66,28 @@ def single_prefill_with_kv_cache(
         custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
     elif isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1:
         custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
-    args = dict(q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype,
-                custom_mask=custom_mask, packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout,
-                pos_encoding_mode=pos_encoding_mode, sm_scale=sm_scale, window_left=window_left,
-                logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
-                return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale)
-    problem, batch = prepare(args)
-    B.remember(single_prefill_with_kv_cache, B.execute(problem, batch, explicit))
-    return (batch.out, batch.lse) if return_lse else batch.out
+    key = B.lane_key(ENTRY, (q, k, v), (scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+                                        kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), backend)
+    lane = B.lane(key, SinglePrefillSpec, lambda: dict(
+        q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype, custom_mask=custom_mask,
+        packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
+        sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+        rope_theta=rope_theta, return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale),
+        _call_key, _problem, _sizes, explicit)
+    z = lane.sizes
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    device = q.device
+    out = torch.empty(z.qo_len, z.hq, z.dvo, dtype=z.out_dtype, device=device)
+    lse = torch.empty(z.qo_len, z.hq, dtype=torch.float32, device=device) if return_lse else None
+    # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
+    batch = AttentionBatch(q, k, v, z.qo_indptr, z.kv_lens, out, 1, z.qo_len, z.kv_len,
+                           z.sm_scale if k_scale is None else fold_scale(z.sm_scale, k_scale),
+                           1.0 if v_scale is None else fold_scale(1.0, v_scale), z.kv_indptr, None, lse, None,
+                           _flat_mask(custom_mask, packed_custom_mask, z), z.mask_indptr, None, B.NO_EXTRAS)
+    B.remember(single_prefill_with_kv_cache, lane.launch(batch))
+    return (out, lse) if return_lse else out
 
 
 B.seed_signature(single_prefill_with_kv_cache, {"allow_fp16_qk_reduction": False,
@@ -112,36 +127,26 @@ def _problem(spec, d) -> AttentionProblem:
         return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda")
 
 
-def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
-    """Validate (full once per key, sizes per call) and build the problem and the batch."""
-    q = args["q"]
-    def key():  # built only when the call is not an exact repeat
-        return B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else None
-    problem, spec, d = B.checked_repeat(ENTRY, SinglePrefillSpec, args, key, q, _problem, _views)
-    sm_scale = args["sm_scale"] if args["sm_scale"] is not None else 1.0 / math.sqrt(d.dqk)
-    mask = _flat_mask(args, d)
-    qo_indptr, kv_indptr = uniform_indptr(1, d.qo_len, q.device), uniform_indptr(1, d.kv_len, q.device)
-    batch = AttentionBatch(
-        q=q, k=d.k, v=d.v, qo_indptr=qo_indptr, kv_lens=kv_indptr[1:],
-        out=B.new_out(None, d.qo_len, d.hq, d.dvo, d.out_dtype, q.device), batch_size=1, max_q_len=d.qo_len,
-        max_kv_len=d.kv_len, sm_scale=fold_scale(sm_scale, args["k_scale"]), out_scale=fold_scale(1.0, args["v_scale"]),
-        kv_indptr=kv_indptr, lse=B.new_lse(None, d.qo_len, d.hq, q.device, args["return_lse"]), custom_mask=mask,
-        mask_indptr=uniform_indptr(1, d.qo_len * d.kv_len, q.device) if mask is not None else None)
-    return problem, batch
+def _call_key(args: dict) -> tuple:
+    return B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else (ENTRY, None)
 
 
-def _views(args: dict) -> dict:
-    """The logical (kv_len, Hkv, D) views of k and v (an HND pair is transposed), as the spec's."""
-    k, v = args["k"], args["v"]
-    if args["kv_layout"] == "HND":
-        return {"k": k.transpose(0, 1), "v": v.transpose(0, 1)}
-    return {"k": k, "v": v}
+def _sizes(args: dict, d) -> SimpleNamespace:
+    """What a repeat of the call builds its batch from (the spec's derived sizes, the index tensors)."""
+    device = args["q"].device
+    kv_indptr = uniform_indptr(1, d.kv_len, device)
+    masked = args["custom_mask"] is not None or args["packed_custom_mask"] is not None
+    return SimpleNamespace(
+        qo_len=d.qo_len, kv_len=d.kv_len, hq=d.hq, dvo=d.dvo, out_dtype=d.out_dtype,
+        sm_scale=args["sm_scale"] if args["sm_scale"] is not None else 1.0 / math.sqrt(d.dqk),
+        qo_indptr=uniform_indptr(1, d.qo_len, device), kv_indptr=kv_indptr, kv_lens=kv_indptr[1:],
+        mask_indptr=uniform_indptr(1, d.qo_len * d.kv_len, device) if masked else None)
 
 
-def _flat_mask(args: dict, d) -> Optional[torch.Tensor]:
-    if args["custom_mask"] is not None:
-        return args["custom_mask"].reshape(-1)
-    if args["packed_custom_mask"] is not None:
-        n = d.qo_len * d.kv_len
-        return unpack_bits(args["packed_custom_mask"], [(n + 7) // 8], [n])
+def _flat_mask(custom_mask, packed_custom_mask, z) -> Optional[torch.Tensor]:
+    if custom_mask is not None:
+        return custom_mask.reshape(-1)
+    if packed_custom_mask is not None:
+        n = z.qo_len * z.kv_len
+        return unpack_bits(packed_custom_mask, [(n + 7) // 8], [n])
     return None

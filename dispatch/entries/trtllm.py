@@ -6,6 +6,7 @@ own tests pass page counts there).
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional, Union
 
 import torch
@@ -57,16 +58,30 @@ def trtllm_batch_context_with_kv_cache(
         return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
                          bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
                          causal, lse, return_lse)
-    args = dict(query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
-                seq_lens=B.int32_lengths(seq_lens),
-                max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-                batch_size=batch_size, cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out,
-                out_dtype=out_dtype, o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_layout=kv_layout,
-                sinks=B.sinks_tensor(sinks, query), kv_cache_sf=block_scales,
-                uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, causal=causal, lse=lse, return_lse=return_lse)
-    problem, batch = prepare(args)
-    B.remember(trtllm_batch_context_with_kv_cache, B.execute(problem, batch, policy.explicit_choice()))
-    return (batch.out, batch.lse) if return_lse else batch.out
+    seq_lens, sinks = B.int32_lengths(seq_lens), B.sinks_tensor(sinks, query)
+    explicit = policy.explicit_choice()
+    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + B.kv_parts(kv_cache),
+                     (max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, window_left, out, out_dtype, o_sf_scale,
+                      o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse))
+    lane = B.lane(key, TrtllmContextSpec, lambda: dict(
+        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
+        seq_lens=seq_lens, max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+        batch_size=batch_size, cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out, out_dtype=out_dtype,
+        o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_layout=kv_layout, sinks=sinks,
+        kv_cache_sf=block_scales, uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, causal=causal, lse=lse,
+        return_lse=return_lse), _call_key, _problem, _sizes, explicit)
+    k, v = B.paged_kv(kv_cache, kv_layout)
+    z = lane.sizes
+    device = query.device
+    if out is None:
+        out = torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=device)
+    if lse is None and return_lse:
+        lse = torch.empty(z.total_q, z.hq, dtype=torch.float32, device=device)
+    # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
+    batch = AttentionBatch(query, k, v, cum_seq_lens_q, seq_lens, out, batch_size, max_q_len, max_kv_len, bmm1_scale,
+                           bmm2_scale, None, block_tables, lse, sinks, None, None, None, B.NO_EXTRAS)
+    B.remember(trtllm_batch_context_with_kv_cache, lane.launch(batch))
+    return (out, lse) if return_lse else out
 
 
 def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
@@ -88,30 +103,23 @@ def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_l
 B.seed_signature(trtllm_batch_context_with_kv_cache, {"kv_block_scales": None, "kv_cache_sf": None})
 
 
-def _problem(spec, d, wants_lse: bool) -> AttentionProblem:
+def _problem(spec, d) -> AttentionProblem:
     return AttentionProblem(
         entry=ENTRY, phase="decode" if spec.max_q_len == 1 else "prefill", kv_storage="paged",
         kv_layout=spec.kv_layout, num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
         q_dtype=dtype_name(spec.query.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size, causal=spec.causal, window_left=spec.window_left, has_sinks=spec.sinks is not None,
-        return_lse=wants_lse, device_type="cpu" if spec.query.device.type == "cpu" else "cuda")
+        return_lse=spec.return_lse or spec.lse is not None,
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda")
 
 
-def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
-    q = args["query"]
-    wants_lse = args["return_lse"] or args["lse"] is not None
+def _call_key(args: dict) -> tuple:
     # max_q_len == 1 makes it a decode problem: a fact of the key, not only a per-call size.
-    key = lambda: B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)  # noqa: E731
-    problem, spec, d = B.checked_repeat(ENTRY, TrtllmContextSpec, args, key, q,
-                                        lambda s, dd: _problem(s, dd, wants_lse),
-                                        lambda a: B.paged_views(a["kv_cache"], a["kv_layout"]))
-    batch = AttentionBatch(
-        q=q, k=d.k, v=d.v, qo_indptr=args["cum_seq_lens_q"], kv_lens=args["seq_lens"],
-        out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=args["batch_size"],
-        max_q_len=args["max_q_len"], max_kv_len=args["max_kv_len"], sm_scale=args["bmm1_scale"],
-        out_scale=args["bmm2_scale"], block_table=args["block_tables"],
-        lse=B.new_lse(args["lse"], d.total_q, d.hq, q.device, wants_lse), sinks=args["sinks"])
-    return problem, batch
+    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)
+
+
+def _sizes(args: dict, d) -> SimpleNamespace:
+    return SimpleNamespace(total_q=d.total_q, hq=d.hq, dvo=d.dvo, out_dtype=d.out_dtype)
 
 
 ops.register_eager('trtllm_batch_context_with_kv_cache', trtllm_batch_context_with_kv_cache)

@@ -5,6 +5,7 @@ is NOT applied again. ``seq_lens`` (uint32 or int32) include the draft tokens.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional, Union
 
 import torch
@@ -53,13 +54,25 @@ def xqa_batch_decode_with_kv_cache(
                              max_seq_len, b1, b1_t, b2, b2_t, window_left, B.sinks_tensor(sinks, query), kv_layout,
                              q_len_per_req, o_scale, mask, q_cu_seq_lens)
         return ops.fill(res, out)
-    args = dict(query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
-                seq_lens=B.int32_lengths(seq_lens),
-                max_seq_len=max_seq_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, window_left=window_left,
-                out=out, sinks=B.sinks_tensor(sinks, query), kv_layout=kv_layout, q_len_per_req=q_len_per_req,
-                o_scale=o_scale, mask=mask, kv_cache_sf=kv_cache_sf, q_cu_seq_lens=q_cu_seq_lens)
-    problem, batch = prepare(args)
-    B.remember(xqa_batch_decode_with_kv_cache, B.execute(problem, batch, policy.explicit_choice()))
+    seq_lens, sinks = B.int32_lengths(seq_lens), B.sinks_tensor(sinks, query)
+    explicit = policy.explicit_choice()
+    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens) + B.kv_parts(kv_cache),
+                     (max_seq_len, bmm1_scale, bmm2_scale, window_left, out, sinks, kv_layout, enable_pdl,
+                      q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens))
+    lane = B.lane(key, XqaDecodeSpec, lambda: dict(
+        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
+        seq_lens=seq_lens, max_seq_len=max_seq_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+        window_left=window_left, out=out, sinks=sinks, kv_layout=kv_layout, q_len_per_req=q_len_per_req,
+        o_scale=o_scale, mask=mask, kv_cache_sf=kv_cache_sf, q_cu_seq_lens=q_cu_seq_lens),
+        _call_key, _problem, _sizes, explicit)
+    k, v = B.paged_kv(kv_cache, kv_layout)
+    z = lane.sizes
+    batch = AttentionBatch(
+        query, k, v, q_cu_seq_lens if q_cu_seq_lens is not None else z.qo_indptr, seq_lens,
+        out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=query.device),
+        z.batch, q_len_per_req, max_seq_len, bmm1_scale, bmm2_scale, None, block_tables, None, sinks, None, None,
+        mask if q_len_per_req > 1 else None, B.NO_EXTRAS)
+    B.remember(xqa_batch_decode_with_kv_cache, lane.launch(batch))
     return batch.out
 
 
@@ -75,19 +88,16 @@ def _problem(spec, d) -> AttentionProblem:
         device_type="cpu" if spec.query.device.type == "cpu" else "cuda")
 
 
-def prepare(args: dict) -> tuple[AttentionProblem, AttentionBatch]:
-    q = args["query"]
-    key = lambda: B.call_key(ENTRY, args, _VARY, _PER_CALL)  # noqa: E731 (built only when needed)
-    problem, spec, d = B.checked_repeat(ENTRY, XqaDecodeSpec, args, key, q, _problem,
-                                        lambda a: B.paged_views(a["kv_cache"], a["kv_layout"]))
-    qlen = args["q_len_per_req"]
-    qo = args["q_cu_seq_lens"] if args["q_cu_seq_lens"] is not None else uniform_indptr(d.batch, qlen, q.device)
-    batch = AttentionBatch(
-        q=q, k=d.k, v=d.v, qo_indptr=qo, kv_lens=args["seq_lens"],
-        out=B.new_out(args["out"], d.total_q, d.hq, d.dvo, d.out_dtype, q.device), batch_size=d.batch,
-        max_q_len=qlen, max_kv_len=args["max_seq_len"], sm_scale=args["bmm1_scale"], out_scale=args["bmm2_scale"],
-        block_table=args["block_tables"], sinks=args["sinks"], spec_mask=args["mask"] if qlen > 1 else None)
-    return problem, batch
+def _call_key(args: dict) -> tuple:
+    return B.call_key(ENTRY, args, _VARY, _PER_CALL)
+
+
+def _sizes(args: dict, d) -> SimpleNamespace:
+    """What a repeat of the call builds its batch from (the spec's derived sizes)."""
+    qo_indptr = None if args["q_cu_seq_lens"] is not None else uniform_indptr(d.batch, args["q_len_per_req"],
+                                                                              args["query"].device)
+    return SimpleNamespace(total_q=d.total_q, hq=d.hq, dvo=d.dvo, out_dtype=d.out_dtype, batch=d.batch,
+                           qo_indptr=qo_indptr)
 
 
 ops.register_eager('xqa_batch_decode_with_kv_cache', xqa_batch_decode_with_kv_cache)
