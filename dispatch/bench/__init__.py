@@ -1,0 +1,154 @@
+"""``attn-dispatch bench``: the one benchmark runner.
+
+Sweeps a named grid (``--grid quick|h100``; ``--quick`` = ``--grid quick``) or a user's JSON list
+of problems (``--problems FILE``; fields: dispatch/bench/problems.py) through the public entry
+points: every available backend forced in turn and the automatic choice, each output checked
+against the fp64 oracle, eager and CUDA-graph timing, rates, the fastest backend and auto's
+regret (``runner.METHOD``). Writes DIR/bench-<grid>.json and .md (+ PNG plots with matplotlib)
+and prints the Markdown table; a progress bar with tqdm (plain lines without it).
+
+    attn-dispatch bench --device cpu --quick --out DIR        # seconds, CI runs it
+    attn-dispatch bench --grid h100 --out $OUT --budget-s 500 # one H100, JIT compiles included
+    attn-dispatch bench --to-table DIR/bench-h100.json        # -> capability_db/measured/<gpu>.json
+
+Packages: dispatch.bench.oracle (the one fp64 oracle), dispatch.bench.timing (the one timer),
+problems / grids / build / runner / report, and table (results -> the router's timing table).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import grids, problems, report, runner
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attn-dispatch bench", description=__doc__.split("\n\n")[0])
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
+    what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
+    what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/bench/problems.py)")
+    what.add_argument("--to-table", type=Path, metavar="RESULTS.json",
+                      help="turn a bench JSON into the router's timing table (capability_db/measured/<gpu>.json)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), help="output folder (default $OUT or .)")
+    p.add_argument("--reps", type=int, default=0, help="timings per measurement (default: 10 on CUDA, 3 on the CPU)")
+    p.add_argument("--budget-s", type=float, default=0.0, metavar="S",
+                   help="stop starting problems after S seconds (the rest are listed as skipped)")
+    p.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N problems")
+    p.add_argument("--table-out", type=Path, default=None, help="with --to-table: where to write the table")
+    p.add_argument("--list", action="store_true", help="list the problems and exit")
+    p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
+    return p
+
+
+def load_problems(args: argparse.Namespace) -> tuple[str, list[problems.BenchProblem]]:
+    if args.problems:
+        items = json.loads(args.problems.read_text())
+        if not isinstance(items, list):
+            raise ValueError(f"--problems {args.problems}: expected a JSON list of problem objects")
+        return args.problems.stem, [problems.problem_from_json(item) for item in items]
+    name = "quick" if args.quick else (args.grid or ("h100" if args.device == "cuda" else "quick"))
+    return name, grids.grid(name)
+
+
+def environment(device: str) -> dict:
+    from .. import cli
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "torch": torch.__version__, "attn-dispatch": cli.version()}
+    if device == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(), capability="sm_%d%d" % torch.cuda.get_device_capability(),
+                   cuda=torch.version.cuda)
+    else:
+        env.update(gpu=None, cpu=platform.processor() or platform.machine())
+    for module in ("triton", "flashinfer", "cudnn"):
+        try:
+            env[module] = getattr(__import__(module), "__version__", "installed")
+        except Exception as exc:  # noqa: BLE001 - a missing package is a fact of the run
+            env[module] = f"not installed ({type(exc).__name__})"
+    return env
+
+
+def _progress(total: int):
+    """tqdm when installed (an optional extra), else one line per problem."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="problem", file=sys.stderr)
+
+
+def sweep(plist: list[problems.BenchProblem], device: str, reps: int, budget_s: float = 0.0,
+          on_result=None) -> list[dict]:
+    """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout)."""
+    l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0) if device == "cuda" else 0
+    start, results, bar = time.perf_counter(), [], _progress(len(plist))
+    for i, p in enumerate(plist):
+        if budget_s and time.perf_counter() - start > budget_s:
+            results.append({"problem": p.to_json(), "name": p.name, "error": "skipped: --budget-s spent"})
+            continue
+        try:
+            r = runner.run_problem(p, device, reps, l2, seed=i)
+        except Exception as exc:  # one problem failing (out of memory, say) is a result
+            r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
+        results.append(r)
+        line = (f"[{i + 1}/{len(plist)}] {p.name}: " + (r.get("error") or
+                f"fastest {r['fastest']} {r['fastest_ms'] or 0:.4g} ms, auto {r['auto']} "
+                + ("-" if r["regret"] is None else f"regret {r['regret']:.1%}") + f" ({r['seconds']} s)"))
+        if bar is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            bar.set_postfix_str(p.name[:40])
+            bar.update(1)
+        if on_result is not None:
+            on_result(results)
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.to_table:
+        from . import table
+        path = table.write_from_results(args.to_table, args.table_out)
+        print(f"timing table written: {path}")
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (use --device cpu)")
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # native-triton on the CPU: Triton's interpreter
+    try:
+        name, plist = load_problems(args)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    plist = plist[: args.limit] if args.limit else plist
+    if args.list:
+        print("\n".join(p.name for p in plist))
+        return 0
+    reps = args.reps or (10 if args.device == "cuda" else 5)
+    stem = f"bench-{name}-{args.device}"
+    rep = {"grid": name, "environment": environment(args.device),
+           "method": runner.METHOD.format(rows=16, reps=reps), "results": [], "regret": {}}
+
+    def save(results: list[dict]) -> list[Path]:
+        rep.update(results=results, regret=report.regret_figures(results))
+        return report.write(rep, args.out, stem)
+    paths = save(sweep(plist, args.device, reps, args.budget_s, on_result=save))
+    if args.json:
+        print(json.dumps({"regret": rep["regret"], "outputs": [str(p) for p in paths]}, indent=1))
+    else:
+        print(report.markdown(rep))
+        print("outputs: " + " ".join(str(p) for p in paths))
+    return 0

@@ -1,0 +1,180 @@
+"""Inputs and public calls of one bench problem (dispatch/lab.py's builders), and its fp64 check.
+
+``build`` draws the problem's tensors once (pages in a random order, fresh random values) and
+copies the K/V operand until the copies together outgrow the L2 (``kv_copies``), so that a
+timed call never reads K/V the previous call left in the L2. ``Built.call(backend)`` returns
+the entry point's public call, FlashInfer's spelling, taking one K/V operand; a wrapper is
+made and planned there, so call it inside ``dispatch.use_backend(name)`` to force a backend.
+``Built.check`` compares a sample of output rows (and LSE rows) with the fp64 oracle.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .. import lab
+from ..entries import ENTRIES
+from ..problem import NAME_DTYPES
+from .oracle import attention_fp64, band, relative_error
+from .problems import CUDNN, PAGED, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
+
+L2_READS = 3  # the K/V copies together hold >= 3x the L2 (as tools/host_cost.py's kernel table)
+MAX_KV_COPIES = 8
+SAMPLE_ROWS = 16  # query rows checked per sampled request (its last rows)
+
+
+def kv_bytes_stored(p: BenchProblem) -> int:
+    """Bytes of one K/V operand: every key of every request, K and V."""
+    elem = torch.empty((), dtype=NAME_DTYPES[p.kv_type]).element_size()
+    return 2 * p.batch * p.kv_len * p.num_kv_heads * p.head_dim * elem
+
+
+def kv_copies(p: BenchProblem, l2_bytes: int) -> int:
+    if l2_bytes <= 0:
+        return 1
+    return min(MAX_KV_COPIES, max(1, math.ceil(L2_READS * l2_bytes / kv_bytes_stored(p))))
+
+
+@dataclass
+class Built:
+    problem: BenchProblem
+    case: dict  # dispatch.lab's paged or ragged case
+    operands: list  # the K/V operand each call takes, in copies (operands[0] is checked)
+    sinks: Optional[torch.Tensor]
+    out: Optional[torch.Tensor]  # the caller's out buffer (None: the entry allocates)
+    lse: Optional[torch.Tensor]
+    scale: float
+    wrappers: list = field(default_factory=list)
+
+    def call(self) -> Callable[[Any], Any]:
+        """The public call taking a K/V operand (a wrapper is made and planned now)."""
+        return _CALLS[self.problem.entry](self)
+
+    def served(self) -> Optional[str]:
+        """The backend that served the latest call (a fallback included)."""
+        if self.wrappers:
+            decision = self.wrappers[-1].decision
+        else:
+            obj = ENTRIES[self.problem.entry].obj
+            decision = getattr(obj.func if isinstance(obj, functools.partial) else obj, "last_decision", None)
+        return None if decision is None else (decision.ran or decision.chosen)
+
+    def poison(self) -> None:
+        for t in (self.out, self.lse):
+            if t is not None:
+                t.fill_(float("nan"))
+
+    def check(self, result: Any) -> tuple[float, Optional[float], float]:
+        """(out rel. error, LSE rel. error or None, band) on a sample of requests and rows."""
+        out, lse = result if isinstance(result, tuple) else (result, None)
+        p, q = self.problem, self.case["q"]
+        n = min(p.q_len, SAMPLE_ROWS)
+        got_o, ref_o, got_l, ref_l = [], [], [], []
+        for r in sorted({0, p.batch // 2, p.batch - 1}):
+            rows = slice(r * p.q_len + p.q_len - n, (r + 1) * p.q_len)
+            k, v = self.request_kv(r)
+            o, l2 = attention_fp64(q[rows], k, v, sm_scale=self.scale, causal=p.causal, window_left=p.window_left,
+                                   soft_cap=p.soft_cap, sinks=self.sinks)
+            got_o.append(out[rows])
+            ref_o.append(o)
+            if lse is not None:
+                got_l.append(lse[r, p.q_len - n:] if p.entry == CUDNN else lse[rows])
+                ref_l.append(l2)
+        err = relative_error(torch.cat(got_o), torch.cat(ref_o))
+        lse_err = relative_error(torch.cat(got_l), torch.cat(ref_l)) if got_l else None
+        return err, lse_err, band(p.dtype, p.kv_type)
+
+    def request_kv(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request r's keys and values (kv_len, Hkv, D), read from operands[0]."""
+        p, c = self.problem, self.case
+        if not p.paged:
+            k, v = self.operands[0]
+            return k[r * p.kv_len:(r + 1) * p.kv_len], v[r * p.kv_len:(r + 1) * p.kv_len]
+        pages = c["table"][r, : math.ceil(p.kv_len / p.page_size)].long()
+        cache = c["cache"]  # (pages, 2, P, Hkv, D): NHD
+        k = cache[pages, 0].reshape(-1, p.num_kv_heads, p.head_dim)[: p.kv_len]
+        v = cache[pages, 1].reshape(-1, p.num_kv_heads, p.head_dim)[: p.kv_len]
+        return k, v
+
+
+def build(p: BenchProblem, device: str, l2_bytes: int = 0, seed: int = 0) -> Built:
+    dtype, kv_dtype = NAME_DTYPES[p.dtype], NAME_DTYPES[p.kv_type]
+    sizes = dict(num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads, head_dim=p.head_dim, device=device)
+    q_lens, kv_lens = (p.q_len,) * p.batch, (p.kv_len,) * p.batch
+    if p.paged:
+        c = lab.paged(q_lens, kv_lens, "NHD", dtype, seed, page_size=p.page_size, kv_dtype=kv_dtype, **sizes)
+        first: Any = c["cache"]
+    else:
+        c = lab.ragged(q_lens, kv_lens, dtype, seed, **sizes)
+        first = (c["k"], c["v"])
+    c["kv_tokens"] = lab.indptr(kv_lens, device)
+    copies = [first] + [tuple(t.clone() for t in first) if isinstance(first, tuple) else first.clone()
+                        for _ in range(kv_copies(p, l2_bytes) - 1)]
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
+    sinks = torch.randn(p.num_qo_heads, generator=gen).to(device) if p.sinks else None
+    total_q = p.batch * p.q_len
+    out = None if p.entry in (SINGLE, SINGLE_LSE) else torch.empty(total_q, p.num_qo_heads, p.head_dim,
+                                                                      dtype=dtype, device=device)
+    lse = (torch.empty(total_q, p.num_qo_heads, dtype=torch.float32, device=device)
+           if p.lse and p.entry in (PAGED, RAGGED, TRTLLM) else None)
+    return Built(p, c, copies, sinks, out, lse, p.head_dim ** -0.5)
+
+
+# -- the public calls, FlashInfer's spelling ------------------------------------------------------
+def _single(b: Built) -> Callable[[Any], Any]:
+    p, q = b.problem, b.case["q"]
+    fn = ENTRIES[p.entry].obj
+    kw = dict(causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    return lambda kv: fn(q, kv[0], kv[1], **kw)
+
+
+def _ragged(b: Built) -> Callable[[Any], Any]:
+    p, c = b.problem, b.case
+    w = lab.ragged_wrapper(c, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    b.wrappers.append(w)
+    return lambda kv: w.run(c["q"], kv[0], kv[1], return_lse=p.lse, out=b.out, lse=b.lse)
+
+
+def _paged(b: Built) -> Callable[[Any], Any]:
+    p, c = b.problem, b.case
+    w = lab.paged_wrapper(c, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    b.wrappers.append(w)
+    return lambda kv: w.run(c["q"], kv, return_lse=p.lse, out=b.out, lse=b.lse, sinks=b.sinks)
+
+
+def _trtllm(b: Built) -> Callable[[Any], Any]:
+    p, c = b.problem, b.case
+    ws, fn = lab.ws(c["device"]), ENTRIES[p.entry].obj
+    return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.q_len, p.kv_len, b.scale, 1.0, p.batch, c["qo"],
+                         c["kv_tokens"], window_left=p.window_left, out=b.out, kv_layout="NHD", sinks=b.sinks,
+                         causal=p.causal, return_lse=p.lse, lse=b.lse)
+
+
+def _xqa(b: Built) -> Callable[[Any], Any]:
+    p, c = b.problem, b.case
+    ws, fn = lab.ws(c["device"]), ENTRIES[p.entry].obj
+    return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.kv_len, b.scale, 1.0, window_left=p.window_left,
+                         out=b.out, sinks=b.sinks, kv_layout="NHD")
+
+
+def _cudnn(b: Built) -> Callable[[Any], Any]:
+    p, c = b.problem, b.case
+    ws, fn = lab.ws(c["device"]), ENTRIES[p.entry].obj
+    lens_q = torch.full((p.batch, 1, 1, 1), p.q_len, dtype=torch.int32, device=c["device"])
+    row = p.num_qo_heads * p.head_dim
+
+    def call(kv):  # K and V as (pages, Hkv, P, D) views of the NHD cache: no copy
+        k, v = kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2)
+        return fn(c["q"], k, v, b.scale, ws, max_token_per_sequence=p.q_len, max_sequence_kv=p.kv_len,
+                  actual_seq_lens_q=lens_q, actual_seq_lens_kv=c["seq"].view(p.batch, 1, 1, 1),
+                  block_tables=c["table"], causal=p.causal, return_lse=p.lse, batch_offsets_q=c["qo"] * row,
+                  batch_offsets_o=c["qo"] * row, out=b.out)
+    return call
+
+
+_CALLS = {SINGLE: _single, SINGLE_LSE: _single, RAGGED: _ragged, PAGED: _paged, TRTLLM: _trtllm, XQA: _xqa,
+          CUDNN: _cudnn}

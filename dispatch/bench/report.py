@@ -1,0 +1,129 @@
+"""The bench's outputs: JSON (everything), Markdown (one line per problem, then the regret
+figures) and, when matplotlib is installed, two PNG plots: throughput vs length per backend
+(auto's choice marked) and the histogram of auto's regret."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from .problems import SHORT_OF
+
+
+def regret_figures(results: list[dict]) -> dict[str, Any]:
+    """Count, p50, p95, max of auto's regret and how many problems are within 3% / 10%."""
+    regrets = sorted(r["regret"] for r in results if r.get("regret") is not None)
+    if not regrets:
+        return {"count": 0}
+
+    def pct(q: float) -> float:
+        return regrets[min(len(regrets) - 1, max(0, math.ceil(q * len(regrets)) - 1))]
+    return {"count": len(regrets), "p50": pct(0.5), "p95": pct(0.95), "max": regrets[-1],
+            "within_3pct": sum(x <= 0.03 for x in regrets), "within_10pct": sum(x <= 0.10 for x in regrets)}
+
+
+def _ms(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _cell(r: dict, unit: str) -> str:
+    if r["status"] != "ok":
+        note = r.get("note", "")
+        return r["status"] + (f" ({note[:60]})" if note and r["status"] != "refused" else "")
+    text = f"{_ms(r['eager_ms'])} ms, {r['rate']:.3g} {unit}"
+    if r.get("graph_ms"):
+        text += f", graph {_ms(r['graph_ms'])}"
+    if r["backend"] == "auto" and r.get("served"):
+        text = f"{r['served']}: " + text
+    return text
+
+
+def markdown(report: dict) -> str:
+    env, results = report["environment"], report["results"]
+    names = sorted({b["backend"] for r in results for b in r.get("backends", []) if b["backend"] != "auto"})
+    fig = report["regret"]
+    lines = [f"# attn-dispatch bench: {report['grid']} on {env.get('gpu') or 'CPU'}", "",
+             ", ".join(f"{k} {v}" for k, v in env.items()), "", report["method"], ""]
+    if fig.get("count"):
+        lines += [f"**Regret of the automatic choice** over {fig['count']} problems: p50 {fig['p50']:.1%}, "
+                  f"p95 {fig['p95']:.1%}, max {fig['max']:.1%}; within 3% of the fastest: {fig['within_3pct']}, "
+                  f"within 10%: {fig['within_10pct']}.", ""]
+    lines += ["| problem | fastest | auto | regret | " + " | ".join(names) + " |",
+              "|---|---|---|---|" + "---|" * len(names)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['name']} | error: {r['error']} |||" + "|" * len(names))
+            continue
+        by = {b["backend"]: b for b in r["backends"]}
+        auto = by.get("auto", {"status": "missing"})
+        regret = "-" if r.get("regret") is None else f"{r['regret']:.1%}"
+        cells = [(_cell(by[n], r["unit"]) if n in by else "") for n in names]
+        lines.append(f"| {r['name']} | {r.get('fastest') or '-'} | {_cell(auto, r['unit'])} | {regret} | "
+                     + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path, stem: str) -> list[Path]:
+    """DIR/<stem>.json and .md, and the PNG plots when matplotlib is installed."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.json", out / f"{stem}.md"]
+    paths[0].write_text(json.dumps(report, indent=1, default=str))
+    paths[1].write_text(markdown(report))
+    return paths + plots(report, out, stem)
+
+
+def plots(report: dict, out: Path, stem: str) -> list[Path]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # an optional extra: no plot without it
+        return []
+    results = [r for r in report["results"] if "backends" in r]
+    paths = []
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        p = r["problem"]
+        groups.setdefault((SHORT_OF[p["entry"]], "decode" if p["q_len"] == 1 else "prefill", r["unit"]), []).append(r)
+    panels = [(k, v) for k, v in groups.items() if len(v) >= 2]
+    if panels:
+        cols = min(3, len(panels))
+        rows = math.ceil(len(panels) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
+        for ax, ((entry, phase, unit), rs) in zip(axes.flat, panels):
+            _throughput_panel(ax, entry, phase, unit, rs)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.axis("off")
+        fig.tight_layout()
+        paths.append(out / f"{stem}-throughput.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    regrets = [100 * r["regret"] for r in results if r.get("regret") is not None]
+    if regrets:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.hist(regrets, bins=20)
+        ax.set_xlabel("regret of the automatic choice, % (auto / fastest - 1)")
+        ax.set_ylabel("problems")
+        fig.tight_layout()
+        paths.append(out / f"{stem}-regret.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def _throughput_panel(ax, entry: str, phase: str, unit: str, rs: list[dict]) -> None:
+    """Rate vs total KV length (batch x kv_len) per backend; auto drawn as crosses."""
+    rs = sorted(rs, key=lambda r: r["problem"]["batch"] * r["problem"]["kv_len"])
+    xs = [r["problem"]["batch"] * r["problem"]["kv_len"] for r in rs]
+    names = sorted({b["backend"] for r in rs for b in r["backends"]})
+    for name in names:
+        pts = [(x, b["rate"]) for x, r in zip(xs, rs) for b in r["backends"] if b["backend"] == name and b.get("rate")]
+        if pts:
+            style = dict(marker="x", linestyle="none", color="black", markersize=8) if name == "auto" else dict(marker="o")
+            ax.plot(*zip(*pts), label=name, **style)
+    ax.set_xscale("log")
+    ax.set_title(f"{entry} {phase}")
+    ax.set_xlabel("batch x kv_len (keys)")
+    ax.set_ylabel(unit)
+    ax.legend(fontsize=7)

@@ -1,0 +1,194 @@
+"""Measure one problem: every available backend forced in turn, then the automatic choice.
+
+Per backend: make the public call under ``dispatch.use_backend(name)`` (automatic: no choice),
+poison the out buffer, run once and check the output against the fp64 oracle, warm every K/V
+copy, time eager (``timing.device_ms``: CUDA events, calls queued behind a GPU spin; the CPU's
+wall clock) and, where the backend that served declares CUDA-graph support, the replay of one
+graph of one call per K/V copy (which must equal eager). A refusal (the backend's reasons) or an
+error is a result, never a crash. ``METHOD`` states the rates' formulas.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+
+import backends
+
+from .. import policy, router
+from . import timing
+from .build import Built, build
+from .problems import BenchProblem
+
+AUTO = "auto"
+METHOD = (
+    "Each problem runs through the public entry point (import dispatch), every available backend forced in "
+    "turn (dispatch.use_backend) and the automatic choice (auto). Check: the out buffer is poisoned with NaN, "
+    "one call, then the last {rows} query rows of the first, middle and last request (and their LSE) against "
+    "the fp64 oracle (dispatch/bench/oracle.py): relative Frobenius error within the band (bf16/fp16 1e-2, "
+    "fp8 KV 6e-2, fp32 1e-5), else the backend's row says DISAGREES and is not timed. Time: milliseconds per "
+    "call, eager and warm, median of {reps} CUDA-event timings of back-to-back calls queued behind a GPU spin "
+    "(host launch gaps not counted; CPU: the wall clock); graph: the replay of one CUDA graph holding one call "
+    "per K/V copy, where the backend that served declares CUDA-graph support. K/V rotate over copies that "
+    "together hold at least 3x the L2, so no call reads K/V left in the L2 by the previous one. Rates, one "
+    "formula each: decode (q_len 1) TB/s = bytes of K and V read [2 * batch * keys read * kv heads * head dim * "
+    "element bytes; keys read = kv_len, or window_left + 1 with a window] / time; prefill TFLOP/s = 4 * q heads "
+    "* head dim * batch * visible (query, key) pairs [bottom-right causal, window inclusive] / time. fastest: "
+    "the lowest eager time among the backends and auto; regret = auto / fastest - 1.")
+
+
+def visible_pairs(q_len: int, kv_len: int, causal: bool, window_left: int) -> int:
+    """(query, key) pairs one request computes: query i sits at kv_len - q_len + i (bottom-right)."""
+    pos = torch.arange(q_len, dtype=torch.int64) + (kv_len - q_len)
+    hi = pos if causal else torch.full_like(pos, kv_len - 1)
+    lo = (pos - window_left).clamp_min(0) if window_left >= 0 else torch.zeros_like(pos)
+    return int((hi - lo + 1).clamp_min(0).sum())
+
+
+def work(p: BenchProblem) -> tuple[float, str]:
+    """(what one call must do, its rate's unit): K+V bytes read for decode, FLOPs for prefill (METHOD)."""
+    if p.decode:
+        keys = min(p.kv_len, p.window_left + 1) if p.window_left >= 0 else p.kv_len
+        elem = torch.empty((), dtype=getattr(torch, p.kv_type)).element_size()
+        return 2.0 * p.batch * keys * p.num_kv_heads * p.head_dim * elem, "TB/s"
+    pairs = visible_pairs(p.q_len, p.kv_len, p.causal, p.window_left)
+    return 4.0 * p.num_qo_heads * p.head_dim * p.batch * pairs, "TFLOP/s"
+
+
+def rate(p: BenchProblem, ms: float) -> float:
+    amount, _ = work(p)
+    return amount / (ms * 1e-3) / 1e12
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _scope(backend: str):
+    return contextlib.nullcontext() if backend == AUTO else policy.use_backend(backend)
+
+
+def _cycling(fn: Callable[[Any], Any], operands: list) -> Callable[[], Any]:
+    it = itertools.cycle(operands)
+    return lambda: fn(next(it))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
+
+
+def measure(built: Built, backend: str, device: str, reps: int) -> dict:
+    """One backend (or auto) on one built problem: status, served, errors, eager/graph ms."""
+    row: dict[str, Any] = {"backend": backend}
+    with _scope(backend):
+        try:
+            call = built.call()
+            built.poison()
+            result = call(built.operands[0])
+            _sync(device)
+        except router.BackendRefusedError as exc:
+            return {**row, "status": "refused", "note": _refusal(exc)}
+        except Exception as exc:  # a vendor failing is a result to report
+            traceback.print_exc()
+            return {**row, "status": "error", "note": _one_line(exc)}
+        row["served"] = built.served()
+        err, lse_err, band = built.check(result)
+        row.update(rel_err=err, lse_rel_err=lse_err, band=band)
+        if not (err <= band and (lse_err is None or lse_err <= band)):
+            return {**row, "status": "DISAGREES"}
+        row["status"] = "ok"
+        row["eager_ms"] = _eager_ms(call, built, device, reps)
+        if device == "cuda" and _graph_capable(row["served"]):
+            row.update(_graph(call, built, reps))
+    return row
+
+
+def _refusal(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip().startswith("- ")]
+    return ("; ".join(line[2:] for line in lines) or _one_line(exc))[:240]
+
+
+def _graph_capable(name: Optional[str]) -> bool:
+    return name is not None and backends.get_backend(name).caps.cuda_graph != "never"
+
+
+def _eager_ms(call: Callable[[Any], Any], built: Built, device: str, reps: int) -> float:
+    for kv in built.operands:  # warm every copy: plans, JIT compiles, first-touch
+        call(kv)
+    _sync(device)
+    t0 = time.perf_counter()
+    call(built.operands[0])
+    _sync(device)
+    one_ms = max(1e-3, (time.perf_counter() - t0) * 1e3)
+    calls = max(len(built.operands), min(50, math.ceil(2.0 / one_ms))) if device == "cuda" else 1
+    return timing.device_ms(_cycling(call, built.operands), device, reps=reps, calls=calls)
+
+
+def _graph(call: Callable[[Any], Any], built: Built, reps: int) -> dict:
+    """Replay ms per call of a graph of one call per K/V copy; the replay must equal eager."""
+    try:
+        ms, graph = timing.graph_ms([lambda kv=kv: call(kv) for kv in built.operands], reps)
+        out = built.out
+        if out is None:
+            return {"graph_ms": ms}
+        call(built.operands[-1])  # eager result of the graph's last call
+        eager = out.clone()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        same = torch.equal(out, eager)
+        return {"graph_ms": ms} if same else {"graph_ms": None, "graph_note": "replay differs from eager"}
+    except Exception as exc:  # capture refused: a result, eager still stands
+        return {"graph_ms": None, "graph_note": _one_line(exc)}
+
+
+def backends_to_force(p: BenchProblem, device: str) -> list[str]:
+    """Every registered backend whose package is usable here (or the problem's own list)."""
+    names = list(p.backends) or list(backends.REGISTRY)
+    out = []
+    for name in names:
+        backend = backends.get_backend(name)
+        if backend.available() is None:
+            out.append(name)
+    return out
+
+
+def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0) -> dict:
+    """Every backend, then auto, on one problem; the fastest and auto's regret."""
+    t0 = time.perf_counter()
+    built = build(p, device, l2_bytes, seed)
+    amount, unit = work(p)
+    rows = [measure(built, name, device, reps) for name in backends_to_force(p, device)]
+    rows.append(measure(built, AUTO, device, reps))
+    for r in rows:
+        if r.get("eager_ms"):
+            r["rate"] = amount / (r["eager_ms"] * 1e-3) / 1e12
+    result = {"problem": p.to_json(), "name": p.name, "unit": unit, "work": amount,
+              "kv_copies": len(built.operands), "backends": rows}
+    result.update(summarize(rows))
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    del built
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def summarize(rows: list[dict]) -> dict:
+    """fastest (backend and ms), auto's served backend and ms, regret = auto / fastest - 1."""
+    timed = {r["backend"]: r["eager_ms"] for r in rows if r.get("eager_ms")}
+    auto = next((r for r in rows if r["backend"] == AUTO), {})
+    if not timed:
+        return {"fastest": None, "fastest_ms": None, "auto": auto.get("served"), "auto_ms": None, "regret": None}
+    forced = {b: ms for b, ms in timed.items() if b != AUTO}
+    best = min(forced or timed, key=(forced or timed).__getitem__)
+    best_ms = min(timed.values())
+    auto_ms = timed.get(AUTO)
+    return {"fastest": best, "fastest_ms": (forced or timed)[best], "auto": auto.get("served"), "auto_ms": auto_ms,
+            "regret": None if auto_ms is None else auto_ms / best_ms - 1.0}
