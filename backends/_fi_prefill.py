@@ -17,7 +17,7 @@ bakes sm_scale into its plan; ours is a per-call value).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -42,6 +42,12 @@ class FiState:
     plan_args: tuple
     plan_kwargs: dict
     paged: bool
+    direct: Optional[list] = None  # paged fa2 on FlashInfer 0.5.x: the compiled run's arguments (_paged_run_args)
+
+
+# Positions of the per-call arguments in FlashInfer 0.5.x's compiled paged_run
+# (flashinfer/prefill.py BatchPrefillWithPagedKVCacheWrapper.run, run_args): q, k, v, out, lse, sm_scale.
+_Q, _K, _V, _OUT, _LSE, _SCALE = 3, 4, 5, 10, 11, 23
 
 
 class FlashInferPrefill(Provider):
@@ -183,10 +189,41 @@ class FlashInferPrefill(Provider):
         if lse is not None:
             batch.lse.copy_(lse)
 
-    @staticmethod
-    def _apply_plan(state: FiState) -> None:
+    def _apply_plan(self, state: FiState) -> None:
         state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
         state.wrapper._attn_dispatch_plan = state  # who planned it last
+        state.direct = self._paged_run_args(state) if state.paged else None
+
+    def _paged_run_args(self, state: FiState) -> Optional[list]:
+        """FlashInfer 0.5.x fa2's compiled ``paged_run`` arguments as its wrapper's run() builds
+        them from what plan() stored (the per-call ones at _Q.._SCALE left to fill), so a run pays
+        no FlashInfer Python layer; None (the public run) for another version or kind, a JIT
+        variant, or anything missing."""
+        version = self.version() or ""
+        w = state.wrapper
+        if self.kind != "fa2" or not version.startswith("0.5.") or getattr(w, "_jit_module", None) is not None:
+            return None
+        try:
+            prefill = self.loaded().module
+            if w._prefix_len_ptr is not None or w._backend != "fa2" or w._plan_info is None:
+                return None
+            if w._custom_mask_buf is not None:
+                mask_mode = prefill.MaskMode.CUSTOM.value
+            else:
+                mask_mode = (prefill.MaskMode.CAUSAL if w._causal else prefill.MaskMode.NON_CAUSAL).value
+            device = w._float_workspace_buffer.device
+            heads, page_size = w._num_qo_heads, state.plan_args[7]
+            return [w._float_workspace_buffer, w._int_workspace_buffer, w._plan_info, None, None, None,
+                    w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf,
+                    None, None, mask_mode, prefill.TensorLayout[w._kv_layout].value, w._window_left,
+                    torch.cuda.get_device_capability(device)[0] >= 9, w._custom_mask_buf, w._mask_indptr_buf,
+                    prefill._get_cache_alibi_slopes_buf(heads, device), w._prefix_len_ptr, w._token_pos_in_items_ptr,
+                    w._max_item_len_ptr, w._logits_soft_cap or 0.0, None, None, None, None, w._rope_scale or 1.0,
+                    w._rope_theta or 1e4, w._token_pos_in_items_len, w._workspace_size, heads, w._num_kv_heads,
+                    w._block_tables, w._kv_lens_buffer, page_size, w._max_q_len, w._max_kv_len, w._batch_size,
+                    w._qo_indptr_buf, w._vector_sparse_indptr_buffer, None]
+        except (AttributeError, KeyError, TypeError, IndexError):
+            return None
 
     # -- run -------------------------------------------------------------------------------
     def run(self, problem, state: FiState, batch) -> None:
@@ -200,7 +237,13 @@ class FlashInferPrefill(Provider):
             self._apply_plan(state)  # another plan used the wrapper meanwhile, or the scale changed
         out = _vendor.writable(batch.out)
         lse = _vendor.writable(batch.lse)
-        if state.paged:
+        if state.direct is not None:
+            k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
+            args = list(state.direct)
+            args[_Q], args[_K], args[_V], args[_OUT], args[_LSE] = batch.q, k, v, out, lse
+            args[_SCALE] = state.plan_kwargs["sm_scale"]
+            state.wrapper._cached_module.paged_run(*args)
+        elif state.paged:
             k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
             state.wrapper.run(batch.q, (k, v), out=out, lse=lse, return_lse=lse is not None)
         else:

@@ -22,7 +22,7 @@ older ones are refused at plan time (BackendRejected), so the router falls back.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -38,6 +38,25 @@ class XqaPlan:
     problem: Any
     fn: Any
     spec: dict = field(default_factory=dict)  # q_len_per_req, mask[, q_cu_seq_lens]
+    direct: Optional["DirectXqa"] = None  # FlashInfer 0.5.x's compiled kernel entry, when usable
+
+
+@dataclass(frozen=True)
+class DirectXqa:
+    """FlashInfer 0.5.x's compiled ``xqa_wrapper`` and the arguments that do not change per call,
+    prepared at plan time: what ``flashinfer.xqa.xqa`` derives on every call (SM count, PDL
+    support, the workspace split) is derived once, so a call pays no FlashInfer Python layer."""
+
+    run: Any
+    fp8_sm90: bool
+    sm_count: int
+    num_kv_heads: int
+    sliding_window: int
+    page_size: int
+    sqrt_head_dim: float
+    semaphores: torch.Tensor
+    scratch: torch.Tensor
+    pdl: bool
 
 
 def draft_mask(qo_indptr: torch.Tensor, max_q: int, causal: bool, device) -> torch.Tensor:
@@ -84,11 +103,36 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "xqa (bmm1_scale)")
         self._refuse_second_gpu(batch.q.device)
         fn = self._loaded().module.xqa_batch_decode_with_kv_cache
-        _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True)
+        ws = _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True)
         if problem.phase != "spec_decode":
-            return XqaPlan(problem, fn)
+            return XqaPlan(problem, fn, direct=self._direct(problem, batch, ws))
         with on_device(batch.q.device):
             return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
+
+    def _direct(self, problem, batch, ws: torch.Tensor) -> Optional[DirectXqa]:
+        """The compiled kernel entry of FlashInfer 0.5.x (flashinfer/xqa.py ``get_xqa_module``:
+        ``module.xqa_wrapper``, 21 positional arguments), or None: another version, or any
+        lookup failure, keeps the public function."""
+        version = self.version() or ""
+        if not version.startswith("0.5.") or batch.q.device.type != "cuda":
+            return None
+        try:
+            from flashinfer.jit.xqa import gen_xqa_module  # FlashInfer's JIT module of this kernel variant
+            group = problem.num_qo_heads // problem.num_kv_heads
+            sliding = problem.window_left >= 0
+            key = (batch.q.dtype, batch.k.dtype, problem.page_size, problem.head_dim_qk, group, sliding,
+                   batch.out.dtype)
+            module = _MODULES.get(key)
+            if module is None:
+                module = _MODULES[key] = gen_xqa_module(*key).build_and_load()
+            major = torch.cuda.get_device_capability(batch.q.device)[0]
+            return DirectXqa(
+                module.xqa_wrapper, batch.k.dtype == torch.float8_e4m3fn and major == 9,
+                torch.cuda.get_device_properties(batch.q.device).multi_processor_count, problem.num_kv_heads,
+                problem.window_left + 1 if sliding else 0, problem.page_size, float(problem.head_dim_qk) ** 0.5,
+                ws[:SEMAPHORE_BYTES], ws[SEMAPHORE_BYTES:], major >= 9)
+        except (ImportError, AttributeError, TypeError, RuntimeError, OSError):
+            return None
 
     def _spec_kwargs(self, problem, batch, fn) -> dict:
         if not (_vendor.has_param(fn, "mask") and _vendor.has_param(fn, "q_len_per_req")):
@@ -117,6 +161,8 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
             self._launch(plan, batch)
 
     def _launch(self, plan: XqaPlan, batch) -> None:
+        if plan.direct is not None:
+            return self._launch_direct(plan.direct, batch)
         problem = plan.problem
         k, v, layout = _vendor.physical_kv(problem, batch.k, batch.v)
         out = _vendor.writable(batch.out)
@@ -131,3 +177,28 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         )
         _vendor.write_back(batch.out, out)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
+
+    @staticmethod
+    def _launch_direct(x: DirectXqa, batch) -> None:
+        """What flashinfer.decode.xqa_batch_decode_with_kv_cache then flashinfer.xqa.xqa do per
+        call with bmm2_scale = o_scale = 1 (q_scale = bmm1 * sqrt(d), kv_scale = 1), straight into
+        the compiled entry. Our K/V are the logical NHD views whatever the physical layout: the
+        kernel reads them by stride, as it reads FlashInfer's own transposed HND views."""
+        out = _vendor.writable(batch.out)
+        q = batch.q if batch.q.is_contiguous() else batch.q.contiguous()
+        scale = batch.sm_scale
+        tensor_scale = isinstance(scale, torch.Tensor)
+        table = batch.block_table
+        x.run(x.fp8_sm90, x.sm_count, x.num_kv_heads, x.sliding_window,
+              1.0 if tensor_scale else float(scale) * x.sqrt_head_dim,
+              scale.reshape(-1).to(torch.float32) * x.sqrt_head_dim if tensor_scale else None,
+              out.unsqueeze(1), 1.0, q.unsqueeze(1),
+              batch.sinks.reshape(x.num_kv_heads, -1) if batch.sinks is not None else None,
+              batch.k, batch.v, table, table.shape[-1] * x.page_size, batch.kv_lens.unsqueeze(1), table.shape[0],
+              1.0, None, x.semaphores, x.scratch, x.pdl)
+        _vendor.write_back(batch.out, out)
+        _vendor.apply_out_scale(batch.out, batch.out_scale)
+
+
+SEMAPHORE_BYTES = 8 * 1024 * 1024  # FlashInfer's xqa_batch_decode_with_kv_cache: the workspace's first 8 MiB
+_MODULES: dict = {}  # kernel variant -> FlashInfer's loaded JIT module (configuration only: a few)
