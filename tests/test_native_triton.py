@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from backends.base import DeviceDesc
-from backends.native.triton_backend import TileConfig, best_splits
+from backends.native.triton_backend import TileConfig, split_kv
 from capability_db import CPU_DEVICE, resolve_device
 from dispatch.lab_native import BACKEND, BANDS, DEVICE, Case, build, problem_of, rel_err, run_case
 from dispatch.problem import AttentionBatch, NAME_DTYPES
@@ -177,11 +177,22 @@ def test_small_tiles_interior_matches_fp64(name):
     run_case(SMALL_TILE_CASES[name], config=cfg)
 
 
-def test_split_count_fills_two_waves():
-    assert best_splits(programs=512, slots=132, max_useful=64) == 1  # 64 requests x 8 heads: no split
-    assert best_splits(programs=32, slots=132, max_useful=64) == 8  # 256 programs <= 264 slots x 2
-    assert best_splits(programs=8, slots=132, max_useful=64) == 33
-    assert best_splits(programs=8, slots=132, max_useful=3) == 3  # short sequences cap the split
+def test_split_count_fills_two_waves_on_an_h100():
+    """split_kv on 132 SMs, one d128 decode program per SM (the H100 choices in tools/NOTES-native.md)."""
+    h100 = dict(sms=132, per_sm=1, block_n=128)
+    assert split_kv(64, 8, 4096, **h100) == (1, 4096)  # 512 programs: already ~4 waves
+    assert split_kv(32, 8, 4096, **h100) == (1, 4096)  # 256 programs <= 2 waves
+    assert split_kv(16, 8, 4096, **h100) == (2, 2048)  # 128 programs x 2
+    assert split_kv(4, 8, 65536, **h100) == (8, 8192)  # measured best: 8 splits 2.85 TB/s (4: 2.57, 16: 2.62)
+    assert split_kv(1, 8, 131072, **h100) == (32, 4096)  # 33 wanted, whole tiles make it 32 (measured best)
+    assert split_kv(1, 8, 32768, **h100) == (32, 1024)  # measured: 32 1.94 TB/s, 16 1.89, 64 1.78
+    assert split_kv(1, 8, 2048, **h100) == (4, 512)  # short keys: at least 4 tiles of 128 per split
+    assert split_kv(1, 8, 511, **h100) == (1, 512)
+    assert split_kv(1, 1, 10 ** 6, **h100) == (64, 15744)  # never more than the merge's 64 partials
+    # Query blocks and head groups are programs too (spec decode, partial GQA packing).
+    assert split_kv(4, 8, 65536, m_blocks=2, head_groups=2, **h100) == (2, 32768)
+    # Two resident programs per SM double the slots (smaller tiles).
+    assert split_kv(4, 8, 65536, sms=132, per_sm=2, block_n=64) == (16, 4096)
 
 
 # ---------------------------------------------------------------------------
@@ -189,8 +200,6 @@ def test_split_count_fills_two_waves():
 # ---------------------------------------------------------------------------
 def run_scaled(c: Case, sm_scale, config: Optional[TileConfig] = None, num_splits: Optional[int] = None):
     """One run with a given sm_scale (float or tensor), compared with oracle.batch_attention_fp64."""
-    import oracle
-
     kw, dense_k, dense_v = build(c)
     total_q = sum(c.q_lens)
     out = torch.full((total_q, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=NAME_DTYPES[c.dtype])
@@ -199,19 +208,27 @@ def run_scaled(c: Case, sm_scale, config: Optional[TileConfig] = None, num_split
     batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=sm_scale, out_scale=0.8, **kw)
     plan = BACKEND.plan(problem_of(c), batch, config=config, num_splits=num_splits)
     BACKEND.run(plan, batch)
+    assert_agrees_with_oracle(c, kw, dense_k, dense_v, out, lse, sm_scale=sm_scale, causal=c.causal,
+                              window_left=c.window_left, soft_cap=c.soft_cap,
+                              sinks=None if sinks is None else sinks.cpu(), out_scale=0.8)
+    return plan
+
+
+def assert_agrees_with_oracle(c: Case, kw: dict, dense_k, dense_v, out, lse, **oracle_kwargs) -> None:
+    """out/lse of one run against oracle.batch_attention_fp64 (request-major q from ``kw``): all
+    written, within the dtype's band, LSE -inf exactly on the fully masked rows."""
+    import oracle
+
     starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
     qs = [kw["q"][a:b].cpu() for a, b in zip(starts[:-1], starts[1:])]
-    ref_out, ref_lse = oracle.batch_attention_fp64(
-        qs, [k.cpu() for k in dense_k], [v.cpu() for v in dense_v], sm_scale=sm_scale, causal=c.causal,
-        window_left=c.window_left, soft_cap=c.soft_cap, sinks=None if sinks is None else sinks.cpu(),
-        out_scale=0.8)
+    ref_out, ref_lse = oracle.batch_attention_fp64(qs, [k.cpu() for k in dense_k], [v.cpu() for v in dense_v],
+                                                   **oracle_kwargs)
     assert not out.isnan().any() and not lse.isnan().any(), "NaN (or unwritten) output"
     band = BANDS[c.dtype]
     assert rel_err(out.cpu(), ref_out) < band
     assert torch.equal(lse.cpu().isinf(), ref_lse.isinf())
     fin = ~ref_lse.isinf()
     assert rel_err(lse.cpu()[fin], ref_lse[fin]) < band
-    return plan
 
 
 NEGATIVE_SCALE_CASES = {

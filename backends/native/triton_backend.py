@@ -1,15 +1,18 @@
 """native-triton: attn-dispatch's own Triton kernels, the GPU fallback for every valid problem.
 
-``plan`` does all host work once (tile shapes, split count, grids, scratch buffers
-sized from the batch's host-side upper bounds); ``run`` only launches, with no
-host synchronization and no allocation, so it can be captured in a CUDA graph.
-Kernels: backends/native/triton_kernels.py. Performance notes: tools/NOTES-native.md.
+``plan`` does all host work once (tile shapes, split count, grids, constexprs, scratch buffers
+sized from the batch's host-side upper bounds, RoPE frequencies); ``run`` gathers the call's
+pointers and strides and launches through ``KernelLaunch`` (backends/native/_launch.py: the cached
+compiled kernel, called directly), with no host synchronization and no allocation, so it can be
+captured in a CUDA graph. Kernels: backends/native/triton_kernels.py. Performance notes and the
+split-KV rule: tools/NOTES-native.md.
 
 Caches (name: key -> bound):
 * ``_SM_COUNT``: CUDA device index (never a bare "cuda") -> SM count (one entry per GPU);
 * ``NativeTritonBackend._available``: one entry; Triton's own kernel cache (per device,
-  per constexpr specialization) is Triton's;
-* no buffer outlives its plan: split-KV scratch, ALiBi slopes and RoPE copies are made in
+  per constexpr specialization) is Triton's; each plan's ``KernelLaunch`` keeps at most
+  ``MAX_VARIANTS`` compiled-kernel handles;
+* no buffer outlives its plan: split-KV scratch, ALiBi slopes and RoPE frequencies are made in
   ``plan`` on the batch's device and held by the plan (the caller's plan cache keys on the
   device; a run on another GPU than its plan is refused).
 Every launch runs under the tensors' GPU (Triton launches on the *current* device).
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
@@ -27,6 +30,7 @@ import torch
 from backends._device import device_key, on_device
 from backends._numerics import alibi_slopes
 from backends.base import Backend, DeviceDesc, Reason, import_reason
+from backends.native._launch import KernelLaunch
 from capability_db.vocabulary import AttentionBatch, AttentionProblem
 
 
@@ -62,10 +66,10 @@ class TritonPlan:
     part_o: Optional[torch.Tensor] = None  # (splits, total_q, Hq, Dvo) fp32
     part_lse: Optional[torch.Tensor] = None  # (splits, total_q, Hq) fp32
     alibi: Optional[torch.Tensor] = None  # (Hq,) fp32 slopes
-    rope_q: Optional[torch.Tensor] = None  # rotated copies (RoPE problems only)
-    rope_k: Optional[torch.Tensor] = None
-    rope_grids: tuple = ()
-    extra: dict = field(default_factory=dict)
+    rope_freq: Optional[torch.Tensor] = None  # (2, BLOCK_HALF) fp32: frequency hi and lo parts
+    attention: Optional[KernelLaunch] = None
+    merge: Optional[KernelLaunch] = None
+    fixed_ints: tuple = ()  # the kernel's integer arguments the plan fixes (see _attention_ints)
 
 
 class NativeTritonBackend(Backend):
@@ -112,12 +116,13 @@ class NativeTritonBackend(Backend):
         if group % hpp:
             raise ValueError(f"config.heads_per_program={hpp} must divide the GQA group {group}")
         m_blocks = max(1, math.ceil(max(batch.max_q_len, 1) * hpp / cfg.block_m))
-        programs = m_blocks * batch.batch_size * problem.num_kv_heads * (group // hpp)
-        splits = num_splits or choose_splits(programs, batch.max_kv_len, problem, cfg, device)
-        chunk = max(cfg.block_n, math.ceil(max(batch.max_kv_len, 1) / splits / cfg.block_n) * cfg.block_n)
-        splits = max(1, math.ceil(max(batch.max_kv_len, 1) / chunk))
-        plan = TritonPlan(problem, cfg, (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits),
-                          splits, chunk, batch.total_q, _constexprs(problem, batch, cfg, splits), device_key(device))
+        if num_splits:
+            splits, chunk = splits_of_chunk(batch.max_kv_len, chunk_keys(batch.max_kv_len, num_splits, cfg.block_n))
+        else:
+            splits, chunk = choose_splits(problem, batch, cfg, m_blocks, device)
+        grid = (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits)
+        plan = TritonPlan(problem, cfg, grid, splits, chunk, batch.total_q,
+                          _constexprs(problem, cfg, splits), device_key(device))
         if splits > 1:
             plan.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
                                       dtype=torch.float32, device=device)
@@ -126,7 +131,8 @@ class NativeTritonBackend(Backend):
         if problem.pos_encoding == "ALIBI":
             plan.alibi = torch.tensor(alibi_slopes(problem.num_qo_heads), dtype=torch.float32, device=device)
         if problem.pos_encoding == "ROPE_LLAMA":
-            _plan_rope(plan, problem, batch)
+            plan.rope_freq = rope_frequencies(problem, plan.constexprs["BLOCK_HALF"]).to(device)
+        _plan_launches(plan, device)
         return plan
 
     # -- run -----------------------------------------------------------------
@@ -137,19 +143,11 @@ class NativeTritonBackend(Backend):
         if plan.device is not None and device_key(batch.q.device) != plan.device:
             raise ValueError(f"q is on {batch.q.device} but the plan's buffers are on {plan.device}; "
                              "plan again on this device")
-        with on_device(batch.q.device):
-            self._launch(plan, batch)
-
-    def _launch(self, plan: TritonPlan, batch: AttentionBatch) -> None:
-        from . import triton_kernels as tk
-
-        q, k = batch.q, batch.k
-        if plan.rope_q is not None:
-            _launch_rope(plan, batch)
-            q, k = plan.rope_q[: batch.total_q], plan.rope_k
-        _launch_attention(tk, plan, batch, q, k)
-        if plan.num_splits > 1:
-            _launch_merge(tk, plan, batch)
+        if plan.device.type == "cuda" and torch.cuda.current_device() == plan.device.index:
+            _launch(plan, batch)  # already current: skip the guard's device exchange (~1 us)
+        else:
+            with on_device(plan.device):  # Triton launches on the current device (CPU: a null context)
+                _launch(plan, batch)
 
 
 # ---------------------------------------------------------------------------
@@ -232,56 +230,114 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
-def choose_splits(programs: int, max_kv_len: int, problem: AttentionProblem, cfg: TileConfig,
-                  device: torch.device) -> int:
-    """Flash-decoding split count: about two waves of resident programs (slots = SMs x
-    programs per SM, shared-memory bound), at least 4 key tiles per split."""
+def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.device) -> int:
+    """Programs of this tile an SM holds at once: bound by warps (64 per SM) and shared memory."""
+    return max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // _smem_bytes(problem, cfg))))
+
+
+def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
+                  device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split) for this device: ``split_kv`` with the SM count and occupancy read
+    here. The interpreter runs programs one after another: splitting there only costs time."""
     if device.type != "cuda":
-        return 1  # the interpreter runs programs one after another: splitting only costs time
-    per_sm = max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // _smem_bytes(problem, cfg))))
-    return best_splits(programs, _sm_count(device) * per_sm, max(1, min(64, max_kv_len // (4 * cfg.block_n))))
+        return 1, max(cfg.block_n, chunk_keys(batch.max_kv_len, 1, cfg.block_n))
+    return split_kv(batch.batch_size, problem.num_kv_heads, batch.max_kv_len, _sm_count(device),
+                    head_groups=problem.gqa_group // cfg.heads_per_program, m_blocks=m_blocks,
+                    per_sm=programs_per_sm(problem, cfg, device), block_n=cfg.block_n)
 
 
-def best_splits(programs: int, slots: int, max_useful: int) -> int:
-    """The largest split with programs x splits <= 2 waves. H100 sweep (tools/NOTES-native.md):
-    4 requests x 64k keys, 32 programs: 8 splits 2.85 TB/s, 9 2.66, 4 2.57, 16 2.62, 32 2.77;
-    a third, mostly empty wave costs more than the extra latency hiding gains."""
-    return max(1, min(2 * slots // max(programs, 1), max_useful))
+MAX_SPLITS = 64  # the merge kernel reduces up to this many partials per row in one tile
+MIN_TILES_PER_SPLIT = 4  # below this a split is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost 8%)
 
 
-def _constexprs(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, splits: int) -> dict:
+def split_kv(batch_size: int, kv_heads: int, kv_len: int, sms: int, *, head_groups: int = 1, m_blocks: int = 1,
+             per_sm: int = 1, block_n: int = 128) -> tuple[int, int]:
+    """Flash-decoding split of the keys, (splits, keys per split), a pure function of the launch.
+
+    Without splitting there are ``programs = batch x kv heads x head groups x query blocks``; the
+    GPU holds ``slots = SMs x programs per SM`` at once. Rule (tools/NOTES-native.md, measured on the
+    H100): the largest split count with programs x splits <= 2 x slots (two waves: one wave leaves
+    each SM a single program and no latency hiding, a third, mostly empty wave costs more than it
+    hides), at most one split per ``MIN_TILES_PER_SPLIT`` key tiles and at most ``MAX_SPLITS``. The
+    keys per split are then rounded up to whole tiles, which can lower the count (33 -> 32 at 128k).
+    """
+    programs = max(1, batch_size * kv_heads * head_groups * m_blocks)
+    slots = max(1, sms * per_sm)
+    useful = max(1, min(MAX_SPLITS, kv_len // (MIN_TILES_PER_SPLIT * block_n)))
+    wanted = max(1, min(2 * slots // programs, useful))
+    return splits_of_chunk(kv_len, chunk_keys(kv_len, wanted, block_n))
+
+
+def chunk_keys(kv_len: int, splits: int, block_n: int) -> int:
+    """Keys per split for ``splits`` splits, in whole tiles."""
+    return max(block_n, math.ceil(max(kv_len, 1) / splits / block_n) * block_n)
+
+
+def splits_of_chunk(kv_len: int, chunk: int) -> tuple[int, int]:
+    return max(1, math.ceil(max(kv_len, 1) / chunk)), chunk
+
+
+def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict:
+    """The attention kernel's plan-fixed constexprs, in its parameter order (see _plan_launches)."""
     mask_mode = {"none": 0, "custom": 1, "spec_bits": 2}[problem.mask]
     return dict(
         GROUP=problem.gqa_group, HPP=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HEAD_DQK=problem.head_dim_qk, HEAD_DV=problem.head_dim_vo,
         BLOCK_DQK=max(16, _pow2(problem.head_dim_qk)), BLOCK_DV=max(16, _pow2(problem.head_dim_vo)),
+        BLOCK_HALF=max(16, _pow2(problem.head_dim_qk // 2)),  # a dot needs K >= 16
         PAGED=problem.kv_storage == "paged", PAGE_SIZE=max(problem.page_size, 1),
         # A custom or xqa bit mask replaces causality (FlashInfer: mask_mode CUSTOM ignores causal).
         CAUSAL=problem.causal and mask_mode == 0, HAS_WINDOW=problem.window_left >= 0,
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
-        HAS_ALIBI=problem.pos_encoding == "ALIBI", WRITE_LSE=batch.lse is not None, SPLIT=splits > 1,
+        HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
         DOT_F32=_interpreting() or problem.q_dtype == "float32", Q_FP8=problem.q_dtype.startswith("float8"),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
-def _plan_rope(plan: TritonPlan, problem: AttentionProblem, batch: AttentionBatch) -> None:
-    """Scratch copies of q and k rotated by a separate pass (k keeps its logical shape;
-    fp8 k is rotated into q's dtype since rotation is linear in the folded scale)."""
-    dtype = torch.bfloat16 if problem.q_dtype.startswith("float8") else batch.q.dtype
-    plan.rope_q = torch.empty((batch.total_q, problem.num_qo_heads, problem.head_dim_qk),
-                              dtype=dtype, device=batch.q.device)
-    shape = tuple(batch.k.shape)
-    if problem.kv_storage == "paged" and "pages_used" in batch.extras:
-        # A wrapper plans on its first run, with the caller's whole page pool: the copy needs only
-        # the pages the plan's block table reaches, not the pool.
-        shape = (min(shape[0], batch.extras["pages_used"]),) + shape[1:]
-    plan.rope_k = torch.empty(shape, dtype=dtype, device=batch.k.device)
-    block_t = 16
-    plan.rope_grids = (
-        (batch.batch_size, max(1, math.ceil(batch.max_q_len / block_t)), problem.num_qo_heads),
-        (batch.batch_size, max(1, math.ceil(batch.max_kv_len / block_t)), problem.num_kv_heads),
-    )
+def rope_frequencies(problem: AttentionProblem, block_half: int) -> torch.Tensor:
+    """(2, block_half) fp32: theta^(-2i/D) / scale for i < D/2 formed in fp64, as an fp32 high part and
+    the fp32 rest (zero padded); the kernel forms angles from both (as the reference does in fp64)."""
+    half = problem.head_dim_qk // 2
+    i = torch.arange(half, dtype=torch.float64)
+    freq = problem.rope_theta ** (-2.0 * i / problem.head_dim_qk) / problem.rope_scale
+    table = torch.zeros((2, block_half), dtype=torch.float32)
+    table[0, :half] = freq.to(torch.float32)
+    table[1, :half] = (freq - table[0, :half].double()).to(torch.float32)
+    return table
+
+
+def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
+    from . import triton_kernels as tk
+
+    p, cfg = plan.problem, plan.config
+    _check_parameter_order(tk._attn_fwd, plan.constexprs)
+    direct = device.type == "cuda" and not _interpreting()
+    plan.attention = KernelLaunch(tk._attn_fwd, plan.grid, tuple(plan.constexprs.values()),
+                                  dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), device, direct)
+    part_strides = (0,) * 5
+    if plan.num_splits > 1:
+        part_strides = (*plan.part_o.stride()[:3], *plan.part_lse.stride()[:2])
+        merge_consts = (p.head_dim_vo, plan.constexprs["BLOCK_DV"], max(2, _pow2(plan.num_splits)), p.has_sinks)
+        plan.merge = KernelLaunch(tk._merge_splits, (plan.total_q_capacity, p.num_qo_heads), merge_consts,
+                                  dict(num_warps=4), device, direct)
+    plan.fixed_ints = ((p.window_left, plan.kv_chunk, p.num_kv_heads), part_strides)
+
+
+_CHECKED_ORDER: set = set()
+
+
+def _check_parameter_order(kernel, constexprs: dict) -> None:
+    """The launch passes constexprs by position: their names must be the kernel's parameters just
+    before the per-call ones (WRITE_LSE, SCALE_PTR, OUT_SCALE_PTR). Checked once per process."""
+    if id(kernel) in _CHECKED_ORDER:
+        return
+    import inspect
+
+    names = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+    expected = [*constexprs, "WRITE_LSE", "SCALE_PTR", "OUT_SCALE_PTR"]
+    if names[-len(expected):] != expected:
+        raise RuntimeError(f"_attn_fwd's trailing parameters {names[-len(expected):]} != {expected}")
+    _CHECKED_ORDER.add(id(kernel))
 
 
 # ---------------------------------------------------------------------------
@@ -290,71 +346,43 @@ def _plan_rope(plan: TritonPlan, problem: AttentionProblem, batch: AttentionBatc
 def _kv_strides(x: torch.Tensor, paged: bool) -> tuple[int, int, int, int]:
     """(page, token, head, dim) strides of a logical NHD view; page stride 0 if not paged."""
     if paged:
-        return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
-    return 0, x.stride(0), x.stride(1), x.stride(2)
+        return x.stride()
+    return (0, *x.stride())
 
 
-def _scale_arg(value) -> tuple[Any, bool]:
-    if isinstance(value, torch.Tensor):
-        return value, True
-    return float(value), False
-
-
-def _launch_attention(tk, plan: TritonPlan, batch: AttentionBatch, q: torch.Tensor, k: torch.Tensor) -> None:
+def _launch(plan: TritonPlan, batch: AttentionBatch) -> None:
     p = plan.problem
-    paged = p.kv_storage == "paged"
-    sm_scale, scale_ptr = _scale_arg(batch.sm_scale)
-    out_scale, out_scale_ptr = _scale_arg(batch.out_scale)
-    lse = batch.lse if batch.lse is not None else batch.out  # unused pointer when WRITE_LSE is off
-    part_o = plan.part_o if plan.part_o is not None else batch.out
-    part_lse = plan.part_lse if plan.part_lse is not None else batch.out
-    spec = batch.spec_mask.view(torch.int16) if p.mask == "spec_bits" else None
+    sm_scale, out_scale = batch.sm_scale, batch.out_scale
+    scale_ptr = isinstance(sm_scale, torch.Tensor)
+    out_scale_ptr = isinstance(out_scale, torch.Tensor)
+    sm_scale = sm_scale if scale_ptr else float(sm_scale)
+    out_scale = out_scale if out_scale_ptr else float(out_scale)
+    lse, write_lse = batch.lse, batch.lse is not None
+    spec = custom = None
+    if p.mask == "spec_bits":
+        spec = batch.spec_mask.view(torch.int16)
+    elif p.mask == "custom":
+        custom = batch.custom_mask.view(torch.uint8)
+    head = (batch.q, batch.k, batch.v, batch.out, lse, plan.part_o, plan.part_lse, batch.qo_indptr, batch.kv_lens,
+            batch.kv_indptr, batch.block_table, batch.sinks, custom, batch.mask_indptr, spec, plan.alibi,
+            plan.rope_freq, sm_scale, out_scale, float(p.logits_soft_cap))
+    plan.attention(head, _attention_ints(plan, batch, spec), (write_lse, scale_ptr, out_scale_ptr))
+    if plan.merge is not None:
+        out_strides = batch.out.stride()
+        lse_strides = lse.stride() if write_lse else (0, 0)
+        plan.merge((plan.part_o, plan.part_lse, batch.out, lse, batch.sinks, out_scale),
+                   (plan.num_splits, *plan.fixed_ints[1], *out_strides, *lse_strides),
+                   (write_lse, out_scale_ptr), grid=(batch.total_q, p.num_qo_heads, 1))
+
+
+def _attention_ints(plan: TritonPlan, batch: AttentionBatch, spec: Optional[torch.Tensor]) -> tuple:
+    """The attention kernel's integer arguments, in its parameter order: the plan's leading three,
+    the strides of this call's tensors, the plan's split-buffer strides."""
+    paged = plan.problem.kv_storage == "paged"
     spec_strides = (0, 0, 0)  # (request, row, ragged?) in int16 elements
     if spec is not None:
         spec_strides = (spec.stride(0), spec.stride(1), 0) if spec.dim() == 3 else (0, spec.stride(0), 1)
-    custom = batch.custom_mask.view(torch.uint8) if p.mask == "custom" else None
-    tk._attn_fwd[plan.grid](
-        q, k, batch.v, batch.out, lse, part_o, part_lse,
-        batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table, batch.sinks,
-        custom, batch.mask_indptr, spec, plan.alibi,
-        sm_scale, out_scale, p.window_left, float(p.logits_soft_cap), plan.kv_chunk, p.num_kv_heads,
-        *q.stride(), *_kv_strides(k, paged), *_kv_strides(batch.v, paged), *batch.out.stride(),
-        *(lse.stride()[:2]), batch.block_table.stride(0) if paged else 0,
-        *spec_strides,
-        *(part_o.stride()[:3] if plan.part_o is not None else (0, 0, 0)),
-        *(part_lse.stride()[:2] if plan.part_lse is not None else (0, 0)),
-        SCALE_PTR=scale_ptr, OUT_SCALE_PTR=out_scale_ptr, **plan.constexprs,
-    )
-
-
-def _launch_merge(tk, plan: TritonPlan, batch: AttentionBatch) -> None:
-    p = plan.problem
-    out_scale, out_scale_ptr = _scale_arg(batch.out_scale)
-    lse = batch.lse if batch.lse is not None else batch.out
-    tk._merge_splits[(batch.total_q, p.num_qo_heads)](
-        plan.part_o, plan.part_lse, batch.out, lse, batch.sinks, out_scale, plan.num_splits,
-        *plan.part_o.stride()[:3], *plan.part_lse.stride()[:2], *batch.out.stride(), *(lse.stride()[:2]),
-        HEAD_DV=p.head_dim_vo, BLOCK_DV=plan.constexprs["BLOCK_DV"], BLOCK_S=max(2, _pow2(plan.num_splits)),
-        HAS_SINKS=p.has_sinks, WRITE_LSE=batch.lse is not None, OUT_SCALE_PTR=out_scale_ptr, num_warps=4,
-    )
-
-
-def _launch_rope(plan: TritonPlan, batch: AttentionBatch) -> None:
-    from . import triton_kernels as tk
-
-    p = plan.problem
-    paged = p.kv_storage == "paged"
-    common = dict(log2_theta=math.log2(p.rope_theta), rcp_scale=1.0 / p.rope_scale)
-    consts = dict(HEAD_D=p.head_dim_qk, HALF_BLOCK=max(8, _pow2(p.head_dim_qk // 2)), BLOCK_T=16,
-                  PAGE_SIZE=max(p.page_size, 1))
-    q_grid, k_grid = plan.rope_grids
-    rq = plan.rope_q[: batch.total_q]
-    tk._rope_rows[q_grid](batch.q, rq, batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table,
-                          **common, stride_xp=0, stride_xt=batch.q.stride(0), stride_xh=batch.q.stride(1),
-                          stride_xd=batch.q.stride(2), stride_yp=0, stride_yt=rq.stride(0), stride_yh=rq.stride(1),
-                          stride_yd=rq.stride(2), stride_bt=0, IS_Q=True, PAGED=False, **consts)
-    xs, ys = _kv_strides(batch.k, paged), _kv_strides(plan.rope_k, paged)
-    tk._rope_rows[k_grid](batch.k, plan.rope_k, batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table,
-                          **common, stride_xp=xs[0], stride_xt=xs[1], stride_xh=xs[2], stride_xd=xs[3],
-                          stride_yp=ys[0], stride_yt=ys[1], stride_yh=ys[2], stride_yd=ys[3],
-                          stride_bt=batch.block_table.stride(0) if paged else 0, IS_Q=False, PAGED=paged, **consts)
+    lead, part_strides = plan.fixed_ints
+    return (*lead, *batch.q.stride(), *_kv_strides(batch.k, paged), *_kv_strides(batch.v, paged),
+            *batch.out.stride(), *(batch.lse.stride() if batch.lse is not None else (0, 0)),
+            batch.block_table.stride(0) if paged else 0, *spec_strides, *part_strides)

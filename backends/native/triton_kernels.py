@@ -11,7 +11,14 @@ out what a problem does not use, so each configuration gets a lean specializatio
 * Split-KV (flash-decoding): program z handles keys [z*kv_chunk, (z+1)*kv_chunk)
   and writes a normalized partial output + its log2-sum-exp; ``_merge_splits``
   combines them (and adds the sinks, which must be counted once).
+* ROPE: LLaMA rotate-half applied in registers, q once per program and each K tile as it is
+  loaded: the dot runs as two half-width dots (first halves, then second halves), so K is read
+  once and nothing rotated is written. Angles are formed in double-float (fp32 hi + lo parts of
+  the frequency from the host's fp64, fma for the product residual) because positions of 10^5
+  times fp32 frequencies lose ~1e-2 rad; the reference forms them in fp64.
 * Every index tensor is read on the device: no host synchronization, CUDA-graph safe.
+* Parameter order is fixed by the host's fast launcher (triton_backend.py): pointers and floats,
+  then ints, then the plan's constexprs, then the two per-call constexprs (SCALE_PTR, OUT_SCALE_PTR).
 """
 from __future__ import annotations
 
@@ -27,17 +34,6 @@ LOG2E = tl.constexpr(_numerics.LOG2E)  # a constexpr global: jitted code may rea
 def _tanh(x):
     # 1 - 2 / (exp(2x) + 1): saturates cleanly to +-1 (exp overflow -> inf -> 1).
     return 1.0 - 2.0 / (tl.exp2(x * (2.0 * LOG2E)) + 1.0)
-
-
-@triton.jit
-def _kv_rows(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_page, stride_tok,
-             PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Element offsets (int64) of key rows n: a page gather for paged KV, a slice otherwise."""
-    if PAGED:
-        page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        return page * stride_page + (n % PAGE_SIZE).to(tl.int64) * stride_tok
-    else:
-        return (kv_start + n).to(tl.int64) * stride_tok
 
 
 @triton.jit
@@ -69,37 +65,73 @@ def _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
 
 
 @triton.jit
-def _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI: tl.constexpr, SOFT_CAP: tl.constexpr,
-            DOT_F32: tl.constexpr):
-    """q.k in the log2 domain: scale, ALiBi bias, soft cap (in FlashInfer's order), * log2(e)."""
-    if DOT_F32:  # fp32 inputs, and the interpreter (its bf16 dot is wrong in Triton 3.9)
-        s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
-    else:
-        s = tl.dot(q, k.to(q.dtype))
-    if HAS_ALIBI or SOFT_CAP:
-        s = s * scale
-        if HAS_ALIBI:  # FlashInfer: slope * (kv_idx - qo_idx), qo_idx the row within the request
-            s += slope[:, None] * (n[None, :] - t[:, None]).to(tl.float32)
-        if SOFT_CAP:
-            s = soft_cap * _tanh(s / soft_cap)
-        s = s * LOG2E
-    else:
-        s = s * (scale * LOG2E)
-    return s
+def _scores(s, n, t, scale, soft_cap, slope, HAS_ALIBI: tl.constexpr, SOFT_CAP: tl.constexpr):
+    """Raw q.k in the log2 domain: scale, ALiBi bias, soft cap (in FlashInfer's order), * log2(e)."""
+    s = s * scale
+    if HAS_ALIBI:  # FlashInfer: slope * (kv_idx - qo_idx), qo_idx the row within the request
+        s += slope[:, None] * (n[None, :] - t[:, None]).to(tl.float32)
+    if SOFT_CAP:
+        s = soft_cap * _tanh(s / soft_cap)
+    return s * LOG2E
 
 
 @triton.jit
-def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
-          scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
-          stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
+def _rope_cos_sin(p, f_hi, f_lo):
+    """cos and sin of the angle p * (f_hi + f_lo), kept as an fp32 hi + lo pair (broadcast shapes;
+    p holds exact integer positions < 2^24)."""
+    a_hi = p * f_hi
+    a_lo = tl.fma(p, f_hi, -a_hi) + p * f_lo  # the product's rounding residual, plus the low part
+    c = tl.cos(a_hi)
+    sn = tl.sin(a_hi)
+    return c - sn * a_lo, sn + c * a_lo
+
+
+@triton.jit
+def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
+        HEAD_DQK: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+        ROPE: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr):
+    """Raw scores q.k of one key tile (fp32). ROPE: q holds the rotated first halves, q2 the second
+    halves; each K half is rotated at key positions n and the two half-width dots are summed."""
+    if ROPE:
+        HALF: tl.constexpr = HEAD_DQK // 2
+        dh = tl.arange(0, BLOCK_HALF)
+        ok = dh[:, None] < HALF
+        if MASKED:
+            ok = ok & n_ok[None, :]
+        base = K + k_off[None, :] + kvh * stride_kh
+        k1 = tl.load(base + dh[:, None] * stride_kd, mask=ok, other=0.0).to(tl.float32)
+        k2 = tl.load(base + (dh[:, None] + HALF) * stride_kd, mask=ok, other=0.0).to(tl.float32)
+        c, sn = _rope_cos_sin(n.to(tl.float32)[None, :], f_hi[:, None], f_lo[:, None])
+        r1 = k1 * c - k2 * sn
+        r2 = k2 * c + k1 * sn
+        if DOT_F32:
+            return tl.dot(q2, r2, tl.dot(q, r1, input_precision="ieee"), input_precision="ieee")
+        return tl.dot(q2, r2.to(q2.dtype), tl.dot(q, r1.to(q.dtype)))
+    dk = tl.arange(0, BLOCK_DQK)
+    k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
+    if MASKED:
+        k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
+    elif BLOCK_DQK == HEAD_DQK:
+        k = tl.load(k_ptr)
+    else:
+        k = tl.load(k_ptr, mask=dk[:, None] < HEAD_DQK, other=0.0)
+    if DOT_F32:  # fp32 inputs, and the interpreter (its bf16 dot is wrong in Triton 3.9)
+        return tl.dot(q, k.to(tl.float32), input_precision="ieee")
+    return tl.dot(q, k.to(q.dtype))
+
+
+@triton.jit
+def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+          scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh,
+          stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
           stride_spec, spec_ragged, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
-          BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-          CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, MASK_MODE: tl.constexpr,
-          HAS_ALIBI: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+          BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr,
+          PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
+          MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
+          MASKED: tl.constexpr):
     """One BLOCK_N tile of keys folded into the online softmax (m_i, l_i, acc), log2 domain.
     MASKED=False: the caller guarantees every key is < hi and visible to every row."""
     n = start + tl.arange(0, BLOCK_N)
-    dk = tl.arange(0, BLOCK_DQK)
     dv = tl.arange(0, BLOCK_DV)
     n_ok = n < hi
     if PAGED:  # one block-table lookup serves K and V
@@ -110,33 +142,24 @@ def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, k
     else:
         k_off = (kv_start + n).to(tl.int64) * stride_kt
         v_off = (kv_start + n).to(tl.int64) * stride_vt
-    k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
     v_ptr = V + v_off[:, None] + kvh * stride_vh + dv[None, :] * stride_vd
     if MASKED:
-        k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
         v = tl.load(v_ptr, mask=n_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
+    elif BLOCK_DV == HEAD_DV:
+        v = tl.load(v_ptr)
     else:
-        if BLOCK_DQK == HEAD_DQK:
-            k = tl.load(k_ptr)
-        else:
-            k = tl.load(k_ptr, mask=dk[:, None] < HEAD_DQK, other=0.0)
-        if BLOCK_DV == HEAD_DV:
-            v = tl.load(v_ptr)
-        else:
-            v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
+        v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
+    s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo, HEAD_DQK, BLOCK_DQK, BLOCK_HALF,
+            ROPE, MASKED, DOT_F32)
     # Plain logits: scale once per row max and fuse s*c - m into one FMA per element (the
     # softmax ALU work is what limits prefill). max(s) * c is the row max of s * c only for
     # c >= 0: _attn_fwd moves a negative scale's sign into q, so scale >= 0 here.
     PLAIN: tl.constexpr = not (HAS_ALIBI or SOFT_CAP)
     if PLAIN:
         c = scale * LOG2E
-        if DOT_F32:
-            s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, k.to(q.dtype))
     else:
         c = 1.0
-        s = _scores(q, k, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP, DOT_F32)
+        s = _scores(s, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP)
     if MASKED:
         keep = _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
                           CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
@@ -159,10 +182,48 @@ def _tile(q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, k
 
 
 @triton.jit
+def _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, HEAD_DQK: tl.constexpr,
+            BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
+            Q_FP8: tl.constexpr):
+    """The program's query tile in the dot's dtype: (q, q2, f_hi, f_lo). ROPE: q and q2 are the
+    rotated first and second halves at the rows' positions, f_hi/f_lo the frequencies (fp32 hi + lo);
+    otherwise q is the whole row (q2 = q, the frequencies unused)."""
+    base = Q + tok[:, None] * stride_qt + h[:, None] * stride_qh
+    if ROPE:
+        HALF: tl.constexpr = HEAD_DQK // 2
+        dh = tl.arange(0, BLOCK_HALF)
+        f_hi = tl.load(RopeFreq + dh)
+        f_lo = tl.load(RopeFreq + BLOCK_HALF + dh)
+        ok = row_ok[:, None] & (dh[None, :] < HALF)
+        x1 = tl.load(base + dh[None, :] * stride_qd, mask=ok, other=0.0).to(tl.float32)
+        x2 = tl.load(base + (dh[None, :] + HALF) * stride_qd, mask=ok, other=0.0).to(tl.float32)
+        c, sn = _rope_cos_sin(pos.to(tl.float32)[:, None], f_hi[None, :], f_lo[None, :])
+        q = x1 * c - x2 * sn
+        q2 = x2 * c + x1 * sn
+    else:
+        dk = tl.arange(0, BLOCK_DQK)
+        q = tl.load(base + dk[None, :] * stride_qd, mask=row_ok[:, None] & (dk[None, :] < HEAD_DQK), other=0.0)
+        q2 = q
+        f_hi = 0.0
+        f_lo = 0.0
+    if DOT_F32:
+        q = q.to(tl.float32)
+        q2 = q2.to(tl.float32)
+    elif Q_FP8:  # fp8 queries (q_scale folded into sm_scale): the dots run in bf16
+        q = q.to(tl.bfloat16)
+        q2 = q2.to(tl.bfloat16)
+    else:
+        q = q.to(Q.dtype.element_ty)
+        q2 = q2.to(Q.dtype.element_ty)
+    return q, q2, f_hi, f_lo
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, Out, Lse, PartO, PartLse,
-    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi,
-    sm_scale, out_scale, window_left, soft_cap, kv_chunk, num_kv_heads,
+    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
+    sm_scale, out_scale, soft_cap,
+    window_left, kv_chunk, num_kv_heads,
     stride_qt, stride_qh, stride_qd,
     stride_kp, stride_kt, stride_kh, stride_kd,
     stride_vp, stride_vt, stride_vh, stride_vd,
@@ -171,10 +232,11 @@ def _attn_fwd(
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
     GROUP: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
-    DOT_F32: tl.constexpr, Q_FP8: tl.constexpr,
+    BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
+    Q_FP8: tl.constexpr,
+    WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: launch them first to shorten the tail
@@ -214,17 +276,14 @@ def _attn_fwd(
         scale = tl.load(sm_scale).to(tl.float32)
     else:
         scale = sm_scale
-    dk = tl.arange(0, BLOCK_DQK)
     dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(Q + tok[:, None] * stride_qt + h[:, None] * stride_qh + dk[None, :] * stride_qd,
-                mask=row_ok[:, None] & (dk[None, :] < HEAD_DQK), other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
-    elif Q_FP8:  # fp8 queries (q_scale folded into sm_scale): the dots run in bf16
-        q = q.to(tl.bfloat16)
+    q, q2, f_hi, f_lo = _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, HEAD_DQK,
+                                BLOCK_DQK, BLOCK_HALF, ROPE, DOT_F32, Q_FP8)
     # softmax(scale * q.k) with scale < 0 is softmax(|scale| * (-q).k): negating q is exact,
     # and the log2-domain tiles (row max of raw scores times the scale) need scale >= 0.
     q = tl.where(scale < 0, -q, q)
+    if ROPE:
+        q2 = tl.where(scale < 0, -q2, q2)
     scale = tl.abs(scale)
     slope = 0.0
     if HAS_ALIBI:
@@ -251,25 +310,25 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start in range(lo, lo_full, BLOCK_N):  # window edge (or everything under a custom mask)
         m_i, l_i, acc = _tile(
-            q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
-            scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
-            stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
-            stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, PAGED, PAGE_SIZE, CAUSAL,
-            HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, DOT_F32, True)
+            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
+            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
+            stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True)
     for start in range(lo_full, hi_full, BLOCK_N):  # interior: no mask arithmetic
         m_i, l_i, acc = _tile(
-            q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
-            scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
-            stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
-            stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, PAGED, PAGE_SIZE, CAUSAL,
-            HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, DOT_F32, False)
+            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
+            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
+            stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, False)
     for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
         m_i, l_i, acc = _tile(
-            q, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
-            scale, soft_cap, slope, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd,
-            stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
-            stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, PAGED, PAGE_SIZE, CAUSAL,
-            HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, DOT_F32, True)
+            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
+            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
+            stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True)
 
     if SPLIT:
         # Normalized partial + its log2-sum-exp; empty splits give 0 / -inf.
@@ -317,8 +376,8 @@ def _merge_splits(
     PartO, PartLse, Out, Lse, Sinks, out_scale, num_splits,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
     stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
-    HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SINKS: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
+    HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     """One program per (token, head): softmax-weighted sum of the split partials."""
     tok = tl.program_id(0).to(tl.int64)
@@ -349,46 +408,3 @@ def _merge_splits(
     if WRITE_LSE:
         tl.store(Lse + tok * stride_lt + h * stride_lh,
                  tl.where(any_key, m_safe + tl.log2(tl.where(any_key, keys_sum, 1.0)), float("-inf")))
-
-
-@triton.jit
-def _rope_rows(
-    X, Y, QoIndptr, KvLens, KvIndptr, BlockTable, log2_theta, rcp_scale,
-    stride_xp, stride_xt, stride_xh, stride_xd, stride_yp, stride_yt, stride_yh, stride_yd, stride_bt,
-    HEAD_D: tl.constexpr, HALF_BLOCK: tl.constexpr, BLOCK_T: tl.constexpr,
-    IS_Q: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-):
-    """Rotate-half RoPE (LLaMA) of rows of q (position kv_len - q_len + i) or k (position
-    = key index) into a scratch copy Y laid out like X. Program: (request, row block, head)."""
-    b = tl.program_id(0)
-    i = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    head = tl.program_id(2)
-    kv_len = tl.load(KvLens + b)
-    if IS_Q:
-        start = tl.load(QoIndptr + b)
-        count = tl.load(QoIndptr + b + 1) - start
-        pos = kv_len - count + i
-        ok = i < count
-        x_off = (start + i).to(tl.int64) * stride_xt
-        y_off = (start + i).to(tl.int64) * stride_yt
-    else:
-        ok = i < kv_len
-        pos = i
-        kv_start = 0
-        if not PAGED:
-            kv_start = tl.load(KvIndptr + b)
-        x_off = _kv_rows(i, ok, b, kv_start, BlockTable, stride_bt, stride_xp, stride_xt, PAGED, PAGE_SIZE)
-        y_off = _kv_rows(i, ok, b, kv_start, BlockTable, stride_bt, stride_yp, stride_yt, PAGED, PAGE_SIZE)
-    half: tl.constexpr = HEAD_D // 2
-    d = tl.arange(0, HALF_BLOCK)
-    d_ok = ok[:, None] & (d[None, :] < half)
-    freq = tl.exp2(d.to(tl.float32) * (-2.0 / HEAD_D) * log2_theta) * rcp_scale
-    angle = pos.to(tl.float32)[:, None] * freq[None, :]
-    cos = tl.cos(angle)
-    sin = tl.sin(angle)
-    xb = X + x_off[:, None] + head * stride_xh
-    x1 = tl.load(xb + d[None, :] * stride_xd, mask=d_ok, other=0.0).to(tl.float32)
-    x2 = tl.load(xb + (d[None, :] + half) * stride_xd, mask=d_ok, other=0.0).to(tl.float32)
-    yb = Y + y_off[:, None] + head * stride_yh
-    tl.store(yb + d[None, :] * stride_yd, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=d_ok)
-    tl.store(yb + (d[None, :] + half) * stride_yd, (x2 * cos + x1 * sin).to(Y.dtype.element_ty), mask=d_ok)

@@ -1,0 +1,94 @@
+"""A native kernel's launch with its grid and constexprs fixed by a plan, at low host cost.
+
+Why: ``kernel[grid](*args)`` spends about 30 us of Python per launch on Triton 3.6 for our ~60
+arguments (binding them, specializing each, hashing the key; measured with its compiled launcher
+stubbed, tools/NOTES-native.md), more than the 20 us per launch issue 11 allows. A plan fixes the
+grid and the constexprs; per call only pointers, strides and the kinds of the scales vary.
+
+So the first call with a given *specialization* goes through ``kernel[grid]`` (Triton compiles or
+finds the right variant and returns its ``CompiledKernel``), and later calls with the same
+specialization call that kernel's launcher directly. The specialization is what Triton 3.6 keys its
+variants on: each pointer's dtype and 16-byte alignment, each integer's exact value (covering its
+"== 1" and "divisible by 16" properties), which arguments are None, and the per-call constexprs. An
+unseen key, or a launch hook (a profiler such as proton), always takes ``kernel[grid]``.
+
+Arguments are given in the kernel's parameter order in three groups: ``head`` (pointers, None or
+floats), ``ints``, then the plan's constexprs (held here) and the call's ``flags`` (constexprs chosen
+per call). No allocation and no host synchronization: safe under CUDA-graph capture, where the
+current stream is the capturing one.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+MAX_VARIANTS = 8  # specializations kept per launch (a plan sees one or two in practice)
+
+
+_RUNTIME_KNOBS: list = []  # triton.knobs.runtime, read once (an import per call costs ~0.4 us)
+
+
+def _hooks_active() -> bool:
+    """A launch hook (profilers) needs Triton's own path, which builds the launch metadata."""
+    if not _RUNTIME_KNOBS:
+        from triton import knobs
+
+        _RUNTIME_KNOBS.append(knobs.runtime)
+    runtime = _RUNTIME_KNOBS[0]
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):  # Triton 3.6: an empty HookChain
+            return True
+    return False
+
+
+def _direct_launcher(compiled: Any) -> bool:
+    """Whether a CompiledKernel exposes the launcher call Triton 3.6's JITFunction.run makes."""
+    return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
+
+
+class KernelLaunch:
+    """One kernel of a plan: its default grid, constexprs (in parameter order) and launch options."""
+
+    __slots__ = ("kernel", "grid", "constexprs", "options", "direct", "device_index", "_variants")
+
+    def __init__(self, kernel: Any, grid: tuple, constexprs: tuple, options: dict, device: torch.device,
+                 direct: bool):
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.constexprs = constexprs
+        self.options = options
+        self.direct = direct  # False: the interpreter, or a Triton whose launcher differs
+        self.device_index = device.index if device.type == "cuda" else None
+        self._variants: dict = {}
+
+    def __call__(self, head: tuple, ints: tuple, flags: tuple, grid: Optional[tuple] = None) -> None:
+        grid = self.grid if grid is None else grid
+        if not self.direct:
+            self.kernel[grid](*head, *ints, *self.constexprs, *flags, **self.options)
+            return
+        values, kinds = [], []
+        for x in head:
+            if x is None or type(x) is float:
+                values.append(x)
+                kinds.append(x is None)
+            else:  # a tensor: Triton keys on its dtype and whether its address is 16-byte aligned
+                ptr = x.data_ptr()
+                values.append(ptr)  # an int skips the launcher's data_ptr() and pointer query
+                kinds.append((x.dtype, not ptr & 15))
+        key = (tuple(kinds), ints, flags)
+        compiled = self._variants.get(key)
+        if compiled is None or _hooks_active():
+            self._first_launch(key, grid, head, ints, flags)
+            return
+        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(self.device_index),
+                     compiled.function, compiled.packed_metadata, None, None, None,
+                     *values, *ints, *self.constexprs, *flags)
+
+    def _first_launch(self, key: tuple, grid: tuple, head: tuple, ints: tuple, flags: tuple) -> None:
+        compiled = self.kernel[grid](*head, *ints, *self.constexprs, *flags, **self.options)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # async compile mode
+        if not _direct_launcher(compiled):
+            self.direct = False
+        elif len(self._variants) < MAX_VARIANTS:
+            self._variants[key] = compiled

@@ -1,0 +1,326 @@
+"""Issue 11 on the GPU in one command: native-triton's fused RoPE, split-KV rule and launch path,
+checked against float64 and timed (H100, torch 2.11, Triton 3.6; under 6 minutes).
+
+1. agreement: fresh random inputs per scenario (fused RoPE on paged/ragged prefill, causal or not,
+   GQA, long positions in decode; plain, split and feature paths), out/lse poisoned with NaN, run
+   *twice* (the first launch goes through Triton's ``kernel[grid]``, the second through the cached
+   compiled kernel), both compared with the float64 oracle (dispatch/bench/oracle.py);
+2. host time per eager launch: back-to-back calls of a tiny decode (GPU work far below the host's),
+   direct path against Triton's own ``kernel[grid]`` path;
+3. timing with CUDA events (dispatch/bench/timing.py: median, warm-up excluded), K/V rotated over
+   copies together larger than 3 x the 50 MB L2: one call at a time (launch included) and replayed
+   in a CUDA graph; the decode grid (batch 1..256 x keys 512..128k) at the rule's split count and at
+   half and twice it, so the rule's distance to the best of the three is measured; RoPE prefill and
+   decode against the same workload without RoPE; a device copy for the bandwidth ceiling.
+
+    python tools/native_h100.py --out "$OUT"        # writes native-h100.json and native-h100.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from _gpu_common import time_ms  # noqa: F401  (puts the repository root on sys.path)
+from backends.native.triton_backend import NativeTritonBackend
+from dispatch.bench.oracle import batch_attention_fp64
+from dispatch.lab_native import Case, build, problem_of, rel_err
+from dispatch.problem import NAME_DTYPES, AttentionBatch
+
+BACKEND = NativeTritonBackend()
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+L2_BYTES = 50 << 20
+BIG = dict(hq=HQ, hkv=HKV, dqk=D, dvo=D, page_size=PAGE, dtype="bfloat16")
+DEC = dict(phase="decode", causal=True)
+ROPE = dict(pos="ROPE_LLAMA")
+DEADLINE_S = 320  # timing stops here so the whole run stays under 6 minutes
+
+
+# -- agreement ---------------------------------------------------------------------------------------
+AGREEMENT = {  # name: (case, rope_scale, rope_theta)
+    "rope_paged_causal_gqa4": (Case(q_lens=(300, 37), kv_lens=(1500, 900), **BIG, **ROPE), 8.0, 5e5),
+    "rope_paged_hnd_noncausal": (Case(layout="HND", causal=False, q_lens=(64, 5), kv_lens=(700, 80), **BIG, **ROPE),
+                                 1.0, 1e4),
+    "rope_ragged_causal_gqa4": (Case(storage="ragged", q_lens=(256, 77), kv_lens=(256, 1000), **BIG, **ROPE), 1.0, 1e4),
+    "rope_ragged_noncausal_d64": (Case(storage="ragged", causal=False, hq=16, hkv=4, dtype="float16",
+                                       q_lens=(100, 3), kv_lens=(50, 400), **ROPE), 2.0, 1e4),
+    "rope_decode_long_positions": (Case(q_lens=(1,) * 2, kv_lens=(100_000, 3000), **BIG, **DEC, **ROPE), 8.0, 5e5),
+    "rope_fp8_kv_decode": (Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 3, kv_lens=(4000, 17, 900), **BIG, **DEC,
+                                **ROPE), 1.0, 1e4),
+    "decode_b4_64k_split": (Case(q_lens=(1,) * 4, kv_lens=(65536, 40000, 777, 9), **BIG, **DEC), 1.0, 1e4),
+    "decode_b1_131k_split": (Case(q_lens=(1,), kv_lens=(131072,), **BIG, **DEC), 1.0, 1e4),
+    "prefill_causal_paged": (Case(q_lens=(512, 129), kv_lens=(2048, 129), **BIG), 1.0, 1e4),
+    "window_cap_sinks_decode": (Case(q_lens=(1,) * 3, kv_lens=(5000, 900, 64), window_left=511, soft_cap=30.0,
+                                     sinks=True, **BIG, **DEC), 1.0, 1e4),
+    "spec_decode_q4_tensor_scales": (Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(4,) * 3,
+                                          kv_lens=(3000, 40, 777), q_len_per_req=4, tensor_scales=True, **BIG),
+                                     1.0, 1e4),
+}
+
+
+def _spec_mask(c: Case):
+    from dispatch.lab_native import spec_bits
+
+    qn = c.q_len_per_req
+    bits = (torch.rand(len(c.q_lens), qn, qn, device="cuda") > 0.5) | torch.eye(qn, dtype=torch.bool, device="cuda")
+    return bits, spec_bits(bits)
+
+
+def _oracle_masks(c: Case, bits):
+    """Per-request (q_len, kv_len) keep masks for the xqa bit mask (drafts are the last keys)."""
+    if bits is None:
+        return None
+    masks = []
+    for b, (ql, kl) in enumerate(zip(c.q_lens, c.kv_lens)):
+        keep = torch.ones(ql, kl, dtype=torch.bool)
+        keep[:, kl - ql:] = bits[b, :ql, :ql].cpu()
+        masks.append(keep)
+    return masks
+
+
+def check(name: str, c: Case, rope_scale: float, rope_theta: float) -> dict:
+    kw, dense_k, dense_v = build(c)
+    bits = None
+    if c.mask == "spec_bits":
+        bits, kw["spec_mask"] = _spec_mask(c)
+    total_q, sm = sum(c.q_lens), 0.9 / math.sqrt(c.dqk)
+    out = torch.empty((total_q, c.hq, c.dvo), device="cuda", dtype=NAME_DTYPES[c.dtype])
+    lse = torch.empty((total_q, c.hq), device="cuda")
+    sinks = torch.rand(c.hq, device="cuda") * 5 if c.sinks else None
+    scale = (lambda x: torch.tensor(x, device="cuda")) if c.tensor_scales else (lambda x: x)
+    batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=scale(sm), out_scale=scale(1.3), **kw)
+    problem = replace(problem_of(c), device_type="cuda", rope_scale=rope_scale, rope_theta=rope_theta)
+    plan = BACKEND.plan(problem, batch)
+    starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
+    ref_out, ref_lse = batch_attention_fp64(
+        [kw["q"][a:b].cpu() for a, b in zip(starts[:-1], starts[1:])], [k.cpu() for k in dense_k],
+        [v.cpu() for v in dense_v], _oracle_masks(c, bits), sm_scale=sm, causal=c.causal and c.mask == "none",
+        window_left=c.window_left, soft_cap=c.soft_cap, sinks=None if sinks is None else sinks.cpu(), out_scale=1.3,
+        pos_encoding=c.pos, rope_scale=rope_scale, rope_theta=rope_theta)
+    errors = []
+    for _ in range(2):  # Triton's path, then the cached compiled kernel
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        BACKEND.run(plan, batch)
+        torch.cuda.synchronize()
+        fin = ~ref_lse.isinf()
+        errors.append((rel_err(out.cpu(), ref_out), rel_err(lse.cpu()[fin], ref_lse[fin]),
+                       bool(torch.equal(lse.cpu().isinf(), ref_lse.isinf())), bool(out.isnan().any())))
+    band = 6e-2 if (c.kv_dtype or "").startswith("float8") else 1e-2
+    ok = all(e[0] < band and e[1] < band and e[2] and not e[3] for e in errors)
+    return {"scenario": name, "ok": ok, "out_err": [e[0] for e in errors], "lse_err": [e[1] for e in errors],
+            "splits": plan.num_splits, "direct_variants": len(plan.attention._variants)}
+
+
+# -- host time per launch ----------------------------------------------------------------------------
+def host_us_per_launch(direct: bool, calls: int = 3000) -> dict:
+    c = Case(q_lens=(1,), kv_lens=(64,), **BIG, **DEC)
+    kw = _timing_inputs(c)
+    batch = AttentionBatch(out=torch.empty((1, HQ, D), device="cuda", dtype=torch.bfloat16),
+                           lse=torch.empty((1, HQ), device="cuda"), sm_scale=0.088, **kw)
+    plan = BACKEND.plan(replace(problem_of(c), device_type="cuda"), batch)
+    plan.attention.direct = direct
+    for _ in range(50):
+        BACKEND.run(plan, batch)
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            BACKEND.run(plan, batch)
+        runs.append((time.perf_counter() - t0) * 1e6 / calls)
+        torch.cuda.synchronize()
+    return {"path": "direct (cached compiled kernel)" if direct else "Triton kernel[grid]",
+            "us_per_launch": sorted(runs)[2], "launches_per_call": 1 + (plan.merge is not None)}
+
+
+# -- timing ------------------------------------------------------------------------------------------
+def _timing_inputs(c: Case) -> dict:
+    """Random inputs of a Case without lab_native's float64 copies (sizes here reach gigabytes):
+    a paged cache with shuffled pages, or ragged rows."""
+    dt = NAME_DTYPES[c.kv_dtype or c.dtype]
+    lens = torch.tensor(c.kv_lens, dtype=torch.int32, device="cuda")
+    qo = torch.tensor([0, *torch.tensor(c.q_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(c.q_lens), c.hq, c.dqk, device="cuda", dtype=NAME_DTYPES[c.dtype])
+    kw = dict(q=q, qo_indptr=qo, kv_lens=lens, batch_size=len(c.q_lens), max_q_len=max(c.q_lens),
+              max_kv_len=max(c.kv_lens))
+    if c.storage == "paged":
+        per = max(math.ceil(n / c.page_size) for n in c.kv_lens)
+        pages = per * len(c.kv_lens)
+        kw["block_table"] = torch.randperm(pages, device="cuda").to(torch.int32).view(len(c.kv_lens), per)
+        shape = (pages, c.page_size, c.hkv, c.dqk)
+    else:
+        kw["kv_indptr"] = torch.tensor([0, *torch.tensor(c.kv_lens).cumsum(0).tolist()], dtype=torch.int32,
+                                       device="cuda")
+        shape = (sum(c.kv_lens), c.hkv, c.dqk)
+    kw["k"] = torch.randn(shape, device="cuda").to(dt)
+    kw["v"] = torch.randn(shape, device="cuda").to(dt)
+    return kw
+
+
+def _batches(c: Case) -> list:
+    """The batch, and copies with their own K/V (together > 3 x L2) sharing its plan's shapes."""
+    kw = _timing_inputs(c)
+    total_q = sum(c.q_lens)
+    base = AttentionBatch(out=torch.empty((total_q, c.hq, c.dvo), device="cuda", dtype=torch.bfloat16),
+                          lse=torch.empty((total_q, c.hq), device="cuda"), sm_scale=1 / math.sqrt(c.dqk), **kw)
+    kv_bytes = kw["k"].numel() * kw["k"].element_size() * 2
+    n = min(16, max(1, math.ceil(3 * L2_BYTES / kv_bytes)))
+    return [base] + [replace(base, k=kw["k"].clone(), v=kw["v"].clone()) for _ in range(n - 1)]
+
+
+def time_case(c: Case, num_splits=None) -> dict:
+    problem = replace(problem_of(c), device_type="cuda")
+    batches = _batches(c)
+    plan = BACKEND.plan(problem, batches[0], num_splits=num_splits)
+    turn = [0]
+
+    def one_call():
+        BACKEND.run(plan, batches[turn[0] % len(batches)])
+        turn[0] += 1
+
+    eager = time_ms(one_call, reps=40, warmup=5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for b in batches:
+            BACKEND.run(plan, b)
+    replay = time_ms(graph.replay, reps=20, warmup=2) / len(batches)
+    return {"eager_ms": eager, "graph_ms": replay, "splits": plan.num_splits, "copies": len(batches)}
+
+
+def kv_tb_s(c: Case, ms: float) -> float:
+    elem = 1 if (c.kv_dtype or "").startswith("float8") else 2
+    return 2 * sum(c.kv_lens) * c.hkv * c.dqk * elem / (ms * 1e-3) / 1e12
+
+
+def causal_tflop_s(c: Case, ms: float) -> float:
+    flops = sum(4.0 * c.hq * c.dqk * (q * k - q * (q - 1) / 2) for q, k in zip(c.q_lens, c.kv_lens))
+    return flops / (ms * 1e-3) / 1e12
+
+
+def copy_ceiling_tb_s() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x), reps=20, warmup=3)
+    return 2 * x.numel() / (ms * 1e-3) / 1e12
+
+
+DECODE_GRID = [(b, n) for b in (1, 4, 16, 64, 256) for n in (512, 4096, 32768, 131072)
+               if 2 * b * n * HKV * D * 2 <= (8 << 30)]
+FEATURE_ROWS = [  # name, case, metric
+    ("decode b64 x 4096", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **BIG, **DEC), "kv"),
+    ("decode b64 x 4096 RoPE", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **BIG, **DEC, **ROPE), "kv"),
+    ("decode b64 x 4096 fp8 KV", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, kv_dtype="float8_e4m3fn", **BIG, **DEC),
+     "kv"),
+    ("prefill causal 8 x 2048", Case(q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG), "flops"),
+    ("prefill causal 8 x 2048 RoPE", Case(q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG, **ROPE), "flops"),
+    ("prefill causal 8 x 2048 ragged RoPE", Case(storage="ragged", q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG,
+                                                 **ROPE), "flops"),
+]
+
+
+def decode_grid_rows(start: float) -> list:
+    rows = []
+    for b, n in DECODE_GRID:
+        if time.time() - start > DEADLINE_S:
+            rows.append({"case": f"decode b{b} x {n}", "skipped": "deadline"})
+            continue
+        c = Case(q_lens=(1,) * b, kv_lens=(n,) * b, **BIG, **DEC)
+        rule = time_case(c)
+        tried = {rule["splits"]: rule}
+        for s in {max(1, rule["splits"] // 2), min(64, rule["splits"] * 2)} - set(tried):
+            tried[s] = time_case(c, num_splits=s)
+        best = min(tried.values(), key=lambda r: r["graph_ms"])
+        rows.append({"case": f"decode b{b} x {n}", "rule_splits": rule["splits"], "rule": rule,
+                     "eager_tb_s": kv_tb_s(c, rule["eager_ms"]), "graph_tb_s": kv_tb_s(c, rule["graph_ms"]),
+                     "best_splits": best["splits"], "rule_vs_best": best["graph_ms"] / rule["graph_ms"],
+                     "tried": {s: r["graph_ms"] for s, r in sorted(tried.items())}})
+    return rows
+
+
+def feature_rows(start: float) -> list:
+    rows = []
+    for name, c, metric in FEATURE_ROWS:
+        if time.time() - start > DEADLINE_S:
+            rows.append({"case": name, "skipped": "deadline"})
+            continue
+        r = time_case(c)
+        rate = kv_tb_s if metric == "kv" else causal_tflop_s
+        rows.append({"case": name, **r, "unit": "TB/s" if metric == "kv" else "TFLOP/s",
+                     "eager_rate": rate(c, r["eager_ms"]), "graph_rate": rate(c, r["graph_ms"])})
+    return rows
+
+
+# -- report ------------------------------------------------------------------------------------------
+def environment() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": torch.cuda.get_device_name(0), "sm": f"{props.major}{props.minor}",
+            "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "date": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+
+
+def markdown(res: dict) -> str:
+    env = res["environment"]
+    lines = [f"# native-triton, issue 11 on {env['gpu']} (sm_{env['sm']}, {env['sms']} SMs)", "",
+             f"torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']}, {env['date']}; "
+             f"device copy ceiling {res['copy_tb_s']:.2f} TB/s; {res['seconds']:.0f} s", "",
+             "## Agreement vs float64 (first call: Triton's path; second: the cached compiled kernel)", "",
+             "| scenario | ok | out rel err (1st / 2nd) | lse rel err (1st / 2nd) | splits |", "|---|---|---|---|---|"]
+    for a in res["agreement"]:
+        lines.append(f"| {a['scenario']} | {a['ok']} | {a['out_err'][0]:.2e} / {a['out_err'][1]:.2e} | "
+                     f"{a['lse_err'][0]:.2e} / {a['lse_err'][1]:.2e} | {a['splits']} |")
+    lines += ["", "## Host time per eager launch (tiny decode, back-to-back)", "", "| path | us per launch |",
+              "|---|---|"] + [f"| {h['path']} | {h['us_per_launch']:.1f} |" for h in res["host"]]
+    lines += ["", "## Decode grid (bf16, 32/8 heads, d128, pages of 16): the split rule vs half and twice it", "",
+              "| case | rule splits | eager ms | graph ms | eager TB/s | graph TB/s | best of tried | rule / best |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in res["decode_grid"]:
+        if "skipped" in r:
+            lines.append(f"| {r['case']} | skipped ({r['skipped']}) |||||||")
+            continue
+        lines.append(f"| {r['case']} | {r['rule_splits']} | {r['rule']['eager_ms']:.3f} | {r['rule']['graph_ms']:.3f}"
+                     f" | {r['eager_tb_s']:.2f} | {r['graph_tb_s']:.2f} | {r['best_splits']} | {r['rule_vs_best']:.3f} |")
+    lines += ["", "## RoPE and features against the plain path", "",
+              "| case | eager ms | graph ms | eager | graph | unit | splits |", "|---|---|---|---|---|---|---|"]
+    for r in res["features"]:
+        if "skipped" in r:
+            lines.append(f"| {r['case']} | skipped ({r['skipped']}) ||||||")
+            continue
+        lines.append(f"| {r['case']} | {r['eager_ms']:.3f} | {r['graph_ms']:.3f} | {r['eager_rate']:.2f} | "
+                     f"{r['graph_rate']:.2f} | {r['unit']} | {r['splits']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for the JSON and Markdown")
+    args = parser.parse_args()
+    start = time.time()
+    torch.manual_seed(0)
+    res = {"environment": environment()}
+    res["agreement"] = [check(name, *spec) for name, spec in AGREEMENT.items()]
+    res["host"] = [host_us_per_launch(True), host_us_per_launch(False)]
+    res["copy_tb_s"] = copy_ceiling_tb_s()
+    res["features"] = feature_rows(start)
+    res["decode_grid"] = decode_grid_rows(start)
+    res["seconds"] = time.time() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "native-h100.json").write_text(json.dumps(res, indent=1, default=str))
+    text = markdown(res)
+    (out / "native-h100.md").write_text(text)
+    print(text)
+    return 0 if all(a["ok"] for a in res["agreement"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
