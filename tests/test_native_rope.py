@@ -100,14 +100,14 @@ def _wrapper_inputs(causal: bool):
     k = torch.randn(sum(kv_lens), HKV, D, generator=g)
     v = torch.randn(sum(kv_lens), HKV, D, generator=g)
     kv_rows = torch.tensor([0, kv_lens[0], sum(kv_lens)], dtype=torch.int32)
-    return dict(q=q, qo=qo, cache=cache, perm=perm, kv_indptr=kv_indptr, last=last, page=page, k=k, v=v,
-                kv_rows=kv_rows, causal=causal)
+    tensors = dict(q=q, qo=qo, cache=cache, perm=perm, kv_indptr=kv_indptr, last=last, k=k, v=v, kv_rows=kv_rows)
+    return {**{name: t.to(DEVICE) for name, t in tensors.items()}, "page": page, "causal": causal}
 
 
 def _run_wrapper(kind: str, backend: str, x: dict, **rope):
     import dispatch
 
-    ws = torch.empty(16, dtype=torch.uint8)
+    ws = torch.empty(16, dtype=torch.uint8, device=DEVICE)
     common = dict(causal=x["causal"], pos_encoding_mode="ROPE_LLAMA", q_data_type=torch.float32, **rope)
     if kind == "paged":
         w = dispatch.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
