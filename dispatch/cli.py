@@ -228,7 +228,8 @@ def cmd_query(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(_wrapped(f"problem: {problem.describe()}"))
         print(f"device:  {device.name} ({device.arch}, {device.family}{', fp8' if device.fp8 else ''})")
-        print(_wrapped("candidates, in priority order, then the backends outside the priority list (never "
+        print(_wrapped("candidates, in priority order (those that accept it ordered by their measured or "
+                       "modelled time, '='), then the backends outside the priority list (never "
                        "chosen automatically; one that accepts can be forced) - capability data only, "
                        "installation not checked:"))
         rank = 0

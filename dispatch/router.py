@@ -18,7 +18,7 @@ import backends
 import capability_db
 from backends import BackendRejected, DeviceDesc, Reason, get_backend
 
-from . import policy
+from . import choice, policy
 from .problem import AttentionBatch, AttentionProblem
 
 log = logging.getLogger("attn_dispatch")
@@ -41,6 +41,7 @@ class Candidate:
     why: str  # why it sits at this place in the priority list, or that it is not in it
     reasons: list[Reason]  # empty = accepted
     ranked: bool = True  # in the priority list: only ranked candidates are chosen automatically
+    estimate: str = ""  # the measurement or model estimate behind its place among the accepted
 
     @property
     def accepted(self) -> bool:
@@ -51,7 +52,7 @@ class Candidate:
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "accepted": self.accepted, "ranked": self.ranked, "why_here": self.why,
-                "reasons": [str(r) for r in self.reasons]}
+                "estimate": self.estimate or None, "reasons": [str(r) for r in self.reasons]}
 
 
 def wrap(text: str, indent: int, width: int = WIDTH) -> list[str]:
@@ -66,6 +67,8 @@ def candidate_lines(c: Candidate, chosen: Optional[str], prefix: str = "  ") -> 
     head = f"{prefix}{c.mark(chosen)} {c.backend:14s} "
     why = textwrap.wrap(c.why, WIDTH - len(head), break_on_hyphens=False) or [""]
     lines = [head + why[0]] + [" " * len(head) + line for line in why[1:]]
+    if c.estimate:
+        lines.extend(wrap(f"= {c.estimate}", len(prefix) + 11))
     for r in c.reasons:
         lines.extend(wrap(f"- {r}", len(prefix) + 11))
     return lines
@@ -81,6 +84,7 @@ class Decision:
     strict: bool = False
     fallbacks: list[tuple[str, list[Reason]]] = field(default_factory=list)  # plan-time rejections
     ran: Optional[str] = None  # the backend that served the latest call (differs from chosen after a fallback)
+    ranking: str = ""  # what ordered the accepted candidates (measured time, cost model, priority list)
 
     def accepted(self) -> list[str]:
         """The automatic order: ranked candidates that accept the problem (fallbacks follow it)."""
@@ -94,6 +98,7 @@ class Decision:
             "ran": self.ran or self.chosen,
             "explicit": {"backend": self.explicit[0], "from": self.explicit[1]} if self.explicit else None,
             "strict": self.strict,
+            "ranking": self.ranking,
             "candidates": [c.to_json() for c in self.candidates],
             "fallbacks": [{"backend": b, "reasons": [str(r) for r in rs]} for b, rs in self.fallbacks],
         }
@@ -102,6 +107,8 @@ class Decision:
         lines = wrap(self.problem.describe(), 0) + [f"device: {self.device.name} ({self.device.arch})"]
         if self.explicit:
             lines.append(f"explicit choice: {self.explicit[0]} (from {self.explicit[1]})")
+        elif self.ranking:
+            lines.extend(wrap(f"ranked by: {self.ranking}", 0))
         for c in self.candidates:
             lines.extend(candidate_lines(c, self.chosen))
         for b, rs in self.fallbacks:
@@ -146,14 +153,37 @@ def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, li
 
 
 def evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool = True) -> list[Candidate]:
-    """Every backend with its reasons (all, not the first): the device's priority list in
-    order, then every other registered backend, unranked (it can be forced, never chosen)."""
+    """Every backend with its reasons (all, not the first): the accepted candidates of the
+    device's priority list ordered by expected time (``rank_measured``), then the rejected ones
+    in priority order, then every other registered backend, unranked (it can be forced, never
+    chosen)."""
+    return _evaluate(problem, device, live)[0]
+
+
+def _evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool) -> tuple[list[Candidate], str]:
+    """``evaluate``'s candidates, and what ordered the accepted ones ("" for the priority list alone)."""
     ranked = [Candidate(e.backend, e.why, backend_reasons(e.backend, problem, device, live))
               for e in capability_db.candidates(device, problem.phase, problem.entry)]
+    ranked, basis = rank_measured(problem, device, ranked)
     listed = {c.backend for c in ranked}
     outside = f"not in the {capability_db.priority_list_name(device, problem.phase)} priority list"
     return ranked + [Candidate(name, outside, backend_reasons(name, problem, device, live), ranked=False)
-                     for name in backends.REGISTRY if name not in listed]
+                     for name in backends.REGISTRY if name not in listed], basis
+
+
+def rank_measured(problem: AttentionProblem, device: DeviceDesc,
+                  ranked: list[Candidate]) -> tuple[list[Candidate], str]:
+    """The accepted candidates ordered by measured time or cost model (dispatch/choice.py), each
+    with its estimate: they trade places among their own slots of the priority list, so a rejected
+    candidate keeps its place (strict mode and explain read it there); ties keep the priority order."""
+    accepted = [c for c in ranked if c.accepted]
+    ranking = choice.rank(problem, device, [c.backend for c in accepted])
+    by_name = {c.backend: c for c in accepted}
+    for name, est in ranking.estimates.items():
+        by_name[name].estimate = est.describe()
+    basis = ranking.basis if ranking.estimates else ""  # the priority list alone: nothing to add
+    order = iter(ranking.order)
+    return [by_name[next(order)] if c.accepted else c for c in ranked], basis
 
 
 def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tuple[str, str]] = None,
@@ -170,7 +200,7 @@ def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tup
 
 
 def _decide(problem, device, explicit, strict, live) -> Decision:
-    candidates = evaluate(problem, device, live)
+    candidates, ranking = _evaluate(problem, device, live)
     if explicit is not None:
         name, source = explicit
         reasons = backend_reasons(name, problem, device, live)
@@ -183,7 +213,7 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
     chosen = accepted[0].backend
     if strict:
         _check_strict(problem, device, candidates, chosen)
-    decision = Decision(problem, device, candidates, chosen, None, strict)
+    decision = Decision(problem, device, candidates, chosen, None, strict, ranking=ranking)
     if (problem, device) not in _logged:
         _logged.add((problem, device))
         log.info("attn_dispatch: %s -> %s (candidates: %s)", problem.describe(), chosen,

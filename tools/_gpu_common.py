@@ -6,4 +6,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: dispatch
 
-from dispatch.bench.timing import SPIN_CYCLES_PER_US, time_ms  # noqa: E402,F401
+from dispatch.bench.timing import SPIN_CYCLES_PER_US, time_ms  # noqa: E402
+
+__all__ = ["SPIN_CYCLES_PER_US", "time_ms"]

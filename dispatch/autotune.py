@@ -1,0 +1,178 @@
+"""Opt-in online autotune: time the accepted candidates of a new bucket on this machine, keep the times.
+
+On with ``ATTN_DISPATCH_AUTOTUNE=1`` or ``dispatch.autotune()`` (``dispatch.autotune(False)`` turns
+it off). When the router ranks the candidates of a problem it has not decided before
+(``choice.rank``, inside ``router.decide``'s cached step: never per call), the bucket — the
+problem's facts and its sizes rounded up to powers of two; without sizes the phase's anchor
+sizes — is looked up in a JSON file; a miss times every accepted candidate on fresh random
+inputs (plan, one warm call, then ``bench.timing.device_ms``) and stores the times.
+
+Never inside CUDA-graph capture or torch.compile tracing (the table or model decides then and
+nothing is stored). The file is keyed by the GPU, driver, torch and library versions (a new
+driver or FlashInfer starts a new file): ``$ATTN_DISPATCH_CACHE_DIR/autotune-<key>.json``,
+default ``~/.cache/attn-dispatch``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import policy
+from .problem import AttentionProblem, DeviceDesc
+
+ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"
+ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
+REPS = 5
+log = logging.getLogger("attn_dispatch")
+
+_switch: Optional[bool] = None  # set by autotune(); None: the environment decides
+_lock = threading.Lock()
+_files: dict[Path, dict] = {}
+
+
+def autotune(enabled: bool = True) -> None:
+    """Turn online autotune on (or off) for this process; decisions made so far are forgotten."""
+    global _switch
+    from . import router
+
+    _switch = bool(enabled)
+    router.clear_caches()
+
+
+def enabled() -> bool:
+    return _switch if _switch is not None else policy.env_flag(ENV_AUTOTUNE)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "attn-dispatch")
+
+
+def environment_key(device: DeviceDesc) -> dict[str, str]:
+    """What a timing depends on besides the problem: GPU, driver, torch and library versions."""
+    import backends
+
+    key = {"device": device.name, "sm": str(device.sm), "torch": torch.__version__}
+    driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+    key["driver"] = str(driver()) if driver is not None and device.kind == "cuda" else "none"
+    for name in backends.REGISTRY:
+        try:
+            key[name] = str(backends.get_backend(name).version())
+        except Exception as exc:  # noqa: BLE001 - a version that cannot be read is part of the key
+            key[name] = f"unknown ({type(exc).__name__})"
+    return key
+
+
+def cache_file(device: DeviceDesc) -> Path:
+    digest = hashlib.sha256(json.dumps(environment_key(device), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"autotune-{digest}.json"
+
+
+def describe_cache() -> str:
+    return f"autotune cache under {cache_dir()}"
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
+    return f"{problem!r}|" + "x".join(str(_pow2(n)) for n in sizes)
+
+
+def may_measure() -> bool:
+    """Not inside CUDA-graph capture, not while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
+           sizes: Optional[tuple[int, int, int]]) -> Optional[dict[str, tuple[float, tuple]]]:
+    """{backend: (ms, sizes)} for the bucket (timed now on a miss), or None when off or not allowed."""
+    if not enabled():
+        return None
+    from .choice import ANCHORS
+
+    sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
+    path, key = cache_file(device), bucket_key(problem, sizes)
+    with _lock:
+        data = _files.get(path) or _read(path)
+        _files[path] = data
+        hit = data["buckets"].get(key)
+    if hit is None or any(n not in hit for n in accepted):
+        if not may_measure():
+            return None
+        hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], sizes)}
+        with _lock:
+            data["buckets"][key] = hit
+            _write(path, data, device)
+    times = {n: (hit[n], sizes) for n in accepted if hit.get(n) is not None}
+    return times or None
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data.get("buckets"), dict):
+            return data
+    except (OSError, ValueError):
+        pass  # no file yet, or a broken one: start over (the file is a cache)
+    return {"buckets": {}}
+
+
+def _write(path: Path, data: dict, device: DeviceDesc) -> None:
+    data["environment"] = environment_key(device)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as exc:  # a read-only home: tuning still serves this process
+        log.warning("attn_dispatch: autotune cache %s not written: %s", path, exc)
+
+
+def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int]) -> dict[str, Optional[float]]:
+    """ms per call of each backend on fresh random inputs of these sizes (None: it failed)."""
+    from backends import get_backend
+
+    from .bench import timing
+    from .probe import Case, make_batch
+
+    b, q, kv = sizes
+    device = torch.device("cuda" if problem.device_type == "cuda" else "cpu")
+    case = Case("autotune", problem, (q,) * b, (kv,) * b)
+    batch = make_batch(case, device, seed=0)
+    if problem.has_sinks and batch.sinks is None:
+        batch.sinks = torch.zeros(problem.num_qo_heads, device=device)
+    out: dict[str, Optional[float]] = {}
+    for name in names:
+        backend = get_backend(name)
+        try:
+            plan = backend.plan(problem, batch)
+            backend.run(plan, batch)  # warm: compiles, workspaces
+            out[name] = timing.device_ms(lambda: backend.run(plan, batch), device.type, reps=REPS)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is not chosen by its time
+            log.info("attn_dispatch: autotune of %s on %s failed: %s", name, problem.describe(), exc)
+            out[name] = None
+    log.info("attn_dispatch: autotuned %s at %s: %s", problem.describe(), sizes, out)
+    return out
+
+
+class _CallableModule(sys.modules[__name__].__class__):
+    """``dispatch.autotune(...)`` turns it on or off while ``dispatch.autotune.<name>`` stays this
+    module (a function of the same name would hide the module from ``from dispatch import autotune``)."""
+
+    def __call__(self, enabled: bool = True) -> None:
+        autotune(enabled)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,80 @@
+"""Bench results -> the router's timing table (capability_db/measured/<gpu>.json).
+
+Every problem's backends that agreed with the oracle become one row (bucket + ms per backend);
+each backend's efficiency (achieved / peak bandwidth on decode rows, achieved / peak FLOP/s on
+prefill rows: the best of its rows) and launch floor (its fastest call) feed the cost model
+of buckets nobody measured. Peaks come from PEAKS (vendor datasheets) by GPU name.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from capability_db.measured import MEASURED_DIR, Bucket, Efficiency, TimingRow, TimingTable
+
+from .problems import SINGLE_LSE, BenchProblem
+
+# (HBM TB/s, dense bf16 tensor TFLOP/s), from NVIDIA's datasheets (SXM parts)
+PEAKS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0), "B200": (8.0, 2250.0), "A100": (2.0, 312.0)}
+
+
+def entry_of(bench_entry: str) -> str:
+    """The AttentionProblem's entry name: wrappers without '.run'; the LSE variant is single prefill."""
+    name = bench_entry.removesuffix(".run")
+    return "single_prefill_with_kv_cache" if name == SINGLE_LSE else name
+
+
+def bucket_of(p: BenchProblem) -> Bucket:
+    return Bucket(entry=entry_of(p.entry), phase="decode" if p.decode else "prefill", batch=p.batch,
+                  q_len=p.q_len, kv_len=p.kv_len, gqa_group=p.num_qo_heads // p.num_kv_heads,
+                  head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type,
+                  causal=p.causal, window=p.window_left >= 0, soft_cap=p.soft_cap > 0, sinks=p.sinks)
+
+
+def peaks(gpu: str) -> tuple[float, float]:
+    for name, values in PEAKS.items():
+        if name in gpu.upper():
+            return values
+    raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(PEAKS)} (dispatch/bench/table.py)")
+
+
+def build_table(results: dict, source: str) -> TimingTable:
+    env = results["environment"]
+    if not env.get("gpu"):
+        raise ValueError(f"{source}: a CPU run; timing tables are per GPU")
+    bw_peak, fl_peak = peaks(env["gpu"])
+    rows, eff, seen = [], {}, []
+    for r in results["results"]:
+        if "backends" not in r:
+            continue
+        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        ms = {b["backend"]: round(b["eager_ms"], 5) for b in r["backends"]
+              if b["backend"] != "auto" and b["status"] == "ok" and b.get("eager_ms")}
+        if not ms:
+            continue
+        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{source}: {r['name']}"))
+        for name, t in ms.items():
+            kind, peak = ("bandwidth", bw_peak) if p.decode else ("compute", fl_peak)
+            e = eff.setdefault(name, {"bandwidth": 0.0, "compute": 0.0})
+            e[kind] = max(e[kind], r["work"] / (t * 1e-3) / 1e12 / peak)
+            seen.append((name, kind, peak, r["work"], t))
+    # launch floor: the least time a call took beyond its work at the backend's best rate
+    floor: dict[str, float] = {}
+    for name, kind, peak, amount, t in seen:
+        beyond_us = t * 1e3 - amount / (eff[name][kind] * peak * 1e12) * 1e6
+        floor[name] = min(floor.get(name, 50.0), max(2.0, beyond_us))
+    efficiency = {n: Efficiency(bandwidth=round(e["bandwidth"] or 0.05, 3), compute=round(e["compute"] or 0.05, 3),
+                                launch_us=round(floor[n], 1), source=source)
+                  for n, e in eff.items()}
+    return TimingTable(gpu=env["gpu"], sm=int(env["capability"].removeprefix("sm_")), source=source,
+                       environment={k: str(v) for k, v in env.items()}, peak_tb_per_s=bw_peak, peak_tflops=fl_peak,
+                       efficiency=efficiency, rows=rows)
+
+
+def write_from_results(results_path: Path, out: Optional[Path] = None) -> Path:
+    table = build_table(json.loads(Path(results_path).read_text()), Path(results_path).name)
+    out = out or MEASURED_DIR / f"{table.gpu.split()[1].lower() if len(table.gpu.split()) > 1 else 'gpu'}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
+    return out

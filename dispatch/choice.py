@@ -1,0 +1,156 @@
+"""The measured choice: order the accepted candidates by their expected time.
+
+Called by ``router.evaluate`` once per (problem, device) — the decision is cached, so none of
+this is on the per-call path. Evidence, best first, for each accepted backend:
+
+1. autotune (opt-in, ``dispatch.autotune``): times measured on this machine for the bucket;
+2. the GPU's timing table (capability_db/measured/<gpu>.json): rows whose static facts match
+   the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks); a
+   row at other sizes is scaled to the wanted sizes by the cost model's ratio;
+3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
+   launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
+   efficiencies measured on this GPU (a default where it has none).
+
+The entry point's own list (priorities.json ``entry_first``) stays ahead of the family's list:
+its reasons are about the entry's calling convention (device-side lengths, which FlashInfer's
+fa2/fa3 re-plan on the host every call), which rows measured through other entry points do not
+carry. Estimates order the candidates within each of the two tiers.
+
+Without sizes (the router's problem key holds none) a backend's score is the geometric mean,
+over the matching rows' sizes (or the phase's anchor sizes), of its estimate over the best
+estimate there. Scores within TIE of the best keep the static priority order; no timing table
+(the CPU, an unmeasured GPU): the priority order alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import capability_db
+from capability_db.measured import Efficiency, TimingRow, TimingTable, table_for
+
+from .problem import NAME_DTYPES, AttentionProblem, DeviceDesc
+
+TIE = 0.03  # estimates within 3% are a tie: the priority list decides
+PREFILL_BANDWIDTH = 0.9  # share of peak bandwidth any backend streams on prefill-shaped work
+ANCHORS = {"decode": (64, 1, 4096), "prefill": (8, 2048, 2048), "spec_decode": (64, 4, 4096)}
+DEFAULT_EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.3, launch_us=10.0, source="default (not measured)")
+SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch_us=200.0,
+                                           source="default: PyTorch reference, unfused")}
+
+Sizes = tuple[int, int, int]  # (batch, q_len, kv_len)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    backend: str
+    ms: float  # at the sizes it was estimated for
+    basis: str  # "autotune" | "measured" | "measured, scaled" | "model"
+    sizes: Sizes
+    source: str
+
+    def describe(self) -> str:
+        b, q, kv = self.sizes
+        return f"{self.basis}: {self.ms:.4g} ms at batch {b} x q {q} x kv {kv} ({self.source})"
+
+
+@dataclass(frozen=True)
+class Ranking:
+    order: list[str]  # accepted backends, fastest expected first
+    estimates: dict[str, Estimate]  # the evidence behind each place (at the problem's sizes)
+    basis: str  # one line for explain()
+
+
+def work(problem: AttentionProblem, sizes: Sizes) -> tuple[float, float]:
+    """(bytes moved, FLOPs) of one call: K/V read once, q and out once; 2 matmuls on the visible pairs."""
+    b, q, kv = sizes
+    keys = min(kv, problem.window_left + 1) if problem.window_left >= 0 else kv
+    kv_elem = NAME_DTYPES[problem.kv_dtype].itemsize
+    q_elem = NAME_DTYPES[problem.q_dtype].itemsize
+    dims = problem.head_dim_qk + problem.head_dim_vo
+    moved = b * (keys * problem.num_kv_heads * dims * kv_elem + q * problem.num_qo_heads * dims * q_elem)
+    pairs = q * keys - (q * (q - 1) / 2 if problem.causal and q <= keys else 0)
+    return float(moved), 2.0 * problem.num_qo_heads * dims * b * max(pairs, q)
+
+
+def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:
+    e = table.efficiency.get(backend) or SLOW_EFFICIENCY.get(backend) or DEFAULT_EFFICIENCY
+    moved, flops = work(problem, sizes)
+    if sizes[1] == 1:  # decode-shaped: the K/V read is the time (its efficiency was measured on such rows)
+        seconds = moved / (e.bandwidth * table.peak_tb_per_s * 1e12)
+    else:  # a backend's decode efficiency says nothing of its bandwidth on prefill tiles
+        seconds = max(moved / (PREFILL_BANDWIDTH * table.peak_tb_per_s * 1e12),
+                      flops / (e.compute * table.peak_tflops * 1e12))
+    return e.launch_us / 1e3 + seconds * 1e3
+
+
+def _sizes(row: TimingRow) -> Sizes:
+    return (row.bucket.batch, row.bucket.q_len, row.bucket.kv_len)
+
+
+def _distance(a: Sizes, b: Sizes) -> float:
+    return sum(abs(math.log2(x) - math.log2(y)) for x, y in zip(a, b))
+
+
+def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: AttentionProblem,
+             sizes: Sizes, where: str) -> Estimate:
+    """The backend's expected ms at ``sizes``: a row there, else the nearest row scaled by the model."""
+    measured = [r for r in rows if backend in r.ms]
+    if measured:
+        near = min(measured, key=lambda r: _distance(_sizes(r), sizes))
+        if _sizes(near) == sizes:
+            return Estimate(backend, near.ms[backend], "measured", sizes, near.source)
+        scale = model_ms(table, backend, problem, sizes) / model_ms(table, backend, problem, _sizes(near))
+        b, q, kv = _sizes(near)
+        return Estimate(backend, near.ms[backend] * scale, "measured, scaled", sizes,
+                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv} times the model's ratio; {near.source}")
+    how = f"its efficiency on the {where}" if backend in table.efficiency else "a default efficiency"
+    return Estimate(backend, model_ms(table, backend, problem, sizes), "model", sizes, f"cost model at {how}")
+
+
+def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
+         sizes: Optional[Sizes] = None) -> Ranking:
+    """``accepted`` (in priority order) ordered by expected time; the priority order breaks ties."""
+    from . import autotune
+
+    tuned = autotune.lookup(problem, device, accepted, sizes) if len(accepted) > 1 else None
+    if tuned:
+        ests = {n: Estimate(n, ms, "autotune", sz, autotune.describe_cache()) for n, (ms, sz) in tuned.items()}
+        return _ordered(accepted, ests, {n: e.ms for n, e in ests.items()}, "autotune (timed on this machine)",
+                        _entry_tier(problem, device))
+    table = table_for(device) if len(accepted) > 1 else None
+    if table is None:
+        why = "one candidate" if len(accepted) <= 1 else f"no timing table for {device.name} (sm {device.sm})"
+        return Ranking(list(accepted), {}, f"priority list ({why})")
+    where = f"{table.gpu} (capability_db/measured)"
+    rows = table.rows_for(problem)
+    points = [sizes] if sizes else sorted({_sizes(r) for r in rows}) or [ANCHORS.get(problem.phase, ANCHORS["prefill"])]
+    per_point = [{n: estimate(table, rows, n, problem, pt, where) for n in accepted} for pt in points]
+    scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
+                          / len(per_point)) for n in accepted}
+    shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
+    basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
+             else f"cost model ({where}: no row matches this problem's facts)")
+    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device))
+
+
+def _entry_tier(problem: AttentionProblem, device: DeviceDesc) -> set[str]:
+    """The backends of the entry point's own list (ahead of the family's list on a GPU)."""
+    if device.kind != "cuda":
+        return set()
+    return {e.backend for e in capability_db.priorities().entry_first.get(problem.entry, [])}
+
+
+def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, float], basis: str,
+             first_tier: set[str]) -> Ranking:
+    """The entry's own tier, then the rest; within each, fastest first, scores within TIE of the
+    tier's best in the priority order."""
+    order: list[str] = []
+    for tier in ([n for n in accepted if n in first_tier], [n for n in accepted if n not in first_tier]):
+        if not tier:
+            continue
+        best = min(scores[n] for n in tier)
+        near = [n for n in tier if scores[n] <= best * (1 + TIE)]
+        order += near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
+    return Ranking(order, ests, basis)

@@ -1,0 +1,137 @@
+"""Ranking from measurements: the H100 timing table, the cost model, ties, the entry's own tier,
+one ranking per decision (never per call), and the opt-in online autotune with its cache file."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import capability_db
+from capability_db import measured
+from dispatch import autotune, choice, router
+from dispatch.lab_vendors import make_problem
+
+H100 = capability_db.resolve_device("h100")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv(autotune.ENV_CACHE_DIR, str(tmp_path))
+    monkeypatch.delenv(autotune.ENV_AUTOTUNE, raising=False)
+    monkeypatch.setattr(autotune, "_switch", None)
+    autotune._files.clear()
+    router.clear_caches()
+    yield
+    router.clear_caches()
+
+
+def decode_problem(**kw):
+    return make_problem(entry="BatchPrefillWithPagedKVCacheWrapper", phase="decode", num_qo_heads=32,
+                        num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, device_type="cuda", **kw)
+
+
+def with_rows(monkeypatch, ms: dict[str, float]):
+    """The H100 table with one decode row at the anchor sizes carrying ``ms``."""
+    real = measured.table_for(H100)
+    p = decode_problem()
+    bucket = measured.Bucket(entry=p.entry, phase="decode", batch=64, q_len=1, kv_len=4096, gqa_group=4,
+                             head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=False)
+    table = real.model_copy(update={"rows": [measured.TimingRow(bucket=bucket, ms=ms, source="test row")]})
+    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    return p
+
+
+def test_h100_table_loads_and_the_cpu_has_none():
+    t = measured.table_for(H100)
+    assert t is not None and t.sm == 90 and t.rows and {"fa2", "fa3", "cudnn", "xqa"} <= set(t.efficiency)
+    assert measured.table_for(capability_db.CPU_DEVICE) is None
+
+
+def test_the_fastest_measured_candidate_is_chosen_and_explained(monkeypatch):
+    p = with_rows(monkeypatch, {"fa2": 0.40, "xqa": 0.20, "cudnn": 0.41, "native-triton": 0.30})
+    d = router.decide(p, H100, live=False)
+    assert d.chosen == "xqa" and d.accepted()[:2] == ["xqa", "native-triton"]
+    assert "measured: 0.2 ms at batch 64 x q 1 x kv 4096 (test row)" in d.explain().replace("\n", " ").replace("  ", " ")
+    assert d.ranking.startswith("measured time (1 matching rows")
+
+
+def test_a_tie_keeps_the_priority_order(monkeypatch):
+    p = with_rows(monkeypatch, {"fa2": 0.400, "xqa": 0.395, "cudnn": 0.5, "native-triton": 0.6})
+    assert router.decide(p, H100, live=False).chosen == "fa2"  # 1.3% apart: the priority list decides
+
+
+def test_unmeasured_backends_get_the_cost_model(monkeypatch):
+    p = with_rows(monkeypatch, {"fa2": 0.40})
+    d = router.decide(p, H100, live=False)
+    est = {c.backend: c.estimate for c in d.candidates if c.accepted and c.ranked}
+    assert est["fa2"].startswith("measured") and est["xqa"].startswith("model") and est["reference"].startswith("model")
+    assert d.accepted()[-1] == "reference"  # the model knows the reference is slow
+
+
+def test_the_entrys_own_list_stays_ahead(monkeypatch):
+    with_rows(monkeypatch, {"xqa": 0.3, "native-triton": 0.5, "cudnn": 0.6, "fa2": 0.1})
+    p = dataclasses.replace(decode_problem(), entry="xqa_batch_decode_with_kv_cache")
+    d = router.decide(p, H100, live=False)
+    # fa2 is faster on the row, but this entry's lengths live on the device (fa2 re-plans per call)
+    assert d.accepted()[:4] == ["xqa", "native-triton", "cudnn", "fa2"]
+
+
+def test_ranking_happens_once_per_decision(monkeypatch):
+    calls = []
+    real = choice.rank
+    monkeypatch.setattr(choice, "rank", lambda *a, **k: calls.append(a) or real(*a, **k))
+    p = decode_problem()
+    for _ in range(5):
+        router.decide(p, H100, live=False)
+    assert len(calls) == 1
+
+
+def test_cpu_choice_is_the_priority_list():
+    p = make_problem(phase="decode")
+    d = router.decide(p, capability_db.CPU_DEVICE, live=False)
+    assert d.chosen == "reference" and d.ranking == ""
+
+
+# -- autotune -----------------------------------------------------------------------------------
+def test_autotune_is_off_by_default_and_follows_env_and_api(monkeypatch):
+    assert not autotune.enabled()
+    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "1")
+    assert autotune.enabled()
+    autotune.autotune(False)
+    assert not autotune.enabled()
+    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "maybe")
+    autotune.autotune(True)
+    assert autotune.enabled()
+
+
+def test_autotune_times_a_new_bucket_once_and_keeps_it_in_the_cache_file(monkeypatch, tmp_path):
+    autotune.autotune(True)
+    p = make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
+    got = autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40))
+    ms, sizes = got["reference"]
+    assert ms > 0 and sizes == (2, 1, 64)  # sizes rounded up to powers of two: the bucket
+    files = list(tmp_path.glob("autotune-*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert {"device", "driver", "torch", "reference"} <= set(data["environment"])
+    assert list(data["buckets"].values()) == [{"reference": ms}]
+    autotune._files.clear()  # a new process reads the file instead of measuring
+    monkeypatch.setattr(autotune, "measure", lambda *a: pytest.fail("measured a known bucket"))
+    assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 33))["reference"][0] == ms
+
+
+def test_autotune_never_measures_while_compiling(monkeypatch, tmp_path):
+    autotune.autotune(True)
+    monkeypatch.setattr(autotune.torch.compiler, "is_compiling", lambda: True)
+    p = make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
+    assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40)) is None
+    assert not list(tmp_path.glob("autotune-*.json"))
+
+
+def test_autotune_times_order_the_candidates(monkeypatch):
+    autotune.autotune(True)
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {"reference": 5.0, "native-triton": 1.0})
+    r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
+    assert r.order == ["native-triton", "reference"] and r.basis.startswith("autotune")
+    assert r.estimates["native-triton"].describe().startswith("autotune: 1 ms")

@@ -1,0 +1,123 @@
+"""``attn-dispatch bench`` on the CPU: the quick grid end to end through the CLI, the fp64 check
+(poisoned rows and wrong values caught), the rate formulas against the oracle's mask, user
+problem files, and bench results turned into a timing table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dispatch import cli
+from dispatch.bench import build, grids, problems, runner, table
+from dispatch.bench.oracle import allowed_keys, band
+from dispatch.bench.problems import PAGED, XQA, BenchProblem
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert cli.main(["bench", "--device", "cpu", "--quick", "--out", str(out)]) == 0
+    return out, json.loads((out / "bench-quick-cpu.json").read_text())
+
+
+def test_quick_bench_checks_and_times_every_entry_point_on_the_cpu(quick_report):
+    out, rep = quick_report
+    assert {r["problem"]["entry"] for r in rep["results"]} == set(problems.ENTRY_NAMES)
+    for r in rep["results"]:
+        by = {b["backend"]: b for b in r["backends"]}
+        ref = by["reference"]
+        assert ref["status"] == "ok", r["name"]
+        assert 0 < ref["rel_err"] <= band(r["problem"]["dtype"], r["problem"]["kv_dtype"] or r["problem"]["dtype"])
+        assert ref["eager_ms"] > 0 and ref["rate"] > 0
+        assert by["auto"]["served"] == "reference" and by["auto"]["status"] == "ok"
+        assert r["regret"] >= 0 and r["fastest"] in by
+        if r["problem"]["lse"]:
+            assert ref["lse_rel_err"] is not None and ref["lse_rel_err"] <= 1e-5
+    assert rep["regret"]["count"] == len(rep["results"])
+    md = (out / "bench-quick-cpu.md").read_text()
+    assert "| problem | fastest | auto | regret |" in md and "Regret of the automatic choice" in md
+
+
+def test_check_catches_unwritten_rows_and_wrong_values():
+    p = BenchProblem(PAGED, 2, 4, 24, num_qo_heads=4, num_kv_heads=2, head_dim=16, dtype="float32", page_size=8,
+                     causal=True, lse=True)
+    b = build.build(p, "cpu")
+    call = b.call()
+    b.poison()
+    out, lse = call(b.operands[0])
+    err, lse_err, tol = b.check((out, lse))
+    assert 0 < err < tol and lse_err < tol
+    wrong = out.clone()
+    wrong[-1, 0, 0] = float("nan")  # one unwritten (poisoned) element of a sampled row
+    assert b.check((wrong, lse))[0] == float("inf")
+    assert b.check((out * 1.01, lse))[0] > tol
+
+
+@pytest.mark.parametrize("q, kv, causal, window", [(1, 9, False, -1), (5, 9, True, -1), (5, 9, True, 2),
+                                                   (7, 7, False, 3), (3, 40, True, 0)])
+def test_visible_pairs_counts_the_oracles_mask(q, kv, causal, window):
+    assert runner.visible_pairs(q, kv, causal, window) == int(allowed_keys(q, kv, causal, window).sum())
+
+
+def test_decode_rate_reads_the_window_only():
+    p = BenchProblem(XQA, 4, 1, 1000, window_left=99)
+    assert runner.work(p) == (2.0 * 4 * 100 * 8 * 128 * 2, "TB/s")
+
+
+@pytest.mark.parametrize("item, says", [
+    ({"entry": "nope", "batch": 1, "q_len": 1, "kv_len": 8}, "allowed one of single"),
+    ({"entry": "xqa", "batch": 1, "q_len": 2, "kv_len": 8}, r"decode \(q_len 1\)"),
+    ({"entry": "cudnn", "batch": 1, "q_len": 2, "kv_len": 8, "window_left": 3}, "window"),
+    ({"entry": "paged", "batch": 1, "q_len": 1, "kv_len": 8, "colour": 1}, "unknown field"),
+])
+def test_problem_file_errors_name_the_field(item, says):
+    with pytest.raises(ValueError, match=says):
+        problems.problem_from_json(item)
+
+
+def test_user_problem_file_runs(tmp_path, capsys):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([{"entry": "ragged", "batch": 2, "q_len": 3, "kv_len": 11, "heads": "4/1",
+                                 "head_dim": 16, "dtype": "float32", "causal": True, "backends": ["reference"]}]))
+    assert cli.main(["bench", "--device", "cpu", "--problems", str(path), "--out", str(tmp_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["regret"]["count"] == 1
+    rep = json.loads((tmp_path / "bench-mine-cpu.json").read_text())
+    assert [b["backend"] for b in rep["results"][0]["backends"]] == ["reference", "auto"]
+
+
+def test_h100_grid_covers_the_issue():
+    g = grids.grid("h100")
+    assert len(g) >= 60 and {p.entry for p in g} == set(problems.ENTRY_NAMES)
+    assert all(problems.check_entry(p) is None for p in g)
+    assert {p.num_qo_heads // p.num_kv_heads for p in g} >= {1, 4, 8} and {p.head_dim for p in g} >= {64, 128, 256}
+    lengths = {p.kv_len for p in g}
+    assert min(lengths) <= 16 and max(lengths) >= 32768 and min(p.batch for p in g) == 1
+    assert max(p.batch for p in g) == 256
+    assert any(p.window_left >= 0 for p in g) and any(p.soft_cap for p in g) and any(p.sinks for p in g)
+    assert any(p.kv_type.startswith("float8") for p in g) and any(p.causal for p in g)
+
+
+def test_results_become_a_timing_table(tmp_path):
+    p = BenchProblem(PAGED, 64, 1, 4096)
+    amount, unit = runner.work(p)
+    results = {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90", "torch": "x"},
+               "results": [{"problem": p.to_json(), "name": p.name, "work": amount, "unit": unit, "backends": [
+                   {"backend": "fa2", "status": "ok", "eager_ms": 0.4}, {"backend": "xqa", "status": "ok", "eager_ms": 0.5},
+                   {"backend": "fa3", "status": "DISAGREES"}, {"backend": "auto", "status": "ok", "eager_ms": 0.4}]}]}
+    src = tmp_path / "bench.json"
+    src.write_text(json.dumps(results))
+    t = table.build_table(json.loads(src.read_text()), "bench.json")
+    assert t.sm == 90 and t.rows[0].ms == {"fa2": 0.4, "xqa": 0.5}  # neither auto nor a disagreeing backend
+    assert t.efficiency["fa2"].bandwidth == pytest.approx(amount / 0.4e-3 / 1e12 / 3.35, abs=1e-3)
+    written = table.write_from_results(src, tmp_path / "t.json")
+    assert json.loads(written.read_text())["rows"][0]["bucket"]["entry"] == "BatchPrefillWithPagedKVCacheWrapper"
+
+
+def test_timer_wall_clock_counts_calls():
+    from dispatch.bench import timing
+
+    calls = []
+    assert timing.wall_ms(lambda: calls.append(torch.ones(1)), reps=3, warmup=2, calls=4) >= 0
+    assert len(calls) == 2 + 3 * 4
