@@ -216,6 +216,11 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
     decision = Decision(problem, device, candidates, chosen, None, strict, ranking=ranking)
     if (problem, device) not in _logged:
         _logged.add((problem, device))
+        if chosen == "reference" and device.kind == "cuda":  # every faster backend refused: say so, once
+            log.warning("attn_dispatch: the slow PyTorch reference serves %s on %s; the others: %s",
+                        problem.describe(), device.name, "; ".join(
+                            f"{c.backend}: {', '.join(map(str, c.reasons)) or 'accepts'}" for c in candidates
+                            if c.backend != "reference" and c.ranked))
         log.info("attn_dispatch: %s -> %s (candidates: %s)", problem.describe(), chosen,
                  ", ".join(f"{c.backend}{'' if c.accepted else ' (rejected)'}" for c in candidates if c.ranked))
     return decision

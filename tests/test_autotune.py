@@ -135,3 +135,13 @@ def test_autotune_times_order_the_candidates(monkeypatch):
     r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
     assert r.order == ["native-triton", "reference"] and r.basis.startswith("autotune")
     assert r.estimates["native-triton"].describe().startswith("autotune: 1 ms")
+
+
+def test_reference_serving_a_cuda_problem_warns_once_with_the_others_reasons(caplog):
+    # head dim 1024: only the reference accepts it; on an H100 that is worth a warning, once
+    p = make_problem(phase="decode", head_dim_qk=1024, head_dim_vo=1024, device_type="cuda")
+    with caplog.at_level("WARNING", logger="attn_dispatch"):
+        for _ in range(3):
+            assert router.decide(p, H100, live=False).chosen == "reference"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "slow PyTorch reference" in warnings[0] and "head_dim" in warnings[0]
