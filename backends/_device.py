@@ -29,8 +29,15 @@ def on_device(device: DeviceLike) -> contextlib.AbstractContextManager:
     """Make the tensors' GPU current for a launch (cheap; nothing for CPU)."""
     device = torch.device(device) if not isinstance(device, torch.device) else device
     if device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
+        return _NO_SWITCH
+    index = device.index
+    if index is None or (_CURRENT_GPU is not None and index == _CURRENT_GPU()):  # already current (hot path)
+        return _NO_SWITCH
+    return torch.cuda.device(index)
+
+
+_NO_SWITCH = contextlib.nullcontext()  # reusable: nullcontext keeps no state
+_CURRENT_GPU = getattr(torch._C, "_cuda_getDevice", None)  # absent from CPU-only builds
 
 
 class BoundedCache:

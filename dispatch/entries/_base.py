@@ -256,18 +256,20 @@ _PLAIN_TYPES = frozenset(_PLAIN)
 _ALL_PLAIN: dict[tuple, bool] = {}  # option types -> all plain (a few entries per call site)
 
 
-def lane_key(entry: str, tensors: tuple, others: tuple, backend: Optional[str] = None) -> Optional[tuple]:
+def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -> Optional[tuple]:
     """The whole-call key of a call that may take the fast lane, or None: a query (``tensors[0]``)
     that is not a tensor, a CPU query while CPU value checks are on, ATTN_DISPATCH_VALIDATE=full,
     a dry run (explain), or an argument the key cannot hold. ``tensors``: the arguments that must
-    be tensors; ``others``: the rest. The argument types lead the key, so the flat run of facts
-    after them reads one way only."""
+    be tensors; ``others``: the rest; ``explicit``: the call's explicit choice (the functions:
+    it and strict mode join the key; a wrapper's run leaves it out, its plan fixed both). The
+    argument types lead the key, so the flat run of facts after them reads one way only."""
     query = tensors[0]
     if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation():
         return None
     kinds = tuple(map(type, tensors))
     other_kinds = tuple(map(type, others))
-    parts = [entry, policy.explicit_choice(backend), policy.strict_mode(), kinds, other_kinds]
+    parts = [entry, kinds, other_kinds] if explicit is UNSET else [entry, explicit, policy.strict_mode(), kinds,
+                                                                   other_kinds]
     append = parts.append
     plain = _ALL_PLAIN.get(other_kinds)
     if plain is None:

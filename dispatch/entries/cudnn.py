@@ -66,7 +66,7 @@ def cudnn_batch_prefill_with_kv_cache(
     key = B.lane_key(ENTRY, (q, k_cache, v_cache, workspace_buffer, actual_seq_lens_q, actual_seq_lens_kv), (
         scale, max_token_per_sequence, max_sequence_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale,
         batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_v, batch_offsets_units, out, lse,
-        is_cuda_graph_compatible, o_data_type), backend)
+        is_cuda_graph_compatible, o_data_type), explicit)
     args = dict(q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
                 max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
                 actual_seq_lens_q=actual_seq_lens_q, actual_seq_lens_kv=actual_seq_lens_kv, block_tables=block_tables,

@@ -105,7 +105,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
              kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
         lane_key = B.lane_key("paged-run", (q,) + B.kv_parts(paged_kv_cache), (
-            q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks, kv_cache_sf, overrides, sm_scale))
+            q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks, kv_cache_sf, overrides or None, sm_scale))
         lane = self._lanes.get(lane_key) if lane_key is not None else None
         if lane is not None:  # an exact repeat on this plan: nothing to check
             k, v = self._kv_views(paged_kv_cache)

@@ -68,7 +68,7 @@ def single_prefill_with_kv_cache(
         custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
     key = B.lane_key(ENTRY, (q, k, v), (scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
                                         kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
-                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), backend)
+                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
     lane = B.lane(key, SinglePrefillSpec, lambda: dict(
         q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype, custom_mask=custom_mask,
         packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,

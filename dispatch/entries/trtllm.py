@@ -62,7 +62,7 @@ def trtllm_batch_context_with_kv_cache(
     explicit = policy.explicit_choice()
     key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + B.kv_parts(kv_cache),
                      (max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, window_left, out, out_dtype, o_sf_scale,
-                      o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse))
+                      o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse), explicit)
     lane = B.lane(key, TrtllmContextSpec, lambda: dict(
         query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
         seq_lens=seq_lens, max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,

@@ -58,7 +58,7 @@ def xqa_batch_decode_with_kv_cache(
     explicit = policy.explicit_choice()
     key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens) + B.kv_parts(kv_cache),
                      (max_seq_len, bmm1_scale, bmm2_scale, window_left, out, sinks, kv_layout, enable_pdl,
-                      q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens))
+                      q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens), explicit)
     lane = B.lane(key, XqaDecodeSpec, lambda: dict(
         query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
         seq_lens=seq_lens, max_seq_len=max_seq_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
