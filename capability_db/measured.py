@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from .vocabulary import AttentionProblem, DeviceDesc
 
 MEASURED_DIR = Path(__file__).resolve().parent / "measured"
+# (batch, q_len, kv_len) a phase is judged at when the sizes are not known (the anchor workloads)
+ANCHORS = {"decode": (64, 1, 4096), "prefill": (8, 2048, 2048), "spec_decode": (64, 4, 4096)}
 
 
 class Bucket(BaseModel):

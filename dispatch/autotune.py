@@ -22,11 +22,14 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from . import policy
+from capability_db.measured import ANCHORS
+
+from .inputs import Case, make_batch
 from .problem import AttentionProblem, DeviceDesc
 
 ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"
@@ -35,6 +38,7 @@ REPS = 5
 log = logging.getLogger("attn_dispatch")
 
 _switch: Optional[bool] = None  # set by autotune(); None: the environment decides
+_on_switch: list[Callable[[], None]] = []  # the router's clear_caches: decisions made before are stale
 _lock = threading.Lock()
 _files: dict[Path, dict] = {}
 
@@ -42,10 +46,9 @@ _files: dict[Path, dict] = {}
 def autotune(enabled: bool = True) -> None:
     """Turn online autotune on (or off) for this process; decisions made so far are forgotten."""
     global _switch
-    from . import router
-
     _switch = bool(enabled)
-    router.clear_caches()
+    for forget in _on_switch:
+        forget()
 
 
 def enabled() -> bool:
@@ -100,8 +103,6 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     """{backend: (ms, sizes)} for the bucket (timed now on a miss), or None when off or not allowed."""
     if not enabled():
         return None
-    from .choice import ANCHORS
-
     sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
     path, key = cache_file(device), bucket_key(problem, sizes)
     with _lock:
@@ -145,7 +146,6 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
     from backends import get_backend
 
     from .bench import timing
-    from .probe import Case, make_batch
 
     b, q, kv = sizes
     device = torch.device("cuda" if problem.device_type == "cuda" else "cpu")

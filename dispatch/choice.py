@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import capability_db
-from capability_db.measured import Efficiency, TimingRow, TimingTable, table_for
+from capability_db.measured import ANCHORS, Efficiency, TimingRow, TimingTable, table_for
 
+from . import autotune
 from .problem import NAME_DTYPES, AttentionProblem, DeviceDesc
 
 TIE = 0.03  # estimates within 3% are a tie: the priority list decides
 PREFILL_BANDWIDTH = 0.9  # share of peak bandwidth any backend streams on prefill-shaped work
-ANCHORS = {"decode": (64, 1, 4096), "prefill": (8, 2048, 2048), "spec_decode": (64, 4, 4096)}
 DEFAULT_EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.3, launch_us=10.0, source="default (not measured)")
 SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch_us=200.0,
                                            source="default: PyTorch reference, unfused")}
@@ -112,8 +112,6 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
 def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
          sizes: Optional[Sizes] = None) -> Ranking:
     """``accepted`` (in priority order) ordered by expected time; the priority order breaks ties."""
-    from . import autotune
-
     tuned = autotune.lookup(problem, device, accepted, sizes) if len(accepted) > 1 else None
     if tuned:
         ests = {n: Estimate(n, ms, "autotune", sz, autotune.describe_cache()) for n, (ms, sz) in tuned.items()}

@@ -18,7 +18,7 @@ import backends
 import capability_db
 from backends import BackendRejected, DeviceDesc, Reason, get_backend
 
-from . import choice, policy
+from . import autotune, choice, policy
 from .problem import AttentionBatch, AttentionProblem
 
 log = logging.getLogger("attn_dispatch")
@@ -324,7 +324,10 @@ def execute(problem: AttentionProblem, batch: AttentionBatch, explicit: Optional
 
 
 def clear_caches() -> None:
-    """Forget cached decisions (tests, or after installing a package)."""
+    """Forget cached decisions (tests, after installing a package, autotune switched)."""
     with _lock:
         _decisions.clear()
         _logged.clear()
+
+
+autotune._on_switch.append(clear_caches)

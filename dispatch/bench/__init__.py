@@ -28,10 +28,13 @@ from typing import Optional
 
 import torch
 
-from . import grids, problems, report, runner
+# grids, problems, report and runner (which reach the router) are imported by the functions that
+# use them: ``dispatch.bench.timing`` / ``.oracle`` are imported from the router's layer (autotune)
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import grids
+
     p = argparse.ArgumentParser(prog="attn-dispatch bench", description=__doc__.split("\n\n")[0])
     what = p.add_mutually_exclusive_group()
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
@@ -51,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_problems(args: argparse.Namespace) -> tuple[str, list[problems.BenchProblem]]:
+def load_problems(args: argparse.Namespace) -> tuple[str, list]:
+    from . import grids, problems
+
     if args.problems:
         items = json.loads(args.problems.read_text())
         if not isinstance(items, list):
@@ -88,9 +93,10 @@ def _progress(total: int):
     return tqdm(total=total, unit="problem", file=sys.stderr)
 
 
-def sweep(plist: list[problems.BenchProblem], device: str, reps: int, budget_s: float = 0.0,
-          on_result=None) -> list[dict]:
+def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None) -> list[dict]:
     """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout)."""
+    from . import runner
+
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0) if device == "cuda" else 0
     start, results, bar = time.perf_counter(), [], _progress(len(plist))
     for i, p in enumerate(plist):
@@ -118,6 +124,8 @@ def sweep(plist: list[problems.BenchProblem], device: str, reps: int, budget_s: 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from . import report, runner
+
     parser = _parser()
     args = parser.parse_args(argv)
     if args.to_table:

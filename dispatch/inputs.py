@@ -1,0 +1,83 @@
+"""Random inputs for an AttentionProblem: ``Case`` (the problem plus per-request lengths) and
+``make_batch`` (fresh random tensors, paged caches with shuffled pages, out and LSE poisoned
+with NaN). Used by ``attn-dispatch probe``, the autotune's timings and the tests; it imports
+nothing of dispatch but the vocabulary, so any layer may build inputs without a cycle."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .problem import NAME_DTYPES, AttentionBatch, AttentionProblem
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named configuration: the problem plus the per-request lengths."""
+
+    name: str
+    problem: AttentionProblem
+    q_lens: tuple
+    kv_lens: tuple
+    out_scale: float = 1.0
+    tensor_scales: bool = False  # pass sm_scale / out_scale as device tensors
+
+
+def _random(shape, dtype, device, gen) -> torch.Tensor:
+    data = torch.randn(shape, generator=gen, dtype=torch.float32).to(device)
+    return data.to(dtype)
+
+
+def _paged_kv(problem, kv_lens, device, gen):
+    """A shuffled page pool (logical NHD view of an NHD or HND allocation) and its table."""
+    P, H, kv_dtype = problem.page_size, problem.num_kv_heads, NAME_DTYPES[problem.kv_dtype]
+    pages = [max(1, math.ceil(n / P)) for n in kv_lens]
+    num_pages = sum(pages) + 3
+    perm = torch.randperm(num_pages, generator=gen)
+    table = torch.zeros(len(kv_lens), max(pages), dtype=torch.int32)
+    cursor = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[cursor:cursor + n].to(torch.int32)
+        cursor += n
+    pools = []
+    for d in (problem.head_dim_qk, problem.head_dim_vo):
+        if problem.kv_layout == "HND":
+            pools.append(_random((num_pages, H, P, d), kv_dtype, device, gen).permute(0, 2, 1, 3))
+        else:
+            pools.append(_random((num_pages, P, H, d), kv_dtype, device, gen))
+    return pools[0], pools[1], table.to(device)
+
+
+def _indptr(lengths, device) -> torch.Tensor:
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
+
+
+def make_batch(case: Case, device, seed: int = 0) -> AttentionBatch:
+    """Fresh random inputs for a case; out and lse poisoned with NaN."""
+    p, gen = case.problem, torch.Generator().manual_seed(seed)
+    q_dtype = NAME_DTYPES[p.q_dtype]
+    total_q, total_kv = sum(case.q_lens), sum(case.kv_lens)
+    q = _random((total_q, p.num_qo_heads, p.head_dim_qk), q_dtype, device, gen)
+    extra = dict(kv_indptr=None, block_table=None)
+    if p.kv_storage == "paged":
+        k, v, extra["block_table"] = _paged_kv(p, case.kv_lens, device, gen)
+    else:
+        kv_dtype = NAME_DTYPES[p.kv_dtype]
+        k = _random((total_kv, p.num_kv_heads, p.head_dim_qk), kv_dtype, device, gen)
+        v = _random((total_kv, p.num_kv_heads, p.head_dim_vo), kv_dtype, device, gen)
+        extra["kv_indptr"] = _indptr(case.kv_lens, device)
+    out = torch.full((total_q, p.num_qo_heads, p.head_dim_vo), float("nan"), dtype=NAME_DTYPES[p.out_dtype], device=device)
+    lse = torch.full((total_q, p.num_qo_heads), float("nan"), dtype=torch.float32, device=device) if p.return_lse else None
+    sinks = torch.randn(p.num_qo_heads, generator=gen).to(device) if p.has_sinks else None
+    sm_scale, out_scale = 1.0 / math.sqrt(p.head_dim_qk), case.out_scale
+    if case.tensor_scales:
+        sm_scale = torch.tensor(sm_scale, dtype=torch.float32, device=device)
+        out_scale = torch.tensor([out_scale], dtype=torch.float32, device=device)
+    return AttentionBatch(
+        q=q, k=k, v=v, qo_indptr=_indptr(case.q_lens, device),
+        kv_lens=torch.tensor(case.kv_lens, dtype=torch.int32, device=device), out=out,
+        batch_size=len(case.q_lens), max_q_len=max(case.q_lens), max_kv_len=max(case.kv_lens),
+        sm_scale=sm_scale, out_scale=out_scale, lse=lse, sinks=sinks, **extra)
+
+
