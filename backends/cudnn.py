@@ -138,14 +138,18 @@ class GraphEntry:
 
 @dataclass
 class CudnnPlan:
-    """One call's bindings: the cached graph plus this batch's metadata buffers."""
+    """The cached graph for a problem, plus the planning batch's metadata buffers. A run with
+    another batch reuses the graph when the batch's facts (``batch_facts``) match the planning
+    batch's, and its buffers when the batch says its index tensors are static and they are the
+    same objects; otherwise the buffers are derived again (a few device ops, no host sync)."""
 
     key: GraphKey
     entry: GraphEntry
-    inputs: dict  # uid -> tensor (metadata buffers and fixed views)
-    scale_tensor: Optional[torch.Tensor]
+    inputs: dict  # uid -> tensor (metadata buffers and fixed views) of the planning batch
     problem: Any = None  # what the graph was planned for (run() re-checks the batch against key)
     planned_on: Any = None  # weakref to the batch it was planned with: that one needs no re-check
+    facts: tuple = ()  # batch_facts of the planning batch: equal facts, equal graph key
+    sources: tuple = ()  # the planning batch's index tensors (index_sources), for static reuse
 
 
 # --------------------------------------------------------------------------- key
@@ -156,6 +160,21 @@ def _pool_view(pool: torch.Tensor) -> torch.Tensor:
 
 def _is_tensor_scale(scale) -> bool:
     return isinstance(scale, torch.Tensor)
+
+
+def batch_facts(batch) -> tuple:
+    """Everything of a batch that ``graph_key`` reads besides the problem: equal facts, equal
+    key (cheaper to build and compare than the key itself, on every run of a kept plan)."""
+    table, lse, scale = batch.block_table, batch.lse, batch.sm_scale
+    return (batch.q.device, batch.q.shape, batch.q.stride(), batch.out.stride(), batch.k.shape, batch.k.stride(),
+            batch.v.shape, batch.v.stride(), None if table is None else table.shape,
+            None if lse is None else lse.stride(), batch.batch_size, batch.max_q_len, batch.max_kv_len,
+            None if _is_tensor_scale(scale) else float(scale))
+
+
+def index_sources(batch) -> tuple:
+    """The batch tensors the metadata buffers are derived from."""
+    return (batch.qo_indptr, batch.kv_lens, batch.block_table, batch.kv_indptr, batch.sinks)
 
 
 def graph_key(problem, batch) -> GraphKey:
@@ -291,12 +310,19 @@ def _check_int32_extent(name: str, tensor: torch.Tensor) -> Optional[Reason]:
 
 
 def call_inputs(key: GraphKey, batch) -> dict:
-    """uid -> tensor for everything but Q/K/V/O/LSE pointers (built at plan time)."""
+    """uid -> tensor for everything but Q/K/V/O/LSE pointers. ``batch.extras["cudnn"]`` may hold
+    the caller's own buffers in cuDNN's convention (``seq_q``: (B,) int32 query lengths; ``off_q``
+    / ``off_o``: (B+1,) int32 element offsets for Q's / O's token stride): they are used as
+    they are, instead of being derived from the token indptr."""
+    given = batch.extras.get("cudnn", _NONE_GIVEN)
+    seq_q, off_q, off_o = given.get("seq_q"), given.get("off_q"), given.get("off_o")
     inputs = {
-        UID_SEQ_Q: _lengths_column(batch.qo_indptr[1:] - batch.qo_indptr[:-1]),
+        UID_SEQ_Q: _lengths_column(seq_q if seq_q is not None else batch.qo_indptr[1:] - batch.qo_indptr[:-1]),
         UID_SEQ_KV: _lengths_column(batch.kv_lens),
-        UID_OFF_Q: _element_offsets(batch.qo_indptr, key.q_strides[0]),
-        UID_OFF_O: _element_offsets(batch.qo_indptr, key.o_strides[0]),
+        UID_OFF_Q: off_q.reshape(-1, 1, 1, 1) if off_q is not None else _element_offsets(batch.qo_indptr,
+                                                                                         key.q_strides[0]),
+        UID_OFF_O: off_o.reshape(-1, 1, 1, 1) if off_o is not None else _element_offsets(batch.qo_indptr,
+                                                                                         key.o_strides[0]),
     }
     if key.kv_storage == "paged":
         table = batch.block_table.to(torch.int32).reshape(key.batch_size, 1, key.table_width, 1).contiguous()
@@ -309,6 +335,9 @@ def call_inputs(key: GraphKey, batch) -> dict:
     if key.has_sinks:
         inputs[UID_SINK] = batch.sinks.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
     return inputs
+
+
+_NONE_GIVEN: dict = {}
 
 
 def _scale_tensor(key: GraphKey, batch) -> Optional[torch.Tensor]:
@@ -419,22 +448,44 @@ class CudnnBackend(Backend):
         key = graph_key(problem, batch)
         entry = self._entry(cudnn, key, batch.q.device)
         with on_device(batch.q.device):
-            return CudnnPlan(key, entry, call_inputs(key, batch), _scale_tensor(key, batch), problem,
-                             weakref.ref(batch))
+            return CudnnPlan(key, entry, call_inputs(key, batch), problem, weakref.ref(batch), batch_facts(batch),
+                             index_sources(batch))
+
+    def plan_reusable(self, problem) -> bool:
+        # The plan is the graph: run() checks each batch's facts against it and derives the
+        # per-call buffers (lengths, offsets, tables) from the batch it is given.
+        return True
 
     def run(self, plan: CudnnPlan, batch) -> None:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "cudnn (attn_scale)")  # before launch
-        same_batch = plan.planned_on is not None and plan.planned_on() is batch  # the functions' plan-then-run
-        if plan.problem is not None and not same_batch and graph_key(plan.problem, batch) != plan.key:
+        inputs = self._bound_inputs(plan, batch)
+        if inputs is None:
             # The graph bakes strides, sizes and a float scale: a batch that differs (another
             # layer's cache view, another k_scale) gets the graph of its own key, never the old one.
             plan = self.plan(plan.problem, batch)
+            inputs = plan.inputs
         with on_device(batch.q.device):
-            self._launch(plan, batch)
+            self._launch(plan, inputs, batch)
 
-    def _launch(self, plan: CudnnPlan, batch) -> None:
+    @staticmethod
+    def _bound_inputs(plan: CudnnPlan, batch) -> Optional[dict]:
+        """The metadata buffers for ``batch`` on this plan's graph, or None when the batch needs
+        another graph. The planning batch itself, and a batch whose static index tensors are the
+        planning batch's (the wrappers' plan-time tensors, never written), use the plan's."""
+        if plan.planned_on is not None and plan.planned_on() is batch:  # the functions' plan-then-run
+            return plan.inputs
+        if plan.problem is None:
+            return plan.inputs
+        if batch_facts(batch) != plan.facts and graph_key(plan.problem, batch) != plan.key:
+            return None
+        if batch.extras.get("static_indices") and all(a is b for a, b in zip(index_sources(batch), plan.sources)):
+            return plan.inputs
+        with on_device(batch.q.device):
+            return call_inputs(plan.key, batch)
+
+    def _launch(self, plan: CudnnPlan, inputs: dict, batch) -> None:
         cudnn = cudnn_module()
-        pack = dict(plan.inputs)
+        pack = dict(inputs)
         pack.update({UID_Q: batch.q, UID_O: batch.out})
         if plan.key.kv_storage == "paged":
             pack.update({UID_K: _pool_view(batch.k), UID_V: _pool_view(batch.v)})
@@ -442,8 +493,9 @@ class CudnnBackend(Backend):
             pack.update({UID_K: batch.k, UID_V: batch.v})
         if plan.key.lse_strides is not None:
             pack[UID_STATS] = batch.lse
-        if plan.scale_tensor is not None:
-            pack[UID_SCALE] = plan.scale_tensor
+        scale_tensor = _scale_tensor(plan.key, batch)  # per call: a device scale is a runtime input
+        if scale_tensor is not None:
+            pack[UID_SCALE] = scale_tensor
         plan.entry.graph.execute(pack, plan.entry.workspace, handle=self._handle(cudnn, batch.q.device))
         if batch.lse is not None:
             batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2

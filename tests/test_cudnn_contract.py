@@ -306,6 +306,53 @@ def test_tensor_scale_values_share_one_graph(fake):
     assert rel_error(batches[1].out, oracle(problem, batches[1])[0]) < 1e-5
 
 
+def test_a_kept_plan_serves_new_index_values_with_fresh_buffers(fake):
+    # The plan is reusable (one per problem): a batch with the same facts but other lengths and
+    # offsets gets buffers derived from its own index tensors, on the same graph.
+    backend = adapter.CudnnBackend()
+    problem = fp32_case().problem
+    first = make_batch(fp32_case("a", ((7, 33, 2), (47, 33, 72))), CPU, seed=1)
+    second = make_batch(fp32_case("b", ((33, 2, 7), (33, 72, 47))), CPU, seed=2)
+    assert backend.plan_reusable(problem) and adapter.batch_facts(first) == adapter.batch_facts(second)
+    plan = backend.plan(problem, first)
+    second.out.fill_(float("nan"))
+    backend.run(plan, second)
+    assert len(fake.graphs) == 1
+    assert rel_error(second.out, oracle(problem, second)[0]) < 1e-5
+
+
+def test_static_index_tensors_keep_the_plans_buffers(fake):
+    # The wrappers' index tensors are the plan's own (extras static_indices): their buffers are
+    # derived once; a run with new q / out reads them as they are.
+    backend = adapter.CudnnBackend()
+    problem = fp32_case().problem
+    first = make_batch(fp32_case("a"), CPU, seed=1)
+    plan = backend.plan(problem, first)
+    again = replace(first, q=torch.randn_like(first.q), out=torch.full_like(first.out, float("nan")),
+                    extras={"static_indices": True})
+    backend.run(plan, again)
+    assert fake.executions[-1][adapter.UID_OFF_Q] is plan.inputs[adapter.UID_OFF_Q]
+    assert rel_error(again.out, oracle(problem, again)[0]) < 1e-5
+
+
+def test_callers_cudnn_buffers_are_bound_as_given(fake):
+    # The cuDNN entry hands over the caller's int32 lengths and element offsets (extras "cudnn"):
+    # bound as they are, with the same result as the derived ones.
+    backend = adapter.CudnnBackend()
+    problem = fp32_case().problem
+    plan = backend.plan(problem, make_batch(fp32_case("a"), CPU, seed=1))
+    batch = make_batch(fp32_case("a"), CPU, seed=2)
+    off_q = (batch.qo_indptr * batch.q.stride(0)).to(torch.int32)
+    seq_q = (batch.qo_indptr[1:] - batch.qo_indptr[:-1]).to(torch.int32)
+    batch.extras = {"cudnn": {"off_q": off_q, "seq_q": seq_q}}
+    batch.out.fill_(float("nan"))
+    backend.run(plan, batch)
+    pack = fake.executions[-1]
+    assert pack[adapter.UID_OFF_Q].data_ptr() == off_q.data_ptr()
+    assert pack[adapter.UID_SEQ_Q].data_ptr() == seq_q.data_ptr()
+    assert rel_error(batch.out, oracle(problem, batch)[0]) < 1e-5
+
+
 # ---------------------------------------------------------- refusals, checks
 def test_build_failure_is_a_plan_time_rejection(monkeypatch):
     monkeypatch.setitem(sys.modules, "cudnn", make_fake_cudnn(refuse=True))

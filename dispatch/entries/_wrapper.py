@@ -131,7 +131,11 @@ class PrefillWrapper:
             mask_indptr=torch.tensor(cumsum0(sizes), dtype=torch.int32, device=dev) if custom is not None else None,
             problem=problem, batch_size=len(d.kv_lens), **storage)
         self._explicit = policy.explicit_choice(self._backend)
-        self._extras = {"pages_used": self._plan.max_page_id + 1} if self._storage == "paged" else {}
+        # static_indices: the batch's index tensors are this plan's own, never written (a backend
+        # may keep what it derives from them); pages_used: the page ids the plan reads are below it.
+        self._extras = {"static_indices": True}
+        if self._storage == "paged":
+            self._extras["pages_used"] = self._plan.max_page_id + 1
         self._variants = BoundedCache(maxsize=64)  # per plan; keyed on the variant's options
         self._run_keys = BoundedCache(maxsize=64)  # run call keys whose full checks passed
         self._lanes = BoundedCache(maxsize=64, refresh=False)  # run lane keys -> RunLane (B.lane_key)

@@ -120,18 +120,33 @@ def _batch(args: dict, z: SimpleNamespace) -> tuple[AttentionBatch, Optional[tor
     else:
         k, v = args["k_cache"], args["v_cache"]
     qo_indptr, kv_indptr, kv_lens = _indices(args, z)
+    out = B.new_out(args["out"], z.total_q, z.hq, z.dvo, z.out_dtype, q.device)
     batch = AttentionBatch(
-        q=q, k=k, v=v, qo_indptr=qo_indptr, kv_lens=kv_lens,
-        out=B.new_out(args["out"], z.total_q, z.hq, z.dvo, z.out_dtype, q.device), batch_size=z.batch,
+        q=q, k=k, v=v, qo_indptr=qo_indptr, kv_lens=kv_lens, out=out, batch_size=z.batch,
         max_q_len=args["max_token_per_sequence"], max_kv_len=args["max_sequence_kv"],
         sm_scale=fold_scale(args["scale"], args["q_scale"], args["k_scale"]), out_scale=fold_scale(1.0, args["v_scale"]),
         kv_indptr=kv_indptr, block_table=args["block_tables"],
-        lse=B.new_lse(None, z.total_q, z.hq, q.device, args["return_lse"]), extras=B.NO_EXTRAS)
+        lse=B.new_lse(None, z.total_q, z.hq, q.device, args["return_lse"]), extras=_cudnn_buffers(args, z, out))
     padded = None
     if args["return_lse"]:
         padded = args["lse"] if args["lse"] is not None else torch.empty(
             z.batch, args["max_token_per_sequence"], z.hq, dtype=torch.float32, device=q.device)
     return batch, padded
+
+
+def _cudnn_buffers(args: dict, z: SimpleNamespace, out: torch.Tensor) -> dict:
+    """The caller's buffers already in cuDNN's convention (int32 query lengths; element offsets
+    that match packed Q / O rows), for the cuDNN backend to use as they are (batch.extras)."""
+    given = {}
+    lens = args["actual_seq_lens_q"]
+    if lens is not None and lens.dtype == torch.int32:
+        given["seq_q"] = lens.reshape(-1)
+    if args["batch_offsets_units"] == "elements":
+        for name, tensor, row in (("off_q", args["q"], z.hq * z.dqk), ("off_o", out, z.hq * z.dvo)):
+            offsets = args["batch_offsets_" + name[-1]]
+            if offsets is not None and offsets.dtype == torch.int32 and tensor.stride(0) == row:
+                given[name] = offsets.reshape(-1)
+    return {"cudnn": given} if given else B.NO_EXTRAS
 
 
 def _cumsum0(lens: torch.Tensor) -> torch.Tensor:
