@@ -50,6 +50,12 @@ DTYPE_NAMES = {
 NAME_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 
+def size_class(batch: int, max_q: int, max_kv: int) -> tuple[int, int, int]:
+    """A problem's size class: each size rounded up to a power of two (1 stays 1), so that one
+    decision serves every call of similar shape and a serving loop makes a few dozen at most."""
+    return tuple(1 << max(int(n) - 1, 0).bit_length() for n in (batch, max_q, max_kv))
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
@@ -82,6 +88,9 @@ class AttentionProblem:
     q_len_per_req: int = 0  # spec decode: fixed draft length (0 when it varies)
     device_type: Literal["cpu", "cuda"] = "cuda"
     cuda_graph: bool = False  # the caller will capture run() in a CUDA graph
+    # (batch, max q length, max kv length) rounded up to powers of two (size_class), or () when
+    # unknown: not a capability fact, the size the measured choice ranks the candidates at.
+    sizes: tuple = ()
 
     @property
     def gqa_group(self) -> int:
@@ -93,7 +102,7 @@ class AttentionProblem:
 
     def facts(self) -> dict:
         """Field values by name, plus derived facts the capability data may test."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sizes"}
         out["gqa_group"] = self.gqa_group
         out["has_window"] = self.window_left >= 0
         out["has_soft_cap"] = self.logits_soft_cap > 0

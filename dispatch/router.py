@@ -177,7 +177,7 @@ def rank_measured(problem: AttentionProblem, device: DeviceDesc,
     with its estimate: they trade places among their own slots of the priority list, so a rejected
     candidate keeps its place (strict mode and explain read it there); ties keep the priority order."""
     accepted = [c for c in ranked if c.accepted]
-    ranking = choice.rank(problem, device, [c.backend for c in accepted])
+    ranking = choice.rank(problem, device, [c.backend for c in accepted], problem.sizes or None)
     by_name = {c.backend: c for c in accepted}
     for name, est in ranking.estimates.items():
         by_name[name].estimate = est.describe()

@@ -145,3 +145,23 @@ def test_reference_serving_a_cuda_problem_warns_once_with_the_others_reasons(cap
             assert router.decide(p, H100, live=False).chosen == "reference"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "slow PyTorch reference" in warnings[0] and "head_dim" in warnings[0]
+
+
+def test_the_problems_size_class_picks_the_row_measured_at_that_size(monkeypatch):
+    """A problem carries its size class (dispatch sets it from the call or the plan): the choice
+    follows the row measured at those sizes, not one order for every size of the problem."""
+    real = measured.table_for(H100)
+    p = make_problem(entry="BatchPrefillWithPagedKVCacheWrapper", phase="prefill", num_qo_heads=32, num_kv_heads=8,
+                     head_dim_qk=128, head_dim_vo=128, device_type="cuda", causal=True)
+
+    def row(batch, q_len, kv_len, ms):
+        bucket = measured.Bucket(entry=p.entry, phase="prefill", batch=batch, q_len=q_len, kv_len=kv_len, gqa_group=4,
+                                 head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=True)
+        return measured.TimingRow(bucket=bucket, ms=ms, source="test row")
+
+    table = real.model_copy(update={"rows": [row(64, 16, 2048, {"fa2": 0.2, "fa3": 0.7, "cudnn": 0.6, "native-triton": 0.9}),
+                                             row(8, 2048, 2048, {"fa2": 0.85, "fa3": 0.59, "cudnn": 0.62, "native-triton": 1.0})]})
+    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    short = router.decide(dataclasses.replace(p, sizes=(64, 16, 2048)), H100, live=False)
+    long = router.decide(dataclasses.replace(p, sizes=(8, 2048, 2048)), H100, live=False)
+    assert short.accepted()[0] == "fa2" and long.accepted()[0] == "fa3"

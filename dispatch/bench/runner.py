@@ -149,9 +149,16 @@ def _graph(call: Callable[[Any], Any], built: Built, reps: int) -> dict:
         return {"graph_ms": None, "graph_note": _one_line(exc)}
 
 
+# Not forced on a GPU unless a problem lists it: the fp64-accurate PyTorch path runs 100-1000x
+# slower there (0.9-620 ms a call in the first H100 sweep), so timing it spent most of a sweep's
+# budget; it is never the fastest, and auto never picks it while a GPU backend accepts.
+SLOW_ON_GPU = ("reference",)
+
+
 def backends_to_force(p: BenchProblem, device: str) -> list[str]:
-    """Every registered backend whose package is usable here (or the problem's own list)."""
-    names = list(p.backends) or list(backends.REGISTRY)
+    """Every registered backend whose package is usable here (or the problem's own list); on a
+    GPU, not the SLOW_ON_GPU ones unless the problem lists them."""
+    names = list(p.backends) or [n for n in backends.REGISTRY if device != "cuda" or n not in SLOW_ON_GPU]
     out = []
     for name in names:
         backend = backends.get_backend(name)

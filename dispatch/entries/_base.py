@@ -27,7 +27,7 @@ from .._normalize import full_validation, paged_nhd, split_kv
 from backends import get_backend
 
 from .. import policy, router, specs
-from ..problem import AttentionProblem
+from ..problem import AttentionProblem, size_class
 
 
 class _Unset:
@@ -292,6 +292,19 @@ def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -
     return tuple(parts)
 
 
+def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
+    """The size class of a call (``size_class``), or None while a size is not a positive int (an
+    invalid call: its checks name the argument). It joins the call key and the problem."""
+    if all(type(n) is int and n > 0 for n in (batch, max_q, max_kv)):
+        return size_class(batch, max_q, max_kv)
+    return None
+
+
+def rows(t: Any, dim: int = 0) -> Any:
+    """``t.shape[dim]`` of a tensor of rank > dim, else None (the checks name a bad argument)."""
+    return t.shape[dim] if isinstance(t, torch.Tensor) and t.dim() > dim else None
+
+
 def kv_parts(kv_cache: Any) -> tuple:
     """A KV cache argument as lane-key tensors: (cache,) or the (k, v) pair (a pair and a single
     cache differ in count, so they never share a key)."""
@@ -329,7 +342,8 @@ def lane(key: Optional[tuple], spec_cls: type, args: Callable[[], dict], call_ke
     if found is not None:
         return found
     values = args()
-    plan, _, derived = checked(spec_cls, values, call_key_of(values), values.get("query", values.get("q")), build)
+    plan, _, derived = checked(spec_cls, values, call_key_of(values), values.get("query", values.get("q")),
+                               lambda spec, d: build(spec, d, values))
     found = Lane(plan, explicit, sizes(values, derived))
     if key is not None:
         LANES.put(key, found)

@@ -19,7 +19,7 @@ import torch
 from .. import ops, policy, router, specs
 from .._cache import BoundedCache
 from .._normalize import bad, check_scale, cumsum0, unpack_bits
-from ..problem import AttentionBatch, AttentionProblem, dtype_name
+from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from . import _base as B
 
 
@@ -120,7 +120,8 @@ class PrefillWrapper:
             causal=spec.causal, window_left=spec.window_left, mask="custom" if custom is not None else "none",
             logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
             rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
-            device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph)
+            device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph,
+            sizes=size_class(len(q_lens), max(q_lens, default=1), max(d.kv_lens, default=1)) if q_lens else ())
         self._plan = Plan(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,

@@ -93,18 +93,23 @@ def _on_device(lengths, q):
     return lengths
 
 
-def _problem(spec, d) -> AttentionProblem:
+def _problem(spec, d, args: dict) -> AttentionProblem:
     return AttentionProblem(
         entry=ENTRY, phase="decode" if spec.max_token_per_sequence == 1 else "prefill",
         kv_storage="paged" if d.paged else "ragged", kv_layout="HND" if d.paged else "NHD",
         num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
         q_dtype=dtype_name(spec.q.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size if d.paged else 0, causal=spec.causal, return_lse=spec.return_lse,
-        cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda")
+        cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
+        sizes=_size(args) or ())
+
+
+def _size(args: dict):
+    return B.size_key(B.rows(args["actual_seq_lens_kv"]), args["max_token_per_sequence"], args["max_sequence_kv"])
 
 
 def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1,)
+    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1, _size(args))
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:

@@ -115,7 +115,7 @@ def _vary(args: dict) -> dict:
     return {"k": kv_dim, "v": kv_dim, "custom_mask": B.ALL_DIMS, "packed_custom_mask": B.ALL_DIMS}
 
 
-def _problem(spec, d) -> AttentionProblem:
+def _problem(spec, d, args: dict) -> AttentionProblem:
     masked = spec.custom_mask is not None or spec.packed_custom_mask is not None
     return AttentionProblem(
         entry=ENTRY, phase="decode" if d.qo_len == 1 else "prefill", kv_storage="dense", kv_layout=spec.kv_layout,
@@ -124,11 +124,18 @@ def _problem(spec, d) -> AttentionProblem:
         causal=spec.causal, window_left=spec.window_left, mask="custom" if masked else "none",
         logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
         rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
-        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda")
+        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
+        sizes=_size(args) or ())
+
+
+def _size(args: dict):
+    return B.size_key(1, B.rows(args["q"]), B.rows(args["k"], 1 if args["kv_layout"] == "HND" else 0))
 
 
 def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _vary(args), _PER_CALL) if isinstance(args["kv_layout"], str) else (ENTRY, None)
+    if not isinstance(args["kv_layout"], str):
+        return (ENTRY, None)
+    return B.call_key(ENTRY, args, _vary(args), _PER_CALL) + (_size(args),)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:

@@ -103,19 +103,23 @@ def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_l
 B.seed_signature(trtllm_batch_context_with_kv_cache, {"kv_block_scales": None, "kv_cache_sf": None})
 
 
-def _problem(spec, d) -> AttentionProblem:
+def _problem(spec, d, args: dict) -> AttentionProblem:
     return AttentionProblem(
         entry=ENTRY, phase="decode" if spec.max_q_len == 1 else "prefill", kv_storage="paged",
         kv_layout=spec.kv_layout, num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
         q_dtype=dtype_name(spec.query.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size, causal=spec.causal, window_left=spec.window_left, has_sinks=spec.sinks is not None,
         return_lse=spec.return_lse or spec.lse is not None,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda")
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=_size(args) or ())
+
+
+def _size(args: dict):
+    return B.size_key(args["batch_size"], args["max_q_len"], args["max_kv_len"])
 
 
 def _call_key(args: dict) -> tuple:
     # max_q_len == 1 makes it a decode problem: a fact of the key, not only a per-call size.
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1,)
+    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1, _size(args))
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:

@@ -76,7 +76,7 @@ def xqa_batch_decode_with_kv_cache(
     return batch.out
 
 
-def _problem(spec, d) -> AttentionProblem:
+def _problem(spec, d, args: dict) -> AttentionProblem:
     spec_decode = spec.q_len_per_req > 1
     return AttentionProblem(
         entry=ENTRY, phase="spec_decode" if spec_decode else "decode", kv_storage="paged", kv_layout=spec.kv_layout,
@@ -85,11 +85,15 @@ def _problem(spec, d) -> AttentionProblem:
         page_size=d.page_size, causal=not spec_decode, window_left=spec.window_left,
         mask="spec_bits" if spec_decode else "none", has_sinks=spec.sinks is not None,
         q_len_per_req=spec.q_len_per_req if spec_decode and spec.q_cu_seq_lens is None else 0,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda")
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=_size(args) or ())
+
+
+def _size(args: dict):
+    return B.size_key(B.rows(args["block_tables"]), args["q_len_per_req"], args["max_seq_len"])
 
 
 def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL)
+    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (_size(args),)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
