@@ -91,7 +91,10 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
         HEAD_DQK: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr,
         ROPE: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr):
     """Raw scores q.k of one key tile (fp32). ROPE: q holds the rotated first halves, q2 the second
-    halves; each K half is rotated at key positions n and the two half-width dots are summed."""
+    halves; each K half is rotated at key positions n and the two half-width dots are summed.
+    One return, at the end: compiled Triton generates (and type-checks) the statements after a
+    ``return`` nested in a constexpr ``if`` (the interpreter never reaches them), so each variant
+    lives in its own branch (tests/test_native_ir.py builds every variant's IR)."""
     if ROPE:
         HALF: tl.constexpr = HEAD_DQK // 2
         dh = tl.arange(0, BLOCK_HALF)
@@ -105,19 +108,23 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
         r1 = k1 * c - k2 * sn
         r2 = k2 * c + k1 * sn
         if DOT_F32:
-            return tl.dot(q2, r2, tl.dot(q, r1, input_precision="ieee"), input_precision="ieee")
-        return tl.dot(q2, r2.to(q2.dtype), tl.dot(q, r1.to(q.dtype)))
-    dk = tl.arange(0, BLOCK_DQK)
-    k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
-    if MASKED:
-        k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
-    elif BLOCK_DQK == HEAD_DQK:
-        k = tl.load(k_ptr)
+            s = tl.dot(q2, r2, tl.dot(q, r1, input_precision="ieee"), input_precision="ieee")
+        else:
+            s = tl.dot(q2, r2.to(q2.dtype), tl.dot(q, r1.to(q.dtype)))
     else:
-        k = tl.load(k_ptr, mask=dk[:, None] < HEAD_DQK, other=0.0)
-    if DOT_F32:  # fp32 inputs, and the interpreter (its bf16 dot is wrong in Triton 3.9)
-        return tl.dot(q, k.to(tl.float32), input_precision="ieee")
-    return tl.dot(q, k.to(q.dtype))
+        dk = tl.arange(0, BLOCK_DQK)
+        k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
+        if MASKED:
+            k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
+        elif BLOCK_DQK == HEAD_DQK:
+            k = tl.load(k_ptr)
+        else:
+            k = tl.load(k_ptr, mask=dk[:, None] < HEAD_DQK, other=0.0)
+        if DOT_F32:  # fp32 inputs, and the interpreter (its bf16 dot is wrong in Triton 3.9)
+            s = tl.dot(q, k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k.to(q.dtype))
+    return s
 
 
 @triton.jit
