@@ -42,12 +42,22 @@ class FiState:
     plan_args: tuple
     plan_kwargs: dict
     paged: bool
-    direct: Optional[list] = None  # paged fa2 on FlashInfer 0.5.x: the compiled run's arguments (_paged_run_args)
+    direct: Optional["DirectRun"] = None  # fa2 on FlashInfer 0.5.x: the compiled run (_direct_run)
 
 
-# Positions of the per-call arguments in FlashInfer 0.5.x's compiled paged_run
-# (flashinfer/prefill.py BatchPrefillWithPagedKVCacheWrapper.run, run_args): q, k, v, out, lse, sm_scale.
-_Q, _K, _V, _OUT, _LSE, _SCALE = 3, 4, 5, 10, 11, 23
+@dataclass(frozen=True)
+class DirectRun:
+    """FlashInfer 0.5.x fa2's compiled run with the arguments its wrapper's run() would build
+    from what plan() stored; ``slots``: the positions of q, k, v, out, lse and sm_scale, the
+    per-call arguments (flashinfer/prefill.py, run_args of each wrapper's run)."""
+
+    fn: Any
+    args: tuple
+    slots: tuple
+
+
+_PAGED_SLOTS = (3, 4, 5, 10, 11, 23)  # BatchPrefillWithPagedKVCacheWrapper.run -> paged_run
+_RAGGED_SLOTS = (3, 4, 5, 8, 9, 21)  # BatchPrefillWithRaggedKVCacheWrapper.run -> ragged_run
 
 
 class FlashInferPrefill(Provider):
@@ -192,13 +202,13 @@ class FlashInferPrefill(Provider):
     def _apply_plan(self, state: FiState) -> None:
         state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
         state.wrapper._attn_dispatch_plan = state  # who planned it last
-        state.direct = self._paged_run_args(state) if state.paged else None
+        state.direct = self._direct_run(state)
 
-    def _paged_run_args(self, state: FiState) -> Optional[list]:
-        """FlashInfer 0.5.x fa2's compiled ``paged_run`` arguments as its wrapper's run() builds
-        them from what plan() stored (the per-call ones at _Q.._SCALE left to fill), so a run pays
-        no FlashInfer Python layer; None (the public run) for another version or kind, a JIT
-        variant, or anything missing."""
+    def _direct_run(self, state: FiState) -> Optional[DirectRun]:
+        """FlashInfer 0.5.x fa2's compiled ``paged_run`` / ``ragged_run`` with its arguments as the
+        wrapper's run() builds them from what plan() stored, so a run pays no FlashInfer Python
+        layer; None (the public run) for another version or kind, a JIT variant, or anything
+        missing."""
         version = self.version() or ""
         w = state.wrapper
         if self.kind != "fa2" or not version.startswith("0.5.") or getattr(w, "_jit_module", None) is not None:
@@ -212,16 +222,21 @@ class FlashInferPrefill(Provider):
             else:
                 mask_mode = (prefill.MaskMode.CAUSAL if w._causal else prefill.MaskMode.NON_CAUSAL).value
             device = w._float_workspace_buffer.device
-            heads, page_size = w._num_qo_heads, state.plan_args[7]
-            return [w._float_workspace_buffer, w._int_workspace_buffer, w._plan_info, None, None, None,
-                    w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf,
-                    None, None, mask_mode, prefill.TensorLayout[w._kv_layout].value, w._window_left,
-                    torch.cuda.get_device_capability(device)[0] >= 9, w._custom_mask_buf, w._mask_indptr_buf,
-                    prefill._get_cache_alibi_slopes_buf(heads, device), w._prefix_len_ptr, w._token_pos_in_items_ptr,
-                    w._max_item_len_ptr, w._logits_soft_cap or 0.0, None, None, None, None, w._rope_scale or 1.0,
-                    w._rope_theta or 1e4, w._token_pos_in_items_len, w._workspace_size, heads, w._num_kv_heads,
-                    w._block_tables, w._kv_lens_buffer, page_size, w._max_q_len, w._max_kv_len, w._batch_size,
-                    w._qo_indptr_buf, w._vector_sparse_indptr_buffer, None]
+            head = (w._float_workspace_buffer, w._int_workspace_buffer, w._plan_info, None, None, None)
+            common = (mask_mode, prefill.TensorLayout[w._kv_layout].value, w._window_left,
+                      torch.cuda.get_device_capability(device)[0] >= 9, w._custom_mask_buf, w._mask_indptr_buf,
+                      prefill._get_cache_alibi_slopes_buf(w._num_qo_heads, device), w._prefix_len_ptr,
+                      w._token_pos_in_items_ptr, w._max_item_len_ptr, w._logits_soft_cap or 0.0, None)
+            rope = (w._rope_scale or 1.0, w._rope_theta or 1e4, w._token_pos_in_items_len)
+            if not state.paged:
+                args = head + (w._qo_indptr_buf, w._kv_indptr_buf, None, None) + common + rope
+                return DirectRun(w._cached_module.ragged_run, args, _RAGGED_SLOTS)
+            args = (head + (w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
+                            w._paged_kv_last_page_len_buf, None, None) + common + (None, None, None) + rope
+                    + (w._workspace_size, w._num_qo_heads, w._num_kv_heads, w._block_tables, w._kv_lens_buffer,
+                       state.plan_args[7], w._max_q_len, w._max_kv_len, w._batch_size, w._qo_indptr_buf,
+                       w._vector_sparse_indptr_buffer, None))
+            return DirectRun(w._cached_module.paged_run, args, _PAGED_SLOTS)
         except (AttributeError, KeyError, TypeError, IndexError):
             return None
 
@@ -238,11 +253,11 @@ class FlashInferPrefill(Provider):
         out = _vendor.writable(batch.out)
         lse = _vendor.writable(batch.lse)
         if state.direct is not None:
-            k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
-            args = list(state.direct)
-            args[_Q], args[_K], args[_V], args[_OUT], args[_LSE] = batch.q, k, v, out, lse
-            args[_SCALE] = state.plan_kwargs["sm_scale"]
-            state.wrapper._cached_module.paged_run(*args)
+            k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
+            run, args = state.direct, list(state.direct.args)
+            for slot, value in zip(run.slots, (batch.q, k, v, out, lse, state.plan_kwargs["sm_scale"])):
+                args[slot] = value
+            run.fn(*args)
         elif state.paged:
             k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
             state.wrapper.run(batch.q, (k, v), out=out, lse=lse, return_lse=lse is not None)

@@ -142,6 +142,9 @@ def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None
     p.add_argument("--q-len-per-req", type=_positive_int, default=0, metavar="N",
                    help="spec decode: fixed draft length (default: varies)")
     p.add_argument("--cuda-graph", action="store_true", help="the caller will capture run() in a CUDA graph")
+    p.add_argument("--sizes", type=_positive_int, nargs=3, metavar=("BATCH", "MAX_Q", "MAX_KV"),
+                   help="the call's sizes: the measured choice ranks the candidates at them (default: over the "
+                        "measured sizes)")
     p.add_argument("--entry", choices=ENTRY_POINTS, default=DEFAULT_ENTRY, metavar="NAME",
                    help="entry point (its own engine goes first): " + ", ".join(ENTRY_POINTS))
     p.add_argument("--json", action="store_true")
@@ -173,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_problem(args: argparse.Namespace, device: DeviceDesc, parser: argparse.ArgumentParser):
     """The AttentionProblem the options describe; parser.error (exit 2) on inconsistent options."""
-    from .problem import AttentionProblem
+    from .problem import AttentionProblem, size_class
 
     hq, hkv = args.heads
     if hq % hkv:
@@ -190,6 +193,7 @@ def build_problem(args: argparse.Namespace, device: DeviceDesc, parser: argparse
         pos_encoding="ALIBI" if args.alibi else ("ROPE_LLAMA" if args.rope else "NONE"),
         has_sinks=args.sinks, return_lse=args.lse, q_len_per_req=args.q_len_per_req,
         device_type="cpu" if device.kind == "cpu" else "cuda", cuda_graph=args.cuda_graph,
+        sizes=size_class(*args.sizes) if args.sizes else (),
     )
 
 

@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
     what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/bench/problems.py)")
-    what.add_argument("--to-table", type=Path, metavar="RESULTS.json",
+    what.add_argument("--to-table", type=Path, nargs="+", metavar="RESULTS.json",
                       help="turn a bench JSON into the router's timing table (capability_db/measured/<gpu>.json)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), help="output folder (default $OUT or .)")
@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=0.0, metavar="S",
                    help="stop starting problems after S seconds (the rest are listed as skipped)")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N problems")
+    p.add_argument("--start", type=int, default=0, metavar="N", help="skip the first N problems (resume a sweep)")
     p.add_argument("--table-out", type=Path, default=None, help="with --to-table: where to write the table")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
@@ -141,6 +142,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         name, plist = load_problems(args)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
+    plist = plist[args.start:]
     plist = plist[: args.limit] if args.limit else plist
     if args.list:
         print("\n".join(p.name for p in plist))

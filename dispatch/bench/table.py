@@ -72,8 +72,25 @@ def build_table(results: dict, source: str) -> TimingTable:
                        efficiency=efficiency, rows=rows)
 
 
-def write_from_results(results_path: Path, out: Optional[Path] = None) -> Path:
-    table = build_table(json.loads(Path(results_path).read_text()), Path(results_path).name)
+def merged(paths: list[Path]) -> tuple[dict, str]:
+    """Several bench results of one GPU as one: the first file's environment, every measured
+    problem (a problem measured again in a later file takes the later result)."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    gpus = {r["environment"].get("gpu") for r in runs}
+    if len(gpus) > 1:
+        raise ValueError(f"results from different GPUs cannot make one table: {sorted(map(str, gpus))}")
+    by_name: dict[str, dict] = {}
+    for run in runs:
+        for r in run["results"]:
+            if "backends" in r or r["name"] not in by_name:
+                by_name[r["name"]] = r
+    return {"environment": runs[0]["environment"], "results": list(by_name.values())}, " + ".join(
+        Path(p).name for p in paths)
+
+
+def write_from_results(results_paths, out: Optional[Path] = None) -> Path:
+    paths = [results_paths] if isinstance(results_paths, (str, Path)) else list(results_paths)
+    table = build_table(*merged(paths))
     out = out or MEASURED_DIR / f"{table.gpu.split()[1].lower() if len(table.gpu.split()) > 1 else 'gpu'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
