@@ -93,12 +93,22 @@ def _distance(a: Sizes, b: Sizes) -> float:
     return sum(abs(math.log2(x) - math.log2(y)) for x, y in zip(a, b))
 
 
+def shared_row(rows: list[TimingRow], accepted: list[str], sizes: Sizes) -> Optional[TimingRow]:
+    """The row nearest ``sizes`` that timed at least two of the candidates (more of them breaking
+    ties): the one place where they were measured side by side."""
+    shared = [r for r in rows if sum(n in r.ms for n in accepted) >= 2]
+    return min(shared, key=lambda r: (_distance(_sizes(r), sizes), -sum(n in r.ms for n in accepted)), default=None)
+
+
 def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: AttentionProblem,
-             sizes: Sizes, where: str) -> Estimate:
-    """The backend's expected ms at ``sizes``: a row there, else the nearest row scaled by the model."""
+             sizes: Sizes, where: str, anchor: Optional[TimingRow] = None) -> Estimate:
+    """The backend's expected ms at ``sizes``: a row there, else the nearest row scaled by the
+    model (``anchor``, the shared row, when it timed this backend: candidates compared where
+    they were measured side by side, not each at its own nearest row)."""
     measured = [r for r in rows if backend in r.ms]
     if measured:
-        near = min(measured, key=lambda r: _distance(_sizes(r), sizes))
+        near = anchor if anchor is not None and backend in anchor.ms else min(
+            measured, key=lambda r: _distance(_sizes(r), sizes))
         if _sizes(near) == sizes:
             return Estimate(backend, near.ms[backend], "measured", sizes, near.source)
         scale = model_ms(table, backend, problem, sizes) / model_ms(table, backend, problem, _sizes(near))
@@ -124,13 +134,22 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     where = f"{table.gpu} (capability_db/measured)"
     rows = table.rows_for(problem)
     points = [sizes] if sizes else sorted({_sizes(r) for r in rows}) or [ANCHORS.get(problem.phase, ANCHORS["prefill"])]
-    per_point = [{n: estimate(table, rows, n, problem, pt, where) for n in accepted} for pt in points]
+    anchors = [shared_row(rows, accepted, pt) if sizes else None for pt in points]
+    per_point = [{n: estimate(table, rows, n, problem, pt, where, anchor) for n in accepted}
+                 for pt, anchor in zip(points, anchors)]
     scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
                           / len(per_point)) for n in accepted}
+    if anchors[0] is not None:  # not timed at the shared row: after those that were (a far row or the
+        for n in accepted:      # model alone is no evidence against a side-by-side measurement)
+            if n not in anchors[0].ms:
+                scores[n] += UNMEASURED_BEHIND
     shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
     basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
              else f"cost model ({where}: no row matches this problem's facts)")
     return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device))
+
+
+UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the shared row, order kept
 
 
 def _entry_tier(problem: AttentionProblem, device: DeviceDesc) -> set[str]:

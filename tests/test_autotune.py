@@ -165,3 +165,23 @@ def test_the_problems_size_class_picks_the_row_measured_at_that_size(monkeypatch
     short = router.decide(dataclasses.replace(p, sizes=(64, 16, 2048)), H100, live=False)
     long = router.decide(dataclasses.replace(p, sizes=(8, 2048, 2048)), H100, live=False)
     assert short.accepted()[0] == "fa2" and long.accepted()[0] == "fa3"
+
+
+def test_candidates_are_compared_at_the_row_that_timed_them_side_by_side(monkeypatch):
+    """A candidate timed only far away (its time scaled down by the model) does not jump ahead of
+    those timed side by side nearest the call's sizes (seen on the H100: torch-flash, timed at
+    kv 8192 only, was scaled to 2 us at kv 64 and chosen for a tiny single prefill)."""
+    real = measured.table_for(H100)
+    p = make_problem(entry="single_prefill_with_kv_cache", phase="decode", kv_storage="dense", page_size=0,
+                     num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, device_type="cuda")
+
+    def row(kv_len, ms):
+        bucket = measured.Bucket(entry=p.entry, phase="decode", batch=1, q_len=1, kv_len=kv_len, gqa_group=4,
+                                 head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=False)
+        return measured.TimingRow(bucket=bucket, ms=ms, source="test row")
+
+    table = real.model_copy(update={"rows": [row(1024, {"fa2": 0.008, "native-triton": 0.018, "cudnn": 0.025}),
+                                             row(8192, {"torch-flash": 0.032, "fa2": 0.022})]})
+    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    d = router.decide(dataclasses.replace(p, sizes=(1, 1, 64)), H100, live=False)
+    assert d.accepted()[0] == "fa2" and d.accepted().index("torch-flash") > d.accepted().index("cudnn")
