@@ -121,3 +121,26 @@ def test_timer_wall_clock_counts_calls():
     calls = []
     assert timing.wall_ms(lambda: calls.append(torch.ones(1)), reps=3, warmup=2, calls=4) >= 0
     assert len(calls) == 2 + 3 * 4
+
+
+def test_replay_reads_todays_choice_against_measured_times(tmp_path):
+    """--replay: the router's choice now (the H100 table, not live) for each measured problem,
+    its measured time against the fastest; a choice the sweep never timed is not judged."""
+    from dispatch.bench import replay
+    problem = {"entry": "BatchPrefillWithPagedKVCacheWrapper.run", "batch": 64, "q_len": 1, "kv_len": 4096}
+    results = {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}, "results": [
+        {"name": "p", "problem": problem, "auto": "fa2", "regret": 0.0, "backends": [
+            {"backend": "fa2", "status": "ok", "eager_ms": 0.40}, {"backend": "cudnn", "status": "ok", "eager_ms": 0.30},
+            {"backend": "native-triton", "status": "ok", "eager_ms": 0.41}]},
+        {"name": "q", "problem": problem, "backends": [{"backend": "cudnn", "status": "ok", "eager_ms": 0.30}]}]}
+    rows = replay.replay(results)
+    chosen = rows[0]["chosen"]
+    assert chosen in ("fa2", "cudnn", "native-triton", "xqa")
+    want = {"fa2": 0.40, "cudnn": 0.30, "native-triton": 0.41}.get(chosen)
+    assert rows[0]["chosen_ms"] == want and rows[0]["fastest"] == "cudnn"
+    assert rows[0]["regret"] == (None if want is None else pytest.approx(want / 0.30 - 1))
+    assert rows[1]["regret"] is None or rows[1]["chosen"] == "cudnn"  # only cudnn was timed there
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(results))
+    md, _ = replay.write([path], tmp_path)
+    assert "Regret of today's choice" in md.read_text()

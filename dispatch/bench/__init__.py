@@ -41,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
     what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/bench/problems.py)")
     what.add_argument("--to-table", type=Path, nargs="+", metavar="RESULTS.json",
-                      help="turn a bench JSON into the router's timing table (capability_db/measured/<gpu>.json)")
+                      help="turn bench JSONs of one GPU into the router's timing table (capability_db/measured/<gpu>.json)")
+    what.add_argument("--replay", type=Path, nargs="+", metavar="RESULTS.json",
+                      help="today's choice against the times these bench JSONs measured (no GPU): OUT/replay-*.md")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), help="output folder (default $OUT or .)")
     p.add_argument("--reps", type=int, default=0, help="timings per measurement (default: 10 on CUDA, 3 on the CPU)")
@@ -133,6 +135,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         from . import table
         path = table.write_from_results(args.to_table, args.table_out)
         print(f"timing table written: {path}")
+        return 0
+    if args.replay:
+        from . import replay
+        md, js = replay.write(args.replay, args.out)
+        print(md.read_text().split("\n\n")[2])
+        print(f"outputs: {md} {js}")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu)")

@@ -1,0 +1,97 @@
+"""The router's choice today, replayed against times a sweep measured (no GPU needed).
+
+A sweep's own ``auto`` column measured the choice of the timing table in force *when it ran*;
+after the table learns from that sweep, ``replay`` asks the router (``router.decide`` on the
+sweep's GPU, not live) what it would choose now for each measured problem, and reads that
+backend's measured time: regret = chosen / fastest - 1. A choice the sweep did not time (a
+backend it did not force) is listed and left out of the figures. The problem is rebuilt from
+the bench problem as the entry points build it (layouts and phases as ``build`` calls them).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import capability_db
+
+from .. import router
+from ..problem import AttentionProblem, size_class
+from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
+from .report import regret_figures
+from .table import entry_of
+
+
+def problem_of(p: BenchProblem) -> AttentionProblem:
+    """The AttentionProblem the entry point builds for the bench problem's call."""
+    storage = "dense" if p.entry in (SINGLE, SINGLE_LSE) else ("ragged" if p.entry == RAGGED else "paged")
+    return AttentionProblem(
+        entry=entry_of(p.entry), phase="decode" if p.decode or p.entry == XQA else "prefill", kv_storage=storage,
+        kv_layout="HND" if p.entry == CUDNN else "NHD", num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads,
+        head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type, out_dtype=p.dtype,
+        page_size=p.page_size if storage == "paged" else 0, causal=p.causal or p.entry == XQA,
+        window_left=p.window_left, logits_soft_cap=p.soft_cap, has_sinks=p.sinks,
+        return_lse=p.lse or p.entry == SINGLE_LSE or (p.entry in (CUDNN, TRTLLM) and p.lse),
+        sizes=size_class(p.batch, p.q_len, p.kv_len))
+
+
+def replay(results: dict) -> list[dict]:
+    """Per measured problem: today's choice, its measured ms, the fastest, the regret (None when
+    the choice was not timed)."""
+    env = results["environment"]
+    major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
+    device = capability_db.device_for_capability(major, minor, env["gpu"])
+    rows = []
+    for r in results["results"]:
+        if "backends" not in r:
+            continue
+        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        timed = {b["backend"]: b["eager_ms"] for b in r["backends"]
+                 if b["backend"] != "auto" and b.get("status") == "ok" and b.get("eager_ms")}
+        if r.get("auto") and r.get("auto_ms") and r["auto"] not in timed:  # a backend only auto ran (fa3 off d128)
+            timed[r["auto"]] = r["auto_ms"]
+        if not timed:
+            continue
+        chosen = router.decide(problem_of(p), device, live=False).chosen
+        fastest = min(timed, key=timed.__getitem__)
+        ms = timed.get(chosen)
+        rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
+                     "fastest_ms": timed[fastest], "regret": None if ms is None else ms / timed[fastest] - 1,
+                     "auto_when_measured": r.get("auto"), "auto_regret_when_measured": r.get("regret")})
+    return rows
+
+
+def markdown(rows: list[dict], sources: list[str]) -> str:
+    fig = regret_figures(rows)
+    untimed = sum(r["regret"] is None for r in rows)
+    lines = [f"# The router's choice today, replayed against measured times ({', '.join(sources)})", "",
+             " ".join(__doc__.split("\n\n")[0].split()), "",
+             f"**Regret of today's choice** over {fig.get('count', 0)} problems (and {untimed} whose choice was not "
+             f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
+             f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}.", "",
+             "| problem | chosen now | its ms | fastest | fastest ms | regret | auto when measured (regret) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        regret = "not timed" if r["regret"] is None else f"{100 * r['regret']:.1f}%"
+        was = r["auto_regret_when_measured"]
+        lines.append(f"| {r['name']} | {r['chosen']} | {_ms(r['chosen_ms'])} | {r['fastest']} | "
+                     f"{_ms(r['fastest_ms'])} | {regret} | {r['auto_when_measured']}"
+                     f"{'' if was is None else f' ({100 * was:.1f}%)'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def write(paths: list[Path], out: Path) -> tuple[Path, Path]:
+    """Replay every problem of ``paths`` (a later file's result of a problem wins) into out/."""
+    from .table import merged
+    results, _ = merged(paths)
+    rows = replay(results)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"replay-{Path(paths[-1]).stem}"
+    md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
+    md.write_text(markdown(rows, [Path(p).name for p in paths]))
+    js.write_text(json.dumps({"sources": [Path(p).name for p in paths], "rows": rows}, indent=1) + "\n")
+    return md, js
