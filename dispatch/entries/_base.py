@@ -10,7 +10,13 @@ defaults through ``__signature__`` (what ``inspect.signature`` and ``help`` show
 tensor its dtype, device (with its index), rank, every dimension that does not vary from call
 to call, and whether its last stride is 1; every scalar option's value; for per-call numbers
 (lengths, maxima, scales) only their type. The dims that vary per call are named per entry
-(``vary``); the spec's ``size_checks`` re-check them on every call.
+(``vary``); the spec's ``size_checks`` re-check them on every call. The call key also holds the
+call's size class (batch, max q, max kv as powers of two): the measured choice ranks at it.
+
+**Lanes.** A call that repeats another exactly takes the fast lane (``lane_key``, ``Lane``): its
+key holds every argument's type, every tensor's dtype, device, shape and strides and every other
+argument's value, so it proves every check; the lane keeps the call plan and the sizes the batch
+is built from, and the backend's plan when it is reusable.
 """
 from __future__ import annotations
 
@@ -386,15 +392,6 @@ def dry_run() -> Iterator[None]:
 
 def is_dry() -> bool:
     return _DRY.get()
-
-
-def execute(plan: CallPlan, batch, explicit) -> router.Planned:
-    """The functions' one-shot path: the cached decision, the backend's plan, the launch; only
-    the decision when dry (explain)."""
-    if is_dry():
-        decision = plan.decision(batch.q, explicit)
-        return router.Planned(decision, decision.chosen, None)
-    return router.run(plan.planned(batch, explicit), batch)
 
 
 def remember(entry: Callable, planned) -> None:
