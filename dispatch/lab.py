@@ -124,9 +124,10 @@ def cudnn_args(c: dict, **kw) -> tuple[list, dict]:
     return [c["q"], k, v, _sm_scale(c), ws(c["device"])], base
 
 
-def paged_wrapper(c: dict, **plan_kw):
-    """A ``BatchPrefillWithPagedKVCacheWrapper`` planned for a paged case (causal unless told)."""
-    w = BatchPrefillWithPagedKVCacheWrapper(ws(c["device"]), c["layout"])
+def paged_wrapper(c: dict, cls: Any = None, **plan_kw):
+    """A ``BatchPrefillWithPagedKVCacheWrapper`` planned for a paged case (causal unless told);
+    ``cls``: another implementation of the class (FlashInfer's own, for a side-by-side run)."""
+    w = (cls or BatchPrefillWithPagedKVCacheWrapper)(ws(c["device"]), c["layout"])
     kw = dict(causal=True, q_data_type=c["dtype"], kv_data_type=c["cache"].dtype)
     kw.update(plan_kw)
     w.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], c["num_qo_heads"], c["num_kv_heads"], c["head_dim"],
@@ -134,9 +135,10 @@ def paged_wrapper(c: dict, **plan_kw):
     return w
 
 
-def ragged_wrapper(c: dict, **plan_kw):
-    """A ``BatchPrefillWithRaggedKVCacheWrapper`` planned for a ragged case (causal unless told)."""
-    w = BatchPrefillWithRaggedKVCacheWrapper(ws(c["device"]), "NHD")
+def ragged_wrapper(c: dict, cls: Any = None, **plan_kw):
+    """A ``BatchPrefillWithRaggedKVCacheWrapper`` planned for a ragged case (causal unless told);
+    ``cls`` as for ``paged_wrapper``."""
+    w = (cls or BatchPrefillWithRaggedKVCacheWrapper)(ws(c["device"]), "NHD")
     kw = dict(causal=True, q_data_type=c["dtype"], kv_data_type=c["k"].dtype)
     kw.update(plan_kw)
     w.plan(c["qo"], c["kv"], c["num_qo_heads"], c["num_kv_heads"], c["head_dim"], **kw)

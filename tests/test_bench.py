@@ -84,7 +84,7 @@ def test_user_problem_file_runs(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["regret"]["count"] == 1
     rep = json.loads((tmp_path / "bench-mine-cpu.json").read_text())
-    assert [b["backend"] for b in rep["results"][0]["backends"]] == ["reference", "auto"]
+    assert [b["backend"] for b in rep["results"][0]["backends"]] == ["reference", "auto", "flashinfer"]
 
 
 def test_h100_grid_covers_the_issue():
@@ -144,3 +144,31 @@ def test_replay_reads_todays_choice_against_measured_times(tmp_path):
     path.write_text(__import__("json").dumps(results))
     md, _ = replay.write([path], tmp_path)
     assert "Regret of today's choice" in md.read_text()
+
+
+def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
+    """The ``flashinfer`` row: FlashInfer's own entry point with the same inputs, checked against
+    fp64 and timed like ours (here our own functions stand in for FlashInfer: none on the CPU);
+    ``auto_over_flashinfer`` compares auto with it, and the Markdown says how often auto wins."""
+    from dispatch.bench import build, report, runner
+    from dispatch.bench.problems import BenchProblem
+    monkeypatch.setattr(runner, "flashinfer_api", lambda: (build.OURS, ""))
+    monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps: runner.measure(
+        b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0]))
+    p = BenchProblem(entry="xqa_batch_decode_with_kv_cache", batch=2, q_len=1, kv_len=40, num_qo_heads=4,
+                     num_kv_heads=2, head_dim=16, dtype="float32", page_size=8, backends=("reference",))
+    result = runner.run_problem(p, "cpu", reps=1, l2_bytes=0)
+    fi = next(r for r in result["backends"] if r["backend"] == runner.FLASHINFER)
+    assert fi["status"] == "ok" and fi["rel_err"] <= fi["band"] and fi["eager_ms"] > 0
+    assert result["auto_over_flashinfer"] == pytest.approx(result["auto_ms"] / fi["eager_ms"])
+    text = report.markdown({"environment": {}, "grid": "t", "method": "", "regret": {}, "results": [result]})
+    assert "Auto against FlashInfer's own call" in text and "| flashinfer" in text.replace("| auto | regret | ", "| ")
+
+
+def test_flashinfer_column_says_why_it_is_absent():
+    from dispatch.bench import runner
+    from dispatch.bench.problems import BenchProblem
+    p = BenchProblem(entry="single_prefill_with_kv_cache", batch=1, q_len=4, kv_len=9, num_qo_heads=4,
+                     num_kv_heads=2, head_dim=16, dtype="float32", backends=("reference",))
+    row = next(r for r in runner.run_problem(p, "cpu", reps=1, l2_bytes=0)["backends"] if r["backend"] == "flashinfer")
+    assert row["status"] == "absent" and row["note"]

@@ -50,9 +50,10 @@ class Built:
     scale: float
     wrappers: list = field(default_factory=list)
 
-    def call(self) -> Callable[[Any], Any]:
-        """The public call taking a K/V operand (a wrapper is made and planned now)."""
-        return _CALLS[self.problem.entry](self)
+    def call(self, api: Optional[dict] = None) -> Callable[[Any], Any]:
+        """The public call taking a K/V operand (a wrapper is made and planned now); ``api``:
+        entry name -> another implementation of it (FlashInfer's own, ``flashinfer_api``)."""
+        return _CALLS[self.problem.entry](self, (api or OURS)[self.problem.entry])
 
     def served(self) -> Optional[str]:
         """The backend that served the latest call (a fallback included)."""
@@ -125,45 +126,44 @@ def build(p: BenchProblem, device: str, l2_bytes: int = 0, seed: int = 0) -> Bui
 
 
 # -- the public calls, FlashInfer's spelling ------------------------------------------------------
-def _single(b: Built) -> Callable[[Any], Any]:
+def _single(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, q = b.problem, b.case["q"]
-    fn = ENTRIES[p.entry].obj
     kw = dict(causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
     return lambda kv: fn(q, kv[0], kv[1], **kw)
 
 
-def _ragged(b: Built) -> Callable[[Any], Any]:
+def _ragged(b: Built, cls: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    w = lab.ragged_wrapper(c, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    w = lab.ragged_wrapper(c, cls, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
     b.wrappers.append(w)
     return lambda kv: w.run(c["q"], kv[0], kv[1], return_lse=p.lse, out=b.out, lse=b.lse)
 
 
-def _paged(b: Built) -> Callable[[Any], Any]:
+def _paged(b: Built, cls: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    w = lab.paged_wrapper(c, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    w = lab.paged_wrapper(c, cls, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
     b.wrappers.append(w)
     return lambda kv: w.run(c["q"], kv, return_lse=p.lse, out=b.out, lse=b.lse, sinks=b.sinks)
 
 
-def _trtllm(b: Built) -> Callable[[Any], Any]:
+def _trtllm(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    ws, fn = lab.ws(c["device"]), ENTRIES[p.entry].obj
+    ws = lab.ws(c["device"])
     return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.q_len, p.kv_len, b.scale, 1.0, p.batch, c["qo"],
                          c["kv_tokens"], window_left=p.window_left, out=b.out, kv_layout="NHD", sinks=b.sinks,
                          causal=p.causal, return_lse=p.lse, lse=b.lse)
 
 
-def _xqa(b: Built) -> Callable[[Any], Any]:
+def _xqa(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    ws, fn = lab.ws(c["device"]), ENTRIES[p.entry].obj
+    ws = lab.ws(c["device"])
     return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.kv_len, b.scale, 1.0, window_left=p.window_left,
                          out=b.out, sinks=b.sinks, kv_layout="NHD")
 
 
-def _cudnn(b: Built) -> Callable[[Any], Any]:
+def _cudnn(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    ws, fn = lab.ws(c["device"]), ENTRIES[p.entry].obj
+    ws = lab.ws(c["device"])
     lens_q = torch.full((p.batch, 1, 1, 1), p.q_len, dtype=torch.int32, device=c["device"])
     row = p.num_qo_heads * p.head_dim
 
@@ -174,6 +174,31 @@ def _cudnn(b: Built) -> Callable[[Any], Any]:
                   block_tables=c["table"], causal=p.causal, return_lse=p.lse, batch_offsets_q=c["qo"] * row,
                   batch_offsets_o=c["qo"] * row, out=b.out)
     return call
+
+
+def _ours() -> dict:
+    from ..wrappers import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
+    functions = {name: ENTRIES[name].obj for name in (SINGLE, SINGLE_LSE, TRTLLM, XQA, CUDNN)}
+    return {**functions, PAGED: BatchPrefillWithPagedKVCacheWrapper, RAGGED: BatchPrefillWithRaggedKVCacheWrapper}
+
+
+OURS = _ours()
+
+
+def flashinfer_api() -> tuple[Optional[dict], str]:
+    """FlashInfer's own implementation of each entry point (the names are the same), or the
+    reason there is none here."""
+    try:
+        from flashinfer import decode, prefill
+    except Exception as exc:  # noqa: BLE001 - not installed, or a CUDA-less build failing at import
+        return None, f"flashinfer not importable ({type(exc).__name__}: {str(exc).strip()[:120]})"
+    names = {SINGLE: (prefill, "single_prefill_with_kv_cache"),
+             SINGLE_LSE: (prefill, "single_prefill_with_kv_cache_return_lse"),
+             PAGED: (prefill, "BatchPrefillWithPagedKVCacheWrapper"), RAGGED: (prefill, "BatchPrefillWithRaggedKVCacheWrapper"),
+             XQA: (decode, "xqa_batch_decode_with_kv_cache"), TRTLLM: (prefill, "trtllm_batch_context_with_kv_cache"),
+             CUDNN: (prefill, "cudnn_batch_prefill_with_kv_cache")}
+    api = {entry: getattr(module, attr, None) for entry, (module, attr) in names.items()}
+    return api, ""
 
 
 _CALLS = {SINGLE: _single, SINGLE_LSE: _single, RAGGED: _ragged, PAGED: _paged, TRTLLM: _trtllm, XQA: _xqa,

@@ -49,6 +49,12 @@ def markdown(report: dict) -> str:
         lines += [f"**Regret of the automatic choice** over {fig['count']} problems: p50 {fig['p50']:.1%}, "
                   f"p95 {fig['p95']:.1%}, max {fig['max']:.1%}; within 3% of the fastest: {fig['within_3pct']}, "
                   f"within 10%: {fig['within_10pct']}.", ""]
+    ratios = [r["auto_over_flashinfer"] for r in results if r.get("auto_over_flashinfer")]
+    if ratios:
+        lines += [f"**Auto against FlashInfer's own call** (the `flashinfer` column: its own entry point, its own "
+                  f"choice) on {len(ratios)} problems: auto faster or within 3% on "
+                  f"{sum(x <= 1.03 for x in ratios)}; auto / FlashInfer best {min(ratios):.2f}, worst "
+                  f"{max(ratios):.2f}.", ""]
     lines += ["| problem | fastest | auto | regret | " + " | ".join(names) + " |",
               "|---|---|---|---|" + "---|" * len(names)]
     for r in results:

@@ -22,10 +22,11 @@ import backends
 
 from .. import policy, router
 from . import timing
-from .build import Built, build
+from .build import Built, build, flashinfer_api
 from .problems import BenchProblem
 
 AUTO = "auto"
+FLASHINFER = "flashinfer"  # FlashInfer's own call of the entry point (its own "auto"), beside ours
 METHOD = (
     "Each problem runs through the public entry point (import dispatch), every available backend forced in "
     "turn (dispatch.use_backend) and the automatic choice (auto). Check: the out buffer is poisoned with NaN, "
@@ -71,7 +72,7 @@ def _sync(device: str) -> None:
 
 
 def _scope(backend: str):
-    return contextlib.nullcontext() if backend == AUTO else policy.use_backend(backend)
+    return contextlib.nullcontext() if backend in (AUTO, FLASHINFER) else policy.use_backend(backend)
 
 
 def _cycling(fn: Callable[[Any], Any], operands: list) -> Callable[[], Any]:
@@ -84,12 +85,13 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
 
 
-def measure(built: Built, backend: str, device: str, reps: int) -> dict:
-    """One backend (or auto) on one built problem: status, served, errors, eager/graph ms."""
+def measure(built: Built, backend: str, device: str, reps: int, api: Optional[dict] = None) -> dict:
+    """One backend (or auto; or, with ``api``, FlashInfer's own call) on one built problem:
+    status, served, errors, eager/graph ms."""
     row: dict[str, Any] = {"backend": backend}
     with _scope(backend):
         try:
-            call = built.call()
+            call = built.call(api)
             built.poison()
             result = call(built.operands[0])
             _sync(device)
@@ -98,14 +100,14 @@ def measure(built: Built, backend: str, device: str, reps: int) -> dict:
         except Exception as exc:  # a vendor failing is a result to report
             traceback.print_exc()
             return {**row, "status": "error", "note": _one_line(exc)}
-        row["served"] = built.served()
+        row["served"] = built.served() if api is None else backend
         err, lse_err, band = built.check(result)
         row.update(rel_err=err, lse_rel_err=lse_err, band=band)
         if not (err <= band and (lse_err is None or lse_err <= band)):
             return {**row, "status": "DISAGREES"}
         row["status"] = "ok"
         row["eager_ms"] = _eager_ms(call, built, device, reps)
-        if device == "cuda" and _graph_capable(row["served"]):
+        if device == "cuda" and api is None and _graph_capable(row["served"]):
             row.update(_graph(call, built, reps))
     return row
 
@@ -174,6 +176,7 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     amount, unit = work(p)
     rows = [measure(built, name, device, reps) for name in backends_to_force(p, device)]
     rows.append(measure(built, AUTO, device, reps))
+    rows.append(_flashinfer_row(built, device, reps))
     for r in rows:
         if r.get("eager_ms"):
             r["rate"] = amount / (r["eager_ms"] * 1e-3) / 1e12
@@ -187,8 +190,20 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     return result
 
 
+def _flashinfer_row(built: Built, device: str, reps: int) -> dict:
+    """FlashInfer's own call of the entry point with the same inputs (on a GPU where it imports),
+    checked and timed like ours; else the reason."""
+    api, why = flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
+    if api is None or api.get(built.problem.entry) is None:
+        return {"backend": FLASHINFER, "status": "absent", "note": why or "no such entry point in this version"}
+    return measure(built, FLASHINFER, device, reps, api)
+
+
 def summarize(rows: list[dict]) -> dict:
-    """fastest (backend and ms), auto's served backend and ms, regret = auto / fastest - 1."""
+    """fastest of ours (backend and ms), auto's served backend and ms, regret = auto / fastest - 1,
+    and auto against FlashInfer's own call (auto_over_flashinfer: < 1 is faster)."""
+    fi_ms = next((r.get("eager_ms") for r in rows if r["backend"] == FLASHINFER), None)
+    rows = [r for r in rows if r["backend"] != FLASHINFER]
     timed = {r["backend"]: r["eager_ms"] for r in rows if r.get("eager_ms")}
     auto = next((r for r in rows if r["backend"] == AUTO), {})
     if not timed:
@@ -198,4 +213,5 @@ def summarize(rows: list[dict]) -> dict:
     best_ms = min(timed.values())
     auto_ms = timed.get(AUTO)
     return {"fastest": best, "fastest_ms": (forced or timed)[best], "auto": auto.get("served"), "auto_ms": auto_ms,
-            "regret": None if auto_ms is None else auto_ms / best_ms - 1.0}
+            "regret": None if auto_ms is None else auto_ms / best_ms - 1.0, "flashinfer_ms": fi_ms,
+            "auto_over_flashinfer": auto_ms / fi_ms if auto_ms and fi_ms else None}
