@@ -33,7 +33,7 @@ FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
 # seen on an H200 with 0.5.3 (tools/results/multi-device-h200x2.md); 64/128/256 are the documented sizes.
 FA2_HEAD_DIMS = (64, 128, 256)
 SRC_FA2_DIMS = "flashinfer 0.5.3 include/flashinfer/attention/prefill.cuh (dispatch refuses head_dim 16 on H200)"
-SRC_FI = "vendor-constraints.md section 10 (FI utils.py L427-481, L545-600)"
+SRC_FI = "flashinfer flashinfer/utils.py (is_fa3_backend_supported, determine_attention_backend)"
 
 
 @dataclass

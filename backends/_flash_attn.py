@@ -21,8 +21,8 @@ from backends._device import device_key
 from backends._providers import Provider
 from backends.base import Reason
 
-SRC_FA2 = "vendor-constraints.md section 5 (FA csrc/flash_attn/flash_api.cpp)"
-SRC_FA3 = "vendor-constraints.md section 6 (FA hopper/flash_api.cpp)"
+SRC_FA2 = "Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp"
+SRC_FA3 = "Dao-AILab/flash-attention hopper/flash_api.cpp"
 
 
 def alibi_slopes(num_heads: int, device) -> torch.Tensor:

@@ -67,7 +67,7 @@ log = logging.getLogger("attn_dispatch")
 MAX_GRAPHS = 128
 MIN_BUCKET = 16
 INT32_MAX = 2**31 - 1
-SRC_CFE = "cudnn-frontend sdpa_support_surface.h (vendor-constraints.md section 2)"
+SRC_CFE = "cudnn-frontend v1.23 include/cudnn_frontend/node/sdpa_support_surface.h"
 
 # uids of the graph's operands (stable: the variant pack is keyed on them)
 UID_Q, UID_K, UID_V, UID_O, UID_STATS = 1, 2, 3, 4, 5

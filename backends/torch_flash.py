@@ -36,7 +36,7 @@ from backends import _numerics, _vendor
 from backends._device import on_device
 from backends.base import Backend, BackendRejected, Reason
 
-SRC_PT = "PT flash_api.cpp @03b7c19 (vendor-constraints.md section 7)"
+SRC_PT = "pytorch/pytorch @03b7c19 aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp"
 
 
 def flash_op():

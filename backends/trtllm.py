@@ -23,7 +23,7 @@ from backends import _vendor
 from backends._device import on_device
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FI tests use 128-256 MiB
-SRC = "calling conventions 2.2 (FI prefill.py trtllm_batch_context_with_kv_cache)"
+SRC = "flashinfer flashinfer/prefill.py trtllm_batch_context_with_kv_cache"
 
 
 @dataclass

@@ -30,7 +30,7 @@ from backends import _vendor
 from backends._device import device_key, on_device
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
-SRC = "vendor-constraints.md section 4 (FI decode.py, xqa.py, jit/xqa.py)"
+SRC = "flashinfer 0.5.3 flashinfer/decode.py xqa_batch_decode_with_kv_cache, flashinfer/xqa.py, flashinfer/jit/xqa.py"
 
 
 @dataclass
@@ -142,7 +142,8 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         ragged = problem.q_len_per_req == 0
         if ragged and not _vendor.has_param(fn, "q_cu_seq_lens"):
             raise _vendor.rejected(self.name, "q_len_per_req", 0, "a fixed draft length with this flashinfer "
-                                   "(q_cu_seq_lens needs >= 0.6.17)", "calling conventions 2.3")
+                                   "(q_cu_seq_lens needs >= 0.6.17)",
+                                   "flashinfer 0.6.17 flashinfer/decode.py xqa_batch_decode_with_kv_cache(q_cu_seq_lens=)")
         if problem.mask == "spec_bits":
             mask = batch.spec_mask
         else:

@@ -470,3 +470,23 @@ def test_flash_attn_alone_refuses_fp8_kv_a_provider_limit():
 def test_a_relative_dtype_rule_only_says_equal(allowed):
     with pytest.raises(ValueError, match="allowed must be \\[true\\]"):
         Constraint(fact="kv_dtype_is_q_dtype", allowed=allowed, source="t")
+
+
+def test_backend_reason_sources_cite_public_material():
+    """The sources written in the adapters' code (their SRC constants and the literal sources of
+    the Reasons they raise) name vendor files and versions, not files only this repository has."""
+    import ast
+    from pathlib import Path
+    root = Path(capability_db.__file__).resolve().parents[1] / "backends"
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            texts = []
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.startswith("SRC")
+                                                    for t in node.targets):
+                texts = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                    "Reason", "rejected"):
+                texts = [c.value for c in node.args[-1:] if isinstance(c, ast.Constant)]
+            bad += [f"{path.name}: {t}" for t in texts if isinstance(t, str) and any(w in t for w in NOT_PUBLIC)]
+    assert not bad, bad
