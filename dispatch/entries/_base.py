@@ -282,12 +282,18 @@ def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -
         plain = _ALL_PLAIN[other_kinds] = _PLAIN_TYPES.issuperset(other_kinds)
     if plain:  # the common case: no tensor among the options
         append(others)
-    else:
+    else:  # an option is a tensor (out, lse, sinks, a device scale) or a sequence
         for value in others:
-            facts = _facts(value)
-            if facts is None:
-                return None
-            append(facts)
+            kind = type(value)
+            if kind is _TENSOR:
+                append((value.dtype, value.device, value.shape, value.stride()))
+            elif kind in _PLAIN:
+                append(value)
+            else:
+                facts = _facts(value)
+                if facts is None:
+                    return None
+                append(facts)
     if any(kind is not _TENSOR for kind in kinds):
         return None  # the checked path names the argument that is not a tensor
     for t in tensors:
