@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from typing import Any, Hashable, Iterator, Union
+from typing import Any, Callable, Hashable, Iterator, Union
 
 import torch
 
@@ -34,6 +34,24 @@ def on_device(device: DeviceLike) -> contextlib.AbstractContextManager:
     if index is None or (_CURRENT_GPU is not None and index == _CURRENT_GPU()):  # already current (hot path)
         return _NO_SWITCH
     return torch.cuda.device(index)
+
+
+def on_device_launch(device: DeviceLike, launch: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``launch`` made to run under the tensors' GPU; a call that finds it current pays one
+    integer read (the launchers' hot path), not a context manager."""
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    if device.type != "cuda" or device.index is None or _CURRENT_GPU is None:
+        return launch
+    index = device.index
+
+    def launch_on_device(batch) -> None:
+        if _CURRENT_GPU() == index:
+            launch(batch)
+            return
+        with torch.cuda.device(index):
+            launch(batch)
+
+    return launch_on_device
 
 
 _NO_SWITCH = contextlib.nullcontext()  # reusable: nullcontext keeps no state

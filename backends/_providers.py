@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from backends import _vendor
-from backends._device import on_device
+from backends._device import on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason
 
 
@@ -43,6 +43,11 @@ class Provider:
 
     def run(self, problem, state: Any, batch) -> None:
         raise NotImplementedError
+
+    def launcher(self, problem, state: Any, batch) -> Any:
+        """A launch for exact repeats of ``batch`` (Backend.launcher), or None. It runs under
+        the tensors' GPU, made current by the backend's launcher."""
+        return None
 
 
 @dataclass
@@ -104,3 +109,9 @@ class MultiProviderBackend(Backend):
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, self.name)
         with on_device(batch.q.device):
             plan.provider.run(plan.problem, plan.state, batch)
+
+    def launcher(self, plan: ProviderPlan, batch):
+        launch = plan.provider.launcher(plan.problem, plan.state, batch)
+        if launch is None:
+            return None
+        return on_device_launch(batch.q.device, launch)

@@ -7,7 +7,7 @@ capability data (capability_db/backends/<name>.json) + ``available()`` +
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 from capability_db.vocabulary import AttentionBatch, AttentionProblem, DeviceDesc, Reason
 
@@ -77,6 +77,19 @@ class Backend:
     def run(self, plan: Any, batch: "AttentionBatch") -> None:
         """Write ``batch.out`` (and ``batch.lse`` when present). Errors propagate."""
         raise NotImplementedError(f"backend {self.name!r} cannot run yet")
+
+    def launcher(self, plan: Any, batch: "AttentionBatch") -> Optional[Callable[["AttentionBatch"], None]]:
+        """A launch for exact repeats of a call that ``run(plan, batch)`` just served, or None.
+
+        The entry points ask for it after a successful run whose plan they keep, and call it
+        instead of ``run`` for later calls with the same lane key: every tensor's dtype, device,
+        shape and strides and every float scale, option and index object are those of ``batch``;
+        only the tensors' data (and the per-call index values of the function entry points)
+        differ. So a launcher skips what that proves (scale signs, layout conversions, writable
+        copies, provider choice) and does the least a launch needs. It may still raise
+        BackendRejected before launching (the router then hands the call over). None: keep ``run``.
+        """
+        return None
 
 
 def import_reason(package: str, exc: BaseException) -> Reason:
