@@ -45,15 +45,24 @@ class FiState:
     direct: Optional["DirectRun"] = None  # fa2 on FlashInfer 0.5.x: the compiled run (_direct_run)
 
 
-@dataclass(frozen=True)
 class DirectRun:
     """FlashInfer 0.5.x fa2's compiled run with the arguments its wrapper's run() would build
-    from what plan() stored; ``slots``: the positions of q, k, v, out, lse and sm_scale, the
-    per-call arguments (flashinfer/prefill.py, run_args of each wrapper's run)."""
+    from what plan() stored (flashinfer/prefill.py, run_args of each wrapper's run), split around
+    the per-call tensors: ``fn(*head, q, k, v, *middle, out, lse, *tail)``; the softmax scale
+    (a plan-time value) is in ``tail``."""
 
-    fn: Any
-    args: tuple
-    slots: tuple
+    __slots__ = ("fn", "head", "middle", "tail")
+
+    def __init__(self, fn: Any, args: tuple, slots: tuple, sm_scale: float):
+        q, k, v, out, lse, scale = slots
+        if (k, v, lse) != (q + 1, q + 2, out + 1) or not q < out < scale:
+            raise IndexError(f"slots {slots}: q, k, v and out, lse must be adjacent, in that order")
+        args = list(args)
+        args[scale] = sm_scale
+        self.fn, self.head, self.middle, self.tail = fn, tuple(args[:q]), tuple(args[v + 1:out]), tuple(args[lse + 1:])
+
+    def __call__(self, q, k, v, out, lse) -> None:
+        self.fn(*self.head, q, k, v, *self.middle, out, lse, *self.tail)
 
 
 _PAGED_SLOTS = (3, 4, 5, 10, 11, 23)  # BatchPrefillWithPagedKVCacheWrapper.run -> paged_run
@@ -230,13 +239,13 @@ class FlashInferPrefill(Provider):
             rope = (w._rope_scale or 1.0, w._rope_theta or 1e4, w._token_pos_in_items_len)
             if not state.paged:
                 args = head + (w._qo_indptr_buf, w._kv_indptr_buf, None, None) + common + rope
-                return DirectRun(w._cached_module.ragged_run, args, _RAGGED_SLOTS)
+                return DirectRun(w._cached_module.ragged_run, args, _RAGGED_SLOTS, state.plan_kwargs["sm_scale"])
             args = (head + (w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
                             w._paged_kv_last_page_len_buf, None, None) + common + (None, None, None) + rope
                     + (w._workspace_size, w._num_qo_heads, w._num_kv_heads, w._block_tables, w._kv_lens_buffer,
                        state.plan_args[7], w._max_q_len, w._max_kv_len, w._batch_size, w._qo_indptr_buf,
                        w._vector_sparse_indptr_buffer, None))
-            return DirectRun(w._cached_module.paged_run, args, _PAGED_SLOTS)
+            return DirectRun(w._cached_module.paged_run, args, _PAGED_SLOTS, state.plan_kwargs["sm_scale"])
         except (AttributeError, KeyError, TypeError, IndexError):
             return None
 
@@ -254,10 +263,7 @@ class FlashInferPrefill(Provider):
         lse = _vendor.writable(batch.lse)
         if state.direct is not None:
             k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
-            run, args = state.direct, list(state.direct.args)
-            for slot, value in zip(run.slots, (batch.q, k, v, out, lse, state.plan_kwargs["sm_scale"])):
-                args[slot] = value
-            run.fn(*args)
+            state.direct(batch.q, k, v, out, lse)
         elif state.paged:
             k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
             state.wrapper.run(batch.q, (k, v), out=out, lse=lse, return_lse=lse is not None)
@@ -266,3 +272,44 @@ class FlashInferPrefill(Provider):
         _vendor.write_back(batch.out, out)
         _vendor.write_back(batch.lse, lse)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
+
+    # -- launch (exact repeats: Backend.launcher) ----------------------------------------------
+    def launcher(self, problem, state: FiState, batch):
+        """The compiled op with everything but the call's tensors bound, for repeats of a call
+        that wrote straight into the caller's buffers with a float scale and no output scale."""
+        if (isinstance(batch.sm_scale, torch.Tensor) or not _vendor.is_unit(batch.out_scale)
+                or not batch.out.is_contiguous() or (batch.lse is not None and not batch.lse.is_contiguous())):
+            return None
+        if state.wrapper is None:
+            return self._single_launcher(problem, state, batch) if state.plan_args else None
+        if state.direct is None or float(batch.sm_scale) != state.plan_kwargs["sm_scale"]:
+            return None
+        hnd = state.paged and problem.kv_layout == "HND"
+        wrapper = state.wrapper
+
+        def launch_fa2_batch(b) -> None:
+            direct = state.direct if getattr(wrapper, "_attn_dispatch_plan", None) is state else None
+            if direct is None:  # another of our plans used the shared FlashInfer wrapper: re-plan
+                self.run(problem, state, b)
+            elif hnd:
+                direct(b.q, b.k.permute(0, 2, 1, 3), b.v.permute(0, 2, 1, 3), b.out, b.lse)
+            else:
+                direct(b.q, b.k, b.v, b.out, b.lse)
+
+        return launch_fa2_batch
+
+    def _single_launcher(self, problem, state: FiState, batch):
+        run, tmp, alibi, mask, layout_value = state.plan_args
+        scale = float(batch.sm_scale)
+        if scale < 0:
+            return None
+        transposed = self._single_layout(problem, batch)[2] == "HND"
+        window, cap, rope_scale, rope_theta = (problem.window_left, problem.logits_soft_cap, problem.rope_scale,
+                                               problem.rope_theta)
+
+        def launch_single(b) -> None:
+            k, v = (b.k.transpose(0, 1), b.v.transpose(0, 1)) if transposed else (b.k, b.v)
+            run(b.q, k, v, tmp, b.out, b.lse, mask, layout_value, window, None, alibi, cap, scale, None, None, None,
+                rope_scale, rope_theta)
+
+        return launch_single

@@ -83,9 +83,10 @@ class Backend:
 
         The entry points ask for it after a successful run whose plan they keep, and call it
         instead of ``run`` for later calls with the same lane key: every tensor's dtype, device,
-        shape and strides and every float scale, option and index object are those of ``batch``;
-        only the tensors' data (and the per-call index values of the function entry points)
-        differ. So a launcher skips what that proves (scale signs, layout conversions, writable
+        shape and strides and every float scale and option are those of ``batch``; the tensors
+        are other objects with other data. A wrapper's index tensors are the same objects
+        (``batch.extras["static_indices"]``); a function entry's (lengths, block tables, indptrs)
+        are per call, to be read from each batch. So a launcher skips what that proves (scale signs, layout conversions, writable
         copies, provider choice) and does the least a launch needs. It may still raise
         BackendRejected before launching (the router then hands the call over). None: keep ``run``.
         """

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from backends import _vendor
-from backends._device import device_key, on_device
+from backends._device import device_key, on_device, on_device_launch
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 SRC = "flashinfer 0.5.3 flashinfer/decode.py xqa_batch_decode_with_kv_cache, flashinfer/xqa.py, flashinfer/jit/xqa.py"
@@ -199,6 +199,28 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
               1.0, None, x.semaphores, x.scratch, x.pdl)
         _vendor.write_back(batch.out, out)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
+
+
+    def launcher(self, plan: XqaPlan, batch):
+        """The compiled entry with everything but the call's tensors bound (``_launch_direct`` for
+        a float scale, no output scale, caller buffers the kernel can write); else None."""
+        x = plan.direct
+        if (x is None or isinstance(batch.sm_scale, torch.Tensor) or float(batch.sm_scale) < 0
+                or not _vendor.is_unit(batch.out_scale) or not batch.out.is_contiguous()
+                or not batch.q.is_contiguous()):
+            return None
+        q_scale = float(batch.sm_scale) * x.sqrt_head_dim
+        rows, kv_capacity = batch.block_table.shape[0], batch.block_table.shape[-1] * x.page_size
+        head = (x.fp8_sm90, x.sm_count, x.num_kv_heads, x.sliding_window, q_scale, None)
+        tail = (1.0, None, x.semaphores, x.scratch, x.pdl)
+        run, heads = x.run, x.num_kv_heads
+
+        def launch_xqa(b) -> None:
+            sinks = b.sinks.reshape(heads, -1) if b.sinks is not None else None
+            run(*head, b.out.unsqueeze(1), 1.0, b.q.unsqueeze(1), sinks, b.k, b.v, b.block_table, kv_capacity,
+                b.kv_lens.unsqueeze(1), rows, *tail)
+
+        return on_device_launch(batch.q.device, launch_xqa)
 
 
 SEMAPHORE_BYTES = 8 * 1024 * 1024  # FlashInfer's xqa_batch_decode_with_kv_cache: the workspace's first 8 MiB

@@ -37,6 +37,7 @@ import importlib
 import itertools
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -56,7 +57,8 @@ sys.path[:0] = [str(TOOLS.parent), str(TOOLS)]
 import dispatch  # noqa: E402
 from backends import get_backend  # noqa: E402
 from dispatch import lab, router  # noqa: E402
-from _gpu_common import time_ms  # noqa: E402
+from dispatch._normalize import ENV_VALIDATE  # noqa: E402
+from dispatch.bench.timing import time_ms  # noqa: E402
 
 ENTRIES = ("single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
            "cudnn_batch_prefill_with_kv_cache", "trtllm_batch_context_with_kv_cache",
@@ -190,10 +192,16 @@ def captured(fn: Callable[[], Any]) -> tuple[router.Planned, Any]:
         seen.append((planned, batch))
         return real(planned, batch)
     router.run = spy
+    saved = os.environ.get(ENV_VALIDATE)
+    os.environ[ENV_VALIDATE] = "full"  # no fast lane: a repeat would go to the backend's launcher
     try:
         fn()
     finally:
         router.run = real
+        if saved is None:
+            del os.environ[ENV_VALIDATE]
+        else:
+            os.environ[ENV_VALIDATE] = saved
     if not seen:
         raise RuntimeError("the call never reached router.run")
     return seen[-1]
@@ -207,12 +215,14 @@ def served_by(planned: router.Planned) -> str:
     return served
 
 
-def adapter_call(fn: Callable[[], Any]) -> tuple[str, Callable[[], Any]]:
-    """(backend that served, zero-arg call of its run(plan, batch)) with the plan and the batch
-    the router built for one call of ``fn``."""
+def adapter_call(fn: Callable[[], Any]) -> tuple[str, Callable[[], Any], Optional[Callable[[], Any]]]:
+    """(backend that served, zero-arg call of its run(plan, batch), zero-arg call of its
+    launcher or None) with the plan and the batch the router built for one call of ``fn``."""
     planned, batch = captured(fn)
     backend = get_backend(planned.backend)
-    return served_by(planned), lambda: backend.run(planned.plan, batch)
+    launch = backend.launcher(planned.plan, batch)
+    return (served_by(planned), lambda: backend.run(planned.plan, batch),
+            (lambda: launch(batch)) if launch is not None else None)
 
 
 # -- timing -------------------------------------------------------------------------------------------
@@ -299,9 +309,11 @@ def measure(name: str, fn: Callable[[], Any], vendor: Optional[Callable[[], Any]
     failure = warmed(fn, cfg.warmup)
     if failure is not None:
         return {**row, "error": f"dispatch call {failure}"}
-    chosen, adapter = adapter_call(fn)
+    chosen, adapter, launcher = adapter_call(fn)
     row["chosen"] = chosen
     columns = {"dispatch": fn, "adapter": adapter}
+    if launcher is not None:
+        columns["launcher"] = launcher
     failure = warmed(adapter, cfg.warmup)
     if failure is not None:
         return {**row, "error": f"adapter call {failure}"}
@@ -661,18 +673,24 @@ def markdown(env: dict, rows: list[dict]) -> str:
              f"{env['date']}; Python {env['python']}, torch {env['torch']}, triton {env['triton']}, "
              f"flashinfer {env['flashinfer']}, cudnn {env['cudnn']}. Produced by `tools/host_cost.py`.", "",
              f"Problem: {env['problem']}. Host microseconds per call: median of {env['repeats']} timings of "
-             f"{env['calls_per_timing']} back-to-back calls (one sync after). dispatch layer = dispatch - adapter. "
+             f"{env['calls_per_timing']} back-to-back calls (one sync after). adapter: the backend's run(plan, "
+             "batch) called directly; launcher: the backend's launcher for repeats (what a repeated call of the "
+             "entry point runs after its key lookup), called directly. dispatch layer = dispatch - adapter. "
+             "ours / FlashInfer = dispatch / FlashInfer. "
              "GPU us: CUDA events over calls queued behind a GPU spin, launch gaps excluded, unless the call "
              "synchronizes the host (host syncs > 0: then it is the time per call, host included).", "",
-             "| entry point | backend | dispatch us | adapter us | dispatch layer us | FlashInfer us | "
-             "GPU us (dispatch / FlashInfer) | host syncs | note |", "|---|---|---|---|---|---|---|---|---|"]
+             "| entry point | backend | dispatch us | adapter us | launcher us | dispatch layer us | FlashInfer us | "
+             "ours / FlashInfer | GPU us (dispatch / FlashInfer) | host syncs | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         gpu = " / ".join(_cell(r.get(k)) or "-" for k in ("dispatch_gpu_us", "flashinfer_gpu_us")) \
             if "dispatch_gpu_us" in r else ""
         note = r.get("error") or ("" if r["flashinfer"] == "ok" else r["flashinfer"])
+        ratio = r["dispatch_us"] / r["flashinfer_us"] if r.get("flashinfer_us") and r.get("dispatch_us") else None
         lines.append(f"| {r['entry']} | {_cell(r['chosen'])} | {_cell(r.get('dispatch_us'))} | "
-                     f"{_cell(r.get('adapter_us'))} | {_cell(r.get('dispatch_layer_us'))} | "
-                     f"{_cell(r.get('flashinfer_us'))} | {gpu} | {_cell(r.get('dispatch_host_syncs'))} | {note} |")
+                     f"{_cell(r.get('adapter_us'))} | {_cell(r.get('launcher_us'))} | "
+                     f"{_cell(r.get('dispatch_layer_us'))} | {_cell(r.get('flashinfer_us'))} | "
+                     f"{_ratio(ratio)}{'x' if ratio else ''} | {gpu} | {_cell(r.get('dispatch_host_syncs'))} | {note} |")
     return "\n".join(lines) + "\n"
 
 

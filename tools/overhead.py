@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     backend = get_backend("reference")
     backend.run = lambda plan, batch: None  # exclude the kernel: the dispatch path only
+    backend.launcher = lambda plan, batch: (lambda b: None)  # a repeat takes a launcher, as GPU backends give
     torch.set_num_threads(1)
     print(f"host overhead per call, CPU tensors, reference backend's run replaced by a no-op (n={args.n})")
     print(f"{'entry point':44s} {'first call us':>14s} {'median us':>10s} {'GPU path (lane)':>16s}")

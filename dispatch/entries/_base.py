@@ -31,6 +31,7 @@ import torch
 from .._cache import BoundedCache
 from .._normalize import full_validation, paged_nhd, split_kv
 from backends import get_backend
+from backends.base import BackendRejected
 
 from .. import policy, router, specs
 from ..problem import AttentionProblem, size_class
@@ -273,34 +274,32 @@ def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -
     if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation():
         return None
     kinds = tuple(map(type, tensors))
+    if kinds.count(_TENSOR) != len(kinds):
+        return None  # the checked path names the argument that is not a tensor
     other_kinds = tuple(map(type, others))
-    parts = [entry, kinds, other_kinds] if explicit is UNSET else [entry, explicit, policy.strict_mode(), kinds,
-                                                                   other_kinds]
-    append = parts.append
     plain = _ALL_PLAIN.get(other_kinds)
     if plain is None:
         plain = _ALL_PLAIN[other_kinds] = _PLAIN_TYPES.issuperset(other_kinds)
-    if plain:  # the common case: no tensor among the options
-        append(others)
-    else:  # an option is a tensor (out, lse, sinks, a device scale) or a sequence
+    if explicit is UNSET:
+        parts = [entry, kinds, other_kinds, others] if plain else [entry, kinds, other_kinds]
+    else:
+        parts = [entry, explicit, policy.strict_mode(), kinds, other_kinds]
+        if plain:
+            parts.append(others)
+    if not plain:  # an option is a tensor (out, lse, sinks, a device scale) or a sequence
         for value in others:
             kind = type(value)
             if kind is _TENSOR:
-                append((value.dtype, value.device, value.shape, value.stride()))
+                parts += (value.dtype, value.device, value.shape, value.stride())
             elif kind in _PLAIN:
-                append(value)
+                parts.append(value)
             else:
                 facts = _facts(value)
                 if facts is None:
                     return None
-                append(facts)
-    if any(kind is not _TENSOR for kind in kinds):
-        return None  # the checked path names the argument that is not a tensor
+                parts.append(facts)
     for t in tensors:
-        append(t.dtype)
-        append(t.device)
-        append(t.shape)
-        append(t.stride())
+        parts += (t.dtype, t.device, t.shape, t.stride())
     return tuple(parts)
 
 
@@ -325,16 +324,27 @@ def kv_parts(kv_cache: Any) -> tuple:
 
 class Lane:
     """What a lane key proves: the call plan, the explicit choice and strict mode of the key, the
-    sizes the batch is built from, and the backend's plan once it is known to be reusable."""
+    sizes the batch is built from, the backend's plan once it is known to be reusable, and the
+    backend's launcher for repeats once that plan has served a call (``Backend.launcher``)."""
 
-    __slots__ = ("plan", "explicit", "strict", "sizes", "planned")
+    __slots__ = ("plan", "explicit", "strict", "sizes", "planned", "fast", "asked")
 
     def __init__(self, plan: CallPlan, explicit, sizes: SimpleNamespace):
         self.plan, self.explicit, self.strict, self.sizes = plan, explicit, policy.strict_mode(), sizes
         self.planned: Optional[router.Planned] = None
+        self.fast: Optional[Callable] = None
+        self.asked = False  # the backend was asked for a launcher (it may have none)
 
     def launch(self, batch) -> router.Planned:
-        """The backend's plan (kept when reusable) and the launch; only the decision when dry."""
+        """The backend's launcher on a repeat; else its plan (kept when reusable) and the launch;
+        only the decision when dry."""
+        fast = self.fast
+        if fast is not None:
+            try:
+                fast(batch)
+                return self.planned
+            except BackendRejected:  # refused before launching: the router hands the call over
+                return router.run(self.planned, batch)
         planned = self.planned
         if planned is None:
             if is_dry():
@@ -343,7 +353,11 @@ class Lane:
             planned = self.plan.planned(batch, self.explicit)
             if self.plan.keeps(planned):
                 self.planned = planned
-        return router.run(planned, batch)
+        ran = router.run(planned, batch)
+        if ran is self.planned and not self.asked:
+            self.asked = True
+            self.fast = get_backend(ran.backend).launcher(ran.plan, batch)
+        return ran
 
 
 def lane(key: Optional[tuple], spec_cls: type, args: Callable[[], dict], call_key_of: Callable[[dict], tuple],

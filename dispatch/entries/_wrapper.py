@@ -16,6 +16,9 @@ from typing import Any, Optional
 
 import torch
 
+from backends import get_backend
+from backends.base import BackendRejected
+
 from .. import ops, policy, router, specs
 from .._cache import BoundedCache
 from .._normalize import bad, check_scale, cumsum0, unpack_bits
@@ -55,15 +58,18 @@ class Plan:
     total_kv: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
 class RunLane:
     """What a run's lane key proves on the current plan: the variant's overrides, whether an LSE
-    is wanted, and the folded scales (floats: their values are in the key)."""
+    is wanted, the folded scales (floats: their values are in the key), and once the variant's
+    backend served the key, that plan and the backend's launcher for repeats."""
 
-    overrides: tuple
-    wants_lse: bool
-    sm_scale: float
-    out_scale: float
+    __slots__ = ("overrides", "wants_lse", "sm_scale", "out_scale", "kept", "planned", "fast")
+
+    def __init__(self, overrides: tuple, wants_lse: bool, sm_scale, out_scale, kept: bool):
+        self.overrides, self.wants_lse, self.sm_scale, self.out_scale = overrides, wants_lse, sm_scale, out_scale
+        self.kept = kept  # stored under a lane key: its repeats may take a launcher
+        self.planned: Optional[router.Planned] = None
+        self.fast = None
 
 
 class PrefillWrapper:
@@ -208,9 +214,11 @@ class PrefillWrapper:
             overrides += (("has_sinks", True),)
         if wants_lse:
             overrides += (("return_lse", True),)
-        lane = RunLane(tuple(sorted(overrides)) if overrides else overrides, wants_lse, sm_scale, out_scale)
-        if key is not None and not isinstance(sm_scale, torch.Tensor) and not isinstance(out_scale, torch.Tensor):
-            self._lanes.put(key, lane)  # tensor scales are folded per call: their values are not in the key
+        # tensor scales are folded per call: their values are not in the key
+        kept = key is not None and not isinstance(sm_scale, torch.Tensor) and not isinstance(out_scale, torch.Tensor)
+        lane = RunLane(tuple(sorted(overrides)) if overrides else overrides, wants_lse, sm_scale, out_scale, kept)
+        if kept:
+            self._lanes.put(key, lane)
         return self._go(lane, q, k, v, out, lse, return_lse, sinks)
 
     def _go(self, lane: "RunLane", q, k, v, out, lse, return_lse, sinks):
@@ -221,8 +229,22 @@ class PrefillWrapper:
         if lane.wants_lse and lse is None:
             lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=q.device)
         batch = self._batch(q, k, v, out, lse, sinks, lane.sm_scale, lane.out_scale)
+        fast = lane.fast
+        if fast is not None:
+            try:
+                fast(batch)
+                self._last = lane.planned
+                return (out, lse) if return_lse else out
+            except BackendRejected:  # refused before launching: the generic path hands it over
+                pass
         planned = self._variants.get(lane.overrides) or self._variant(lane.overrides, batch)
-        self._last = planned if B.is_dry() else router.run(planned, batch)
+        if B.is_dry():
+            self._last = planned
+        else:
+            self._last = ran = router.run(planned, batch)
+            if lane.kept and lane.planned is None and ran is planned:
+                lane.planned = planned
+                lane.fast = get_backend(planned.backend).launcher(planned.plan, batch)
         return (out, lse) if return_lse else out
 
     def _batch(self, q, k, v, out, lse, sinks, sm_scale, out_scale) -> AttentionBatch:

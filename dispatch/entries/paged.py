@@ -127,6 +127,9 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     def _kv_views(self, paged_kv_cache) -> tuple:
         """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""
         layout = "HND" if self._plan.cudnn else self._plan.layout
+        if layout == "NHD" and type(paged_kv_cache) is torch.Tensor and paged_kv_cache.dim() == 5 \
+                and paged_kv_cache.shape[1] == 2:
+            return paged_kv_cache.unbind(1)  # the common cache: its K and V halves are the NHD views
         k, v, squeezed = split_kv(paged_kv_cache, "paged_kv_cache", not self._plan.cudnn)
         return paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
 

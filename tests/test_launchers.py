@@ -1,0 +1,213 @@
+"""Backend launchers (``Backend.launcher``): the entry points' fast lanes hand exact repeats to the
+backend's launcher instead of router.run, and each launcher does what ``run`` would.
+
+Entry wiring is checked on the CPU with the reference backend given a counting launcher (the GPU
+path driven with CPU tensors: ``gpu_like``); the vendor launchers against fake vendor entries
+that record their arguments, beside the same call through ``run``."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import _fake_vendors as fv
+import dispatch
+
+from backends import BackendRejected, _vendor, get_backend
+from backends.xqa import DirectXqa, XqaBackend, XqaPlan
+from dispatch.entries import _base
+from dispatch.lab import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
+
+
+@pytest.fixture
+def gpu_like(monkeypatch):
+    monkeypatch.setattr(_base, "CPU_VALUE_CHECKS", False)
+    dispatch.entries.clear_caches()
+    yield
+    dispatch.entries.clear_caches()
+
+
+@pytest.fixture
+def counting_launcher(monkeypatch):
+    """The reference backend with a launcher that counts its launches (and runs ``run``)."""
+    backend = get_backend("reference")
+    calls = {"built": 0, "launched": 0, "reject": 0}
+
+    def launcher(plan, batch):
+        calls["built"] += 1
+
+        def launch(b):
+            if calls["reject"]:
+                calls["reject"] -= 1
+                raise BackendRejected("reference", [])
+            calls["launched"] += 1
+            backend.run(plan, b)
+        return launch
+
+    monkeypatch.setattr(backend, "launcher", launcher, raising=False)
+    return calls
+
+
+def _entry_calls():
+    c, r = paged(), ragged()
+
+    def fresh(t):  # same shape, dtype and strides; other data
+        return torch.randn_like(t)
+
+    def xqa():
+        args, kw = xqa_args(c)
+        return lambda: dispatch.xqa_batch_decode_with_kv_cache(fresh(args[0]), *args[1:], **kw)
+
+    def trtllm():
+        args, kw = trtllm_args(c)
+        return lambda: dispatch.trtllm_batch_context_with_kv_cache(fresh(args[0]), *args[1:], **kw)
+
+    def single():
+        return lambda: dispatch.single_prefill_with_kv_cache(fresh(r["q"]), r["k"], r["v"], causal=True)
+
+    def cudnn():
+        args, kw = cudnn_args(c)
+        return lambda: dispatch.cudnn_batch_prefill_with_kv_cache(fresh(args[0]), *args[1:], **kw)
+
+    def paged_run():
+        w = paged_wrapper(c)
+        return lambda: w.run(fresh(c["q"]), c["cache"])
+
+    def ragged_run():
+        w = ragged_wrapper(r)
+        return lambda: w.run(fresh(r["q"]), r["k"], r["v"])
+
+    return {"xqa": xqa, "trtllm": trtllm, "single": single, "cudnn": cudnn, "paged_run": paged_run,
+            "ragged_run": ragged_run}
+
+
+@pytest.mark.parametrize("entry", sorted(_entry_calls()))
+def test_repeats_take_the_launcher(gpu_like, counting_launcher, entry):
+    """The first call runs the backend and asks it for a launcher once; the repeats launch
+    through it, with the results the checked path gives for the same data."""
+    entry_call = _entry_calls()[entry]()
+
+    def call():  # the output (cuDNN's entry returns (out, lse))
+        res = entry_call()
+        return res[0] if isinstance(res, tuple) else res
+    torch.manual_seed(1)
+    first = call().clone()
+    assert counting_launcher == {"built": 1, "launched": 0, "reject": 0}
+    torch.manual_seed(2)
+    repeat = call().clone()
+    torch.manual_seed(2)
+    again = call()
+    assert counting_launcher["launched"] == 2 and counting_launcher["built"] == 1
+    assert torch.equal(repeat, again) and not torch.equal(first, repeat)
+    _base.CPU_VALUE_CHECKS = True  # the checked path (no lane) on the same data
+    torch.manual_seed(2)
+    checked = call()
+    assert counting_launcher["launched"] == 2
+    assert torch.equal(checked, repeat)
+
+
+def test_a_launcher_refusal_is_handed_back_to_the_router(gpu_like, counting_launcher):
+    c = paged()
+    w = paged_wrapper(c)
+    expected = w.run(c["q"], c["cache"]).clone()
+    counting_launcher["reject"] = 1
+    again = w.run(c["q"], c["cache"])  # the launcher refuses: router.run serves the call
+    assert torch.equal(again, expected) and w.decision.ran == "reference"
+    args, kw = xqa_args(c)
+    expected = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw).clone()
+    dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    counting_launcher["reject"] = 1
+    assert torch.equal(dispatch.xqa_batch_decode_with_kv_cache(*args, **kw), expected)
+
+
+def test_no_launcher_for_a_tensor_scale(gpu_like, counting_launcher):
+    """A device scale is folded per call (its value is not in the key): never a launcher."""
+    c = paged()
+    w = paged_wrapper(c)
+    for _ in range(3):
+        w.run(c["q"], c["cache"], k_scale=torch.tensor(0.5))
+    assert counting_launcher["built"] == 0
+
+
+# -- FlashInfer fa2's single-request op -----------------------------------------------------------
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    rec = fv.Recorder()
+    mods = fv.make_flashinfer(rec)
+    for name in ("flashinfer", "flashinfer.decode", "flashinfer.prefill"):
+        monkeypatch.setitem(sys.modules, name, mods.get(name))
+    _vendor.forget_imports()
+    yield rec
+    _vendor.forget_imports()
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_fa2_single_launcher_matches_run_and_fp64(fake_flashinfer, layout):
+    p = fv.make_problem(kv_storage="dense", kv_layout=layout, causal=True, window_left=5, return_lse=True)
+    batch, _ = fv.make_batch(p, [6], [11], lse=True)
+    fa2 = get_backend("fa2")
+    plan = fa2.plan(p, batch)
+    fa2.run(plan, batch)
+    launch = fa2.launcher(plan, batch)
+    assert launch is not None
+    nxt, refs = fv.make_batch(p, [6], [11], lse=True)  # other data, same facts
+    nxt.out.fill_(float("nan"))
+    nxt.lse.fill_(float("nan"))
+    launch(nxt)
+    call = fake_flashinfer.last("single_prefill_op")
+    assert call["q"] is nxt.q and call["o"] is nxt.out and call["lse"] is nxt.lse
+    assert call["layout"] == (1 if layout == "HND" else 0) and call["sm_scale"] == nxt.sm_scale
+    out_ref, lse_ref = fv.reference(p, nxt, refs)
+    assert ((nxt.out.double() - out_ref).norm() / out_ref.norm()) < 1e-2
+    fin = torch.isfinite(lse_ref)
+    assert torch.allclose(nxt.lse.double()[fin], lse_ref[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_fa2_launcher_refuses_what_the_key_does_not_prove(fake_flashinfer):
+    p = fv.make_problem(kv_storage="dense", causal=True)
+    batch, _ = fv.make_batch(p, [4], [9])
+    fa2 = get_backend("fa2")
+    plan = fa2.plan(p, batch)
+    batch.out_scale = 0.5  # applied after the kernel by run: not the launcher's
+    assert fa2.launcher(plan, batch) is None
+    batch.out_scale, batch.sm_scale = 1.0, torch.tensor(0.3)  # a device scale: read per call
+    assert fa2.launcher(plan, batch) is None
+
+
+# -- XQA's compiled entry -------------------------------------------------------------------------
+def _recording_xqa(calls: list):
+    def run(*args):
+        calls.append(args)
+    return DirectXqa(run, False, 132, 2, 0, 16, 8.0, torch.empty(4), torch.empty(4), True)
+
+
+def _same_args(a: tuple, b: tuple) -> None:
+    assert len(a) == len(b) == 21
+    for x, y in zip(a, b):
+        if isinstance(x, torch.Tensor):
+            assert x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+        else:
+            assert x == y
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks):
+    """The launcher's 21 arguments are those ``_launch_direct`` builds for the same batch."""
+    c = paged(q_lens=(1, 1, 1))
+    q = torch.randn(3, 4, 16)
+    k, v = _base.paged_kv(c["cache"], "NHD")
+    from dispatch.problem import AttentionBatch
+    batch = AttentionBatch(q, k, v, torch.arange(4, dtype=torch.int32), torch.tensor([9, 4, 13], dtype=torch.int32),
+                           torch.empty(3, 4, 16), 3, 1, 13, 0.25, 1.0, None, c["table"], None,
+                           torch.randn(4) if sinks else None)
+    calls: list = []
+    plan = XqaPlan(None, None, direct=_recording_xqa(calls))
+    XqaBackend._launch_direct(plan.direct, batch)
+    launch = XqaBackend().launcher(plan, batch)
+    launch(batch)
+    _same_args(calls[0], calls[1])
+    assert calls[1][4] == 0.25 * 8.0  # q_scale = bmm1_scale * sqrt(head_dim)
+    batch.out_scale = 2.0  # scaled after the kernel by run: not a launcher's
+    assert XqaBackend().launcher(plan, batch) is None
+
