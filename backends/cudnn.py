@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
+import operator
 import threading
 import time
 import weakref
@@ -59,7 +61,7 @@ from typing import Any, Optional
 import torch
 
 from backends import _numerics, _vendor
-from backends._device import BoundedCache, device_key, on_device
+from backends._device import BoundedCache, device_key, on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
 log = logging.getLogger("attn_dispatch")
@@ -134,6 +136,9 @@ class GraphEntry:
     graph: Any
     workspace: torch.Tensor
     build_seconds: float
+    order: tuple = ()  # the uids of the buffers ``execute`` takes, in the order it takes them
+    execute: Any = None  # execute(buffers, handle): the cheapest call this frontend offers (_executor)
+    pool_views: bool = True  # whether the executor reads geometry: paged K/V go as the declared (pages, Hkv, P, D) views
 
 
 @dataclass
@@ -199,6 +204,12 @@ def graph_key(problem, batch) -> GraphKey:
         k_layout=kv[0], v_layout=kv[1], table_width=width, causal=problem.causal,
         window_left=problem.window_left, has_sinks=problem.has_sinks,
         lse_strides=tuple(batch.lse.stride()) if batch.lse is not None else None, scale=scale)
+
+
+def _serves(plan, batch) -> bool:
+    """Whether the plan's graph is the graph of ``batch``'s key (equal facts, equal key)."""
+    return (plan.planned_on is not None and plan.planned_on() is batch) or batch_facts(batch) == plan.facts \
+        or graph_key(plan.problem, batch) == plan.key
 
 
 # ------------------------------------------------------------------------- graph
@@ -293,13 +304,20 @@ def build_graph(cudnn, key: GraphKey, handle) -> Any:
 
 
 # ---------------------------------------------------------------- per-call inputs
-def _lengths_column(values: torch.Tensor) -> torch.Tensor:
-    return values.to(torch.int32).reshape(-1, 1, 1, 1).contiguous()
+# cuDNN reads only the pointer of each buffer: the graph's declaration says what the bytes mean
+# (cudnn-frontend 1.32 cudnn/_pygraph.py, Graph._normalize: "The backend reads only the pointer";
+# a dense buffer covering the declared bytes is re-described as the declaration). So metadata
+# buffers go flat, as they are when already int32 and contiguous: no reshape, no copy, no launch.
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous int32 (itself when it is: no op dispatched)."""
+    if t.dtype is torch.int32 and t.is_contiguous():
+        return t
+    return t.to(torch.int32).contiguous()
 
 
 def _element_offsets(indptr: torch.Tensor, token_stride: int) -> torch.Tensor:
-    """Token prefix sums -> ragged offsets in ELEMENTS, (B+1, 1, 1, 1) int32 (device op, no sync)."""
-    return (indptr.to(torch.int32) * int(token_stride)).reshape(-1, 1, 1, 1)
+    """Token prefix sums -> ragged offsets in ELEMENTS, (B+1,) int32 (one device op, no sync)."""
+    return _int32(indptr) * int(token_stride)
 
 
 def _check_int32_extent(name: str, tensor: torch.Tensor) -> Optional[Reason]:
@@ -309,41 +327,198 @@ def _check_int32_extent(name: str, tensor: torch.Tensor) -> Optional[Reason]:
     return None
 
 
+def pack_uids(key: GraphKey) -> tuple:
+    """Every uid the graph of ``key`` reads a buffer for (its variant pack)."""
+    uids = [UID_Q, UID_K, UID_V, UID_O, UID_SEQ_Q, UID_SEQ_KV, UID_OFF_Q, UID_OFF_O]
+    uids += [UID_TABLE_K, UID_TABLE_V] if key.kv_storage == "paged" else [UID_OFF_K, UID_OFF_V]
+    if key.lse_strides is not None:
+        uids += [UID_STATS, UID_OFF_STATS]
+    if key.has_sinks:
+        uids.append(UID_SINK)
+    if key.scale is None:
+        uids.append(UID_SCALE)
+    return tuple(uids)
+
+
+def _strided_offsets(indptr: torch.Tensor, strides: dict) -> dict:
+    """uid -> ``indptr * stride`` element offsets; uids of one stride share one tensor (one launch)."""
+    made: dict = {}
+    offsets = {}
+    for uid, stride in strides.items():
+        if stride not in made:
+            made[stride] = _element_offsets(indptr, stride)
+        offsets[uid] = made[stride]
+    return offsets
+
+
 def call_inputs(key: GraphKey, batch) -> dict:
     """uid -> tensor for everything but Q/K/V/O/LSE pointers. ``batch.extras["cudnn"]`` may hold
-    the caller's own buffers in cuDNN's convention (``seq_q``: (B,) int32 query lengths; ``off_q``
-    / ``off_o``: (B+1,) int32 element offsets for Q's / O's token stride): they are used as
-    they are, instead of being derived from the token indptr."""
+    the caller's own buffers in cuDNN's convention (``seq_q``: B int32 query lengths; ``off_q``
+    / ``off_o``: B+1 int32 element offsets for Q's / O's token stride; any shape): they are used
+    as they are (made contiguous if they are not), instead of being derived from the token indptr."""
     given = batch.extras.get("cudnn", _NONE_GIVEN)
-    seq_q, off_q, off_o = given.get("seq_q"), given.get("off_q"), given.get("off_o")
-    inputs = {
-        UID_SEQ_Q: _lengths_column(seq_q if seq_q is not None else batch.qo_indptr[1:] - batch.qo_indptr[:-1]),
-        UID_SEQ_KV: _lengths_column(batch.kv_lens),
-        UID_OFF_Q: off_q.reshape(-1, 1, 1, 1) if off_q is not None else _element_offsets(batch.qo_indptr,
-                                                                                         key.q_strides[0]),
-        UID_OFF_O: off_o.reshape(-1, 1, 1, 1) if off_o is not None else _element_offsets(batch.qo_indptr,
-                                                                                         key.o_strides[0]),
-    }
-    if key.kv_storage == "paged":
-        table = batch.block_table.to(torch.int32).reshape(key.batch_size, 1, key.table_width, 1).contiguous()
-        inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = table
-    else:
-        inputs[UID_OFF_K] = _element_offsets(batch.kv_indptr, key.k_layout[0])
-        inputs[UID_OFF_V] = _element_offsets(batch.kv_indptr, key.v_layout[0])
+    seq_q = given.get("seq_q")
+    inputs = {UID_SEQ_Q: _int32(seq_q if seq_q is not None else batch.qo_indptr[1:] - batch.qo_indptr[:-1]),
+              UID_SEQ_KV: _int32(batch.kv_lens)}
+    derived = {uid: st for uid, name, st in ((UID_OFF_Q, "off_q", key.q_strides[0]), (UID_OFF_O, "off_o", key.o_strides[0]))
+               if given.get(name) is None}
+    inputs.update((uid, _int32(given[name])) for uid, name in ((UID_OFF_Q, "off_q"), (UID_OFF_O, "off_o"))
+                  if uid not in derived)
     if key.lse_strides is not None:
-        inputs[UID_OFF_STATS] = _element_offsets(batch.qo_indptr, key.lse_strides[0])
+        derived[UID_OFF_STATS] = key.lse_strides[0]
+    inputs.update(_strided_offsets(batch.qo_indptr, derived))
+    if key.kv_storage == "paged":
+        inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = _int32(batch.block_table)
+    else:
+        inputs.update(_strided_offsets(batch.kv_indptr, {UID_OFF_K: key.k_layout[0], UID_OFF_V: key.v_layout[0]}))
     if key.has_sinks:
-        inputs[UID_SINK] = batch.sinks.to(torch.float32).reshape(1, -1, 1, 1).contiguous()
+        inputs[UID_SINK] = _float32(batch.sinks)
     return inputs
 
 
 _NONE_GIVEN: dict = {}
 
 
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype is torch.float32 and t.is_contiguous():
+        return t
+    return t.to(torch.float32).contiguous()
+
+
 def _scale_tensor(key: GraphKey, batch) -> Optional[torch.Tensor]:
     if key.scale is not None:
         return None
-    return batch.sm_scale.to(torch.float32).reshape(1, 1, 1, 1)
+    return _float32(batch.sm_scale)
+
+
+# ---------------------------------------------------------------- exact repeats
+def _operand_uids(key: GraphKey) -> tuple:
+    return (UID_Q, UID_K, UID_V, UID_O) + ((UID_STATS,) if key.lse_strides is not None else ())
+
+
+def _operand_getter(key: GraphKey, pool_views: bool):
+    """batch -> its operands in ``_operand_uids`` order (one attrgetter call)."""
+    get = operator.attrgetter(*("q", "k", "v", "out") + (("lse",) if key.lse_strides is not None else ()))
+    if key.kv_storage != "paged" or not pool_views:
+        return get
+
+    def with_pool_views(batch) -> tuple:
+        q, k, v, *rest = get(batch)
+        return (q, _pool_view(k), _pool_view(v), *rest)
+
+    return with_pool_views
+
+
+def _as_read(sample: torch.Tensor, dtype: torch.dtype, get):
+    """batch -> ``get(batch)`` as cuDNN reads it. The lane proves every repeat's dtype and strides
+    are ``sample``'s, so whether a conversion is needed is decided once, here."""
+    if sample.dtype is dtype and sample.is_contiguous():
+        return get
+    return lambda batch: get(batch).to(dtype).contiguous()
+
+
+def _offset_binders(indptr_of, strides: dict) -> list:
+    """(uids, batch -> indptr * stride) per distinct stride (uids of one stride share one launch)."""
+    by_stride: dict = {}
+    for uid, stride in strides.items():
+        by_stride.setdefault(int(stride), []).append(uid)
+    return [(tuple(uids), lambda b, st=st: indptr_of(b) * st) for st, uids in by_stride.items()]
+
+
+def _index_binders(plan: CudnnPlan, batch) -> list:
+    """(uids, tensor or batch -> tensor) for every buffer but the operands: a wrapper's static
+    index buffers bound as the plan derived them; a function entry's read from each batch.
+    Sinks are read per call either way (they are an argument, not an index)."""
+    key = plan.key
+    binders: list = []
+    if key.has_sinks:
+        binders.append(((UID_SINK,), _as_read(batch.sinks, torch.float32, operator.attrgetter("sinks"))))
+    if batch.extras.get("static_indices") and all(a is b for a, b in zip(index_sources(batch)[:4], plan.sources[:4])):
+        return binders + [((uid,), t) for uid, t in plan.inputs.items() if uid != UID_SINK]
+    given = batch.extras.get("cudnn", _NONE_GIVEN)
+    qo = _as_read(batch.qo_indptr, torch.int32, operator.attrgetter("qo_indptr"))
+
+    def caller_buffer(name: str):
+        return _as_read(given[name], torch.int32, lambda b: b.extras["cudnn"][name])
+
+    seq_q = caller_buffer("seq_q") if given.get("seq_q") is not None else (lambda b: qo(b)[1:] - qo(b)[:-1])
+    binders += [((UID_SEQ_Q,), seq_q), ((UID_SEQ_KV,), _as_read(batch.kv_lens, torch.int32, operator.attrgetter("kv_lens")))]
+    derived = {}
+    for uid, name, stride in ((UID_OFF_Q, "off_q", key.q_strides[0]), (UID_OFF_O, "off_o", key.o_strides[0])):
+        if given.get(name) is not None:
+            binders.append(((uid,), caller_buffer(name)))
+        else:
+            derived[uid] = stride
+    if key.lse_strides is not None:
+        derived[UID_OFF_STATS] = key.lse_strides[0]
+    binders += _offset_binders(qo, derived)
+    if key.kv_storage == "paged":
+        binders.append(((UID_TABLE_K, UID_TABLE_V), _as_read(batch.block_table, torch.int32,
+                                                             operator.attrgetter("block_table"))))
+    else:
+        kv = _as_read(batch.kv_indptr, torch.int32, operator.attrgetter("kv_indptr"))
+        binders += _offset_binders(kv, {UID_OFF_K: key.k_layout[0], UID_OFF_V: key.v_layout[0]})
+    return binders
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU-only builds
+
+
+def _current_stream(device: torch.device) -> int:
+    """The current stream's handle on ``device`` (the raw read: no Stream object is made)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _takes_uid_order(graph) -> bool:
+    """cudnn-frontend >= 1.32: ``execute(buffers, workspace, handle, tensor_uids=...)`` (a list of
+    buffers in the caller's uid order; no dict built or walked per call)."""
+    try:
+        return "tensor_uids" in inspect.signature(graph.execute).parameters
+    except (TypeError, ValueError):  # a pybind method: no signature to read
+        return False
+
+
+def _sorted_uids(graph) -> Optional[tuple]:
+    """cudnn-frontend 1.22 - 1.2x: the graph's user slots in the order ``_execute_with_ptrs`` takes
+    pointers (include/cudnn_frontend/graph_interface.h get_variant_pack_uids_sorted), or None."""
+    if not (hasattr(graph, "_execute_with_ptrs") and hasattr(graph, "_get_variant_pack_uids_sorted")):
+        return None
+    try:
+        if hasattr(graph, "_prepare_variant_pack_template"):
+            graph._prepare_variant_pack_template()
+        return tuple(int(u) for u in graph._get_variant_pack_uids_sorted())
+    except Exception:  # noqa: BLE001 - no template: the uid map serves
+        return None
+
+
+def executor(graph, key: GraphKey, workspace: torch.Tensor) -> tuple:
+    """(order, execute(buffers, handle), pool_views): the cheapest execute this frontend has.
+
+    * 1.32+: ``execute(buffers, workspace, handle, tensor_uids=order)`` (what its own SDPA op calls,
+      cudnn-frontend 1.32 cudnn/sdpa/fwd/torch_op.py);
+    * 1.22 - 1.2x: ``_execute_with_ptrs`` with pointers in the graph's sorted uid order (what its
+      experimental SDPA op calls, cudnn-frontend 1.23 python/cudnn/experimental/ops/sdpa.py); it
+      reads pointers only, so paged K/V need no (pages, Hkv, P, D) view;
+    * older: the uid -> tensor map of ``execute``.
+    """
+    uids = pack_uids(key)
+    if _takes_uid_order(graph):
+        def execute_ordered(buffers, handle) -> None:
+            graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
+        return uids, execute_ordered, True
+    order = _sorted_uids(graph)
+    if order is not None and sorted(order) == sorted(uids):
+        ws = workspace.data_ptr()
+
+        def execute_ptrs(buffers, handle) -> None:
+            graph._execute_with_ptrs([t.data_ptr() for t in buffers], ws, handle)
+        return order, execute_ptrs, False
+
+    def execute_map(buffers, handle) -> None:
+        graph.execute(dict(zip(uids, buffers)), workspace, handle=handle)
+    return uids, execute_map, True
 
 
 # ----------------------------------------------------------------------- backend
@@ -354,6 +529,7 @@ class CudnnBackend(Backend):
     def __init__(self) -> None:
         self._graphs = BoundedCache(MAX_GRAPHS)
         self._handles: dict[torch.device, Any] = {}
+        self._streams: dict = {}  # handle -> the stream last set on it (_stream_handle)
         self._lock = threading.Lock()
 
     # -- availability -------------------------------------------------------
@@ -406,7 +582,9 @@ class CudnnBackend(Backend):
             with on_device(device):
                 handle = self._handles[device] = cudnn.create_handle()
         if device.type == "cuda":
-            cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
+            stream = torch.cuda.current_stream(device).cuda_stream
+            cudnn.set_stream(handle, stream)
+            self._streams[handle] = stream
         return handle
 
     def _plan_time_reasons(self, problem, batch) -> list[Reason]:
@@ -437,7 +615,7 @@ class CudnnBackend(Backend):
         workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
         seconds = time.perf_counter() - start
         log.info("attn_dispatch: cudnn built a graph in %.3f s (workspace %d B) for %s", seconds, size, key)
-        return GraphEntry(graph, workspace, seconds)
+        return GraphEntry(graph, workspace, seconds, *executor(graph, key, workspace))
 
     def plan(self, problem, batch) -> CudnnPlan:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "cudnn (attn_scale)")
@@ -476,7 +654,7 @@ class CudnnBackend(Backend):
             return plan.inputs
         if plan.problem is None:
             return plan.inputs
-        if batch_facts(batch) != plan.facts and graph_key(plan.problem, batch) != plan.key:
+        if not _serves(plan, batch):
             return None
         if batch.extras.get("static_indices") and all(a is b for a, b in zip(index_sources(batch), plan.sources)):
             return plan.inputs
@@ -485,22 +663,87 @@ class CudnnBackend(Backend):
 
     def _launch(self, plan: CudnnPlan, inputs: dict, batch) -> None:
         cudnn = cudnn_module()
+        entry = plan.entry
         pack = dict(inputs)
-        pack.update({UID_Q: batch.q, UID_O: batch.out})
-        if plan.key.kv_storage == "paged":
-            pack.update({UID_K: _pool_view(batch.k), UID_V: _pool_view(batch.v)})
-        else:
-            pack.update({UID_K: batch.k, UID_V: batch.v})
+        k, v = batch.k, batch.v
+        if plan.key.kv_storage == "paged" and entry.pool_views:
+            k, v = _pool_view(k), _pool_view(v)
+        pack.update({UID_Q: batch.q, UID_K: k, UID_V: v, UID_O: batch.out})
         if plan.key.lse_strides is not None:
             pack[UID_STATS] = batch.lse
         scale_tensor = _scale_tensor(plan.key, batch)  # per call: a device scale is a runtime input
         if scale_tensor is not None:
             pack[UID_SCALE] = scale_tensor
-        plan.entry.graph.execute(pack, plan.entry.workspace, handle=self._handle(cudnn, batch.q.device))
+        entry.execute([pack[uid] for uid in entry.order], self._stream_handle(cudnn, batch.q.device))
         if batch.lse is not None:
             batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
         if _is_tensor_scale(batch.out_scale) or float(batch.out_scale) != 1.0:
             batch.out.mul_(batch.out_scale)
+
+    def _stream_handle(self, cudnn, device: torch.device):
+        """This GPU's handle, set to the current stream when that changed since it was last set
+        (cudnnSetStream queries the driver on every call: ~2.4 us, cudnn-frontend 1.32
+        cudnn/__init__.py set_stream). Every stream this backend sets goes through here."""
+        if device.type != "cuda":
+            return self._handle(cudnn, device)
+        if device.index is None:
+            device = device_key(device)
+        handle = self._handles.get(device)
+        if handle is None:
+            return self._handle(cudnn, device)
+        stream = _current_stream(device)
+        if self._streams.get(handle) != stream:
+            cudnn.set_stream(handle, stream)
+            self._streams[handle] = stream
+        return handle
+
+    # -- exact repeats ---------------------------------------------------------
+    def launcher(self, plan: CudnnPlan, batch):
+        """A launch for exact repeats of ``batch`` (Backend.launcher): the variant pack bound once
+        (the graph of this batch's key, its workspace, the handle, the buffer order, a wrapper's
+        static index buffers), per call the operands and the function entries' index buffers
+        swapped in, then one execute. None for a device scale (its value is per call and its
+        sign unchecked: ``run`` keeps serving it) or a plan without its problem."""
+        if plan.problem is None or _is_tensor_scale(batch.sm_scale) or _is_tensor_scale(batch.out_scale):
+            return None
+        if not _serves(plan, batch):
+            plan = self.plan(plan.problem, batch)  # what run did for this batch: its own key's graph
+        launch = self._repeat(cudnn_module(), plan, batch, _index_binders(plan, batch))
+        return on_device_launch(batch.q.device, launch)
+
+    def _repeat(self, cudnn, plan: CudnnPlan, batch, binders: list):
+        """The launch closure: see ``launcher``."""
+        entry, key, device = plan.entry, plan.key, device_key(batch.q.device)
+        slot = {uid: i for i, uid in enumerate(entry.order)}
+        template: list = [None] * len(entry.order)
+        per_call = []
+        for uids, value in binders:
+            if callable(value):
+                per_call.append((value, tuple(slot[u] for u in uids)))
+            else:
+                for u in uids:
+                    template[slot[u]] = value  # kept alive by the closure as long as the launch
+        operands = _operand_getter(key, entry.pool_views)
+        operand_slots = tuple(slot[u] for u in _operand_uids(key))
+        stream_handle, execute = self._stream_handle, entry.execute
+        lse = key.lse_strides is not None
+        out_scale = float(batch.out_scale)
+
+        def launch(batch) -> None:
+            buffers = template.copy()
+            for i, tensor in zip(operand_slots, operands(batch)):
+                buffers[i] = tensor
+            for derive, slots in per_call:
+                tensor = derive(batch)
+                for i in slots:
+                    buffers[i] = tensor
+            execute(buffers, stream_handle(cudnn, device))
+            if lse:
+                batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
+            if out_scale != 1.0:
+                batch.out.mul_(out_scale)
+
+        return launch
 
     # -- introspection (tests, probe) ----------------------------------------
     def cached_keys(self) -> list[GraphKey]:

@@ -10,6 +10,7 @@ adapter's final out / lse with the fp64 oracle therefore checks the translation
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import sys
 import types
@@ -61,30 +62,44 @@ class FakeTensor:
         return self
 
 
-def _view(buf: torch.Tensor, t: FakeTensor, b: int, pack, rows: int) -> torch.Tensor:
+DTYPES = {"HALF": torch.float16, "BFLOAT16": torch.bfloat16, "FLOAT": torch.float32, "INT32": torch.int32}
+
+
+def memory_at(ptr: int, data_type) -> torch.Tensor:
+    """What cuDNN gets for a buffer: an address. The memory there, typed as declared (never read
+    past what the declared layout addresses: the bound is not an allocation)."""
+    return torch.frombuffer((ctypes.c_byte * (1 << 40)).from_address(ptr), dtype=DTYPES[data_type])
+
+
+def _view(mem: torch.Tensor, t: FakeTensor, b: int, mems, rows: int) -> torch.Tensor:
     """The first ``rows`` rows of request b of a declared (B, H, S, D) operand, addressed as cuDNN would."""
     assert rows <= t.dim[2], "the declared max length must cover the request"
-    offset = int(pack[t.ragged.uid].reshape(-1)[b]) if t.ragged is not None else b * t.stride[0]
-    return buf.as_strided((t.dim[1], rows, t.dim[3]), t.stride[1:], buf.storage_offset() + offset)
+    offset = int(mems[t.ragged.uid][b]) if t.ragged is not None else b * t.stride[0]
+    return mem.as_strided((t.dim[1], rows, t.dim[3]), t.stride[1:], offset)
 
 
-def _paged(buf, t: FakeTensor, table, b: int, n: int) -> torch.Tensor:
+def _paged(mem, t: FakeTensor, table_t: FakeTensor, table, b: int, n: int) -> torch.Tensor:
     """(H, n, D) keys of request b gathered through the page table of the declared pool."""
-    pool = buf.as_strided(t.dim, t.stride, buf.storage_offset())
-    P = t.dim[2]
-    pages = table[b, 0, : math.ceil(n / P), 0].long()
+    pool = mem.as_strided(t.dim, t.stride, 0)
+    P, width = t.dim[2], table_t.dim[2]
+    pages = table.as_strided((width,), (table_t.stride[2],), b * table_t.stride[0])[: math.ceil(n / P)].long()
     return torch.cat([pool[p] for p in pages], dim=1)[:, :n]
 
 
 class FakeGraph:
+    """cudnn-frontend before 1.22: ``execute`` takes a uid (or tensor) -> buffer map. Whatever the
+    frontend, the fake reads only each buffer's address, through the graph's declaration."""
+
     built = 0
 
     def __init__(self, module, **kwargs):
-        self.module, self.kwargs, self.sdpa_kwargs = module, kwargs, None
+        self.module, self.kwargs, self.sdpa_kwargs, self.declared = module, kwargs, None, {}
         module.graphs.append(self)
 
     def tensor(self, **kw):
-        return FakeTensor(**kw)
+        t = FakeTensor(**kw)
+        self.declared[t.uid] = t
+        return t
 
     def sdpa(self, name, q, k, v, **kw):
         self.q, self.k, self.v, self.sdpa_kwargs = q, k, v, kw
@@ -102,30 +117,43 @@ class FakeGraph:
 
     def build_plans(self):
         FakeGraph.built += 1
+        for t in (self.o, self.stats):
+            if t is not None:
+                self.declared[t.uid] = t
 
     def get_workspace_size(self):
         return 4096
 
+    def user_uids(self) -> list:
+        """The uids the graph reads a buffer for, ascending (a float attn_scale is passed by value)."""
+        return sorted(u for u in self.declared if u is not None)
+
     def execute(self, pack, workspace, handle=None):
         assert workspace.numel() >= 4096
-        self.module.executions.append(pack)
-        kw = self.sdpa_kwargs
-        for b in range(self.q.dim[0]):
-            self._request(pack, kw, b)
+        self._run({(k if isinstance(k, int) else k.uid): v.data_ptr() for k, v in pack.items()}, "map")
 
-    def _request(self, pack, kw, b):
-        lq, lk = int(pack[kw["seq_len_q"].uid].reshape(-1)[b]), int(pack[kw["seq_len_kv"].uid].reshape(-1)[b])
-        q = _view(pack[self.q.uid], self.q, b, pack, lq).double()
+    def _run(self, pointers: dict, how: str):
+        assert sorted(pointers) == self.user_uids(), "every declared buffer, nothing else"
+        self.module.executions.append(pointers)
+        self.module.calls.append(how)
+        mems = {uid: memory_at(ptr, self.declared[uid].data_type) for uid, ptr in pointers.items()}
+        for b in range(self.q.dim[0]):
+            self._request(mems, self.sdpa_kwargs, b)
+
+    def _request(self, mems, kw, b):
+        lq, lk = int(mems[kw["seq_len_q"].uid][b]), int(mems[kw["seq_len_kv"].uid][b])
+        q = _view(mems[self.q.uid], self.q, b, mems, lq).double()
         if "paged_attention_k_table" in kw:
-            k = _paged(pack[self.k.uid], self.k, pack[kw["paged_attention_k_table"].uid], b, lk).double()
-            v = _paged(pack[self.v.uid], self.v, pack[kw["paged_attention_v_table"].uid], b, lk).double()
+            tk, tv = kw["paged_attention_k_table"], kw["paged_attention_v_table"]
+            k = _paged(mems[self.k.uid], self.k, tk, mems[tk.uid], b, lk).double()
+            v = _paged(mems[self.v.uid], self.v, tv, mems[tv.uid], b, lk).double()
         else:
-            k = _view(pack[self.k.uid], self.k, b, pack, lk).double()
-            v = _view(pack[self.v.uid], self.v, b, pack, lk).double()
+            k = _view(mems[self.k.uid], self.k, b, mems, lk).double()
+            v = _view(mems[self.v.uid], self.v, b, mems, lk).double()
         group = q.shape[0] // k.shape[0]
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
         scale = kw["attn_scale"]
-        scale = float(pack[scale.uid].reshape(-1)[0]) if isinstance(scale, FakeTensor) else scale
+        scale = float(mems[scale.uid][0]) if isinstance(scale, FakeTensor) else scale
         s = torch.einsum("hqd,hkd->hqk", q, k) * scale
         pos = torch.arange(lq)[:, None] + lk - lq
         key = torch.arange(lk)[None, :]
@@ -133,26 +161,55 @@ class FakeGraph:
             s = s.masked_fill(key > pos, float("-inf"))
         if kw.get("diagonal_band_left_bound") is not None:
             s = s.masked_fill(key <= pos - kw["diagonal_band_left_bound"], float("-inf"))
-        parts = [s] + ([pack[kw["sink_token"].uid].double().reshape(-1, 1, 1).expand(-1, lq, 1)] if "sink_token" in kw else [])
+        sinks = mems[kw["sink_token"].uid][: q.shape[0]] if "sink_token" in kw else None
+        parts = [s] + ([sinks.double().reshape(-1, 1, 1).expand(-1, lq, 1)] if sinks is not None else [])
         lse = torch.logsumexp(torch.cat(parts, -1), -1)
         o = torch.einsum("hqk,hkd->hqd", torch.exp(s - lse[..., None]), v)
-        _view(pack[self.o.uid], self.o, b, pack, lq).copy_(o)
+        _view(mems[self.o.uid], self.o, b, mems, lq).copy_(o)
         if self.stats is not None:
-            _view(pack[self.stats.uid], self.stats, b, pack, lq)[..., 0].copy_(lse)
+            _view(mems[self.stats.uid], self.stats, b, mems, lq)[..., 0].copy_(lse)
 
 
-def make_fake_cudnn(backend_version=91900, refuse=False) -> types.ModuleType:
+class FakePointerGraph(FakeGraph):
+    """cudnn-frontend 1.22 - 1.2x: pointers in the graph's ascending uid order (_execute_with_ptrs)."""
+
+    def _prepare_variant_pack_template(self):
+        self.prepared = True
+
+    def _get_variant_pack_uids_sorted(self):
+        return self.user_uids() if getattr(self, "prepared", False) else []
+
+    def _execute_with_ptrs(self, ptrs, workspace, handle):
+        assert all(type(p) is int for p in ptrs) and type(workspace) is int and workspace != 0
+        self._run(dict(zip(self.user_uids(), ptrs)), "pointers")
+
+
+class FakeOrderedGraph(FakeGraph):
+    """cudnn-frontend 1.32: ``execute(buffers, workspace, handle, tensor_uids=...)``."""
+
+    def execute(self, pack, workspace=None, handle=None, override_uids=None, override_shapes=None,
+                override_strides=None, tensor_uids=None):
+        if tensor_uids is None:
+            return super().execute(pack, workspace, handle)
+        assert workspace.numel() >= 4096 and len(set(tensor_uids)) == len(tensor_uids) == len(pack)
+        self._run({uid: t.data_ptr() for uid, t in zip(tensor_uids, pack)}, "ordered")
+
+
+FRONTENDS = {"map": FakeGraph, "pointers": FakePointerGraph, "ordered": FakeOrderedGraph}
+
+
+def make_fake_cudnn(backend_version=91900, refuse=False, frontend="ordered") -> types.ModuleType:
     m = types.ModuleType("cudnn")
-    m.graphs, m.executions, m.refuse = [], [], refuse
+    m.graphs, m.executions, m.calls, m.streams, m.refuse = [], [], [], [], refuse
     m.data_type = types.SimpleNamespace(HALF="HALF", BFLOAT16="BFLOAT16", FLOAT="FLOAT", INT32="INT32")
     m.heur_mode = types.SimpleNamespace(A="A", FALLBACK="FALLBACK")
     m.diagonal_alignment = types.SimpleNamespace(BOTTOM_RIGHT="BOTTOM_RIGHT", TOP_LEFT="TOP_LEFT")
     m.cudnnGraphNotSupportedError = FakeNotSupported
-    m.pygraph = lambda **kw: FakeGraph(m, **kw)
+    m.pygraph = lambda **kw: FRONTENDS[frontend](m, **kw)
     m.backend_version = lambda: backend_version
     m.backend_version_string = lambda: str(backend_version)
     m.create_handle = lambda: object()
-    m.set_stream = lambda handle, stream: None
+    m.set_stream = lambda handle, stream: m.streams.append((handle, stream))
     m.__version__ = "fake"
     return m
 
@@ -254,8 +311,9 @@ def test_declared_graph_offsets_tables_and_buckets(fake):
     assert offsets.tolist() == [t * H * D for t in batch.qo_indptr.tolist()]  # elements, not tokens
     assert plan.inputs[adapter.UID_OFF_STATS].reshape(-1).tolist() == [t * H for t in batch.qo_indptr.tolist()]
     assert g.stats.dim == (3, H, 64, 1)
-    table = plan.inputs[adapter.UID_TABLE_K]
-    assert table.shape == (3, 1, batch.block_table.shape[1], 1) and table.dtype == torch.int32
+    table = plan.inputs[adapter.UID_TABLE_K]  # read through its declaration: (B, 1, width, 1), row-major
+    assert fake.graphs[-1].declared[adapter.UID_TABLE_K].dim == (3, 1, batch.block_table.shape[1], 1)
+    assert table.dtype == torch.int32 and table.is_contiguous() and torch.equal(table.reshape(3, -1), batch.block_table)
     assert g.sdpa_kwargs["paged_attention_max_seq_len_kv"] == min(128, batch.block_table.shape[1] * 16)
     assert g.sdpa_kwargs["use_causal_mask_bottom_right"] is True and g.sdpa_kwargs["use_padding_mask"] is True
 
@@ -331,7 +389,7 @@ def test_static_index_tensors_keep_the_plans_buffers(fake):
     again = replace(first, q=torch.randn_like(first.q), out=torch.full_like(first.out, float("nan")),
                     extras={"static_indices": True})
     backend.run(plan, again)
-    assert fake.executions[-1][adapter.UID_OFF_Q] is plan.inputs[adapter.UID_OFF_Q]
+    assert fake.executions[-1][adapter.UID_OFF_Q] == plan.inputs[adapter.UID_OFF_Q].data_ptr()
     assert rel_error(again.out, oracle(problem, again)[0]) < 1e-5
 
 
@@ -348,8 +406,7 @@ def test_callers_cudnn_buffers_are_bound_as_given(fake):
     batch.out.fill_(float("nan"))
     backend.run(plan, batch)
     pack = fake.executions[-1]
-    assert pack[adapter.UID_OFF_Q].data_ptr() == off_q.data_ptr()
-    assert pack[adapter.UID_SEQ_Q].data_ptr() == seq_q.data_ptr()
+    assert pack[adapter.UID_OFF_Q] == off_q.data_ptr() and pack[adapter.UID_SEQ_Q] == seq_q.data_ptr()
     assert rel_error(batch.out, oracle(problem, batch)[0]) < 1e-5
 
 
