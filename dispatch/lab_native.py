@@ -5,8 +5,9 @@ A ``Case`` names a scenario: storage (paged NHD/HND, ragged, dense), sizes, dtyp
 encoding, sinks, scales. ``build`` draws its random tensors on ``DEVICE`` (paged caches with shuffled
 pages and a junk tail in the block table); ``run_case`` plans and runs the native-triton backend
 directly (no router) with out/lse poisoned with NaN, and asserts that every element was written and
-that out and lse agree with ``oracle`` (float64 dense attention per request, LSE base 2 over the
-keys) within ``BANDS``. It returns (plan, out rel. error, lse rel. error).
+that out and lse agree with the one fp64 oracle (dispatch/bench/oracle.py; ``expected`` hands it the
+case's masks, RoPE, ALiBi slopes, sinks and scales) within its ``BANDS``. It returns (plan, out rel.
+error, lse rel. error).
 
     plan, err, lse_err = run_case(Case(page_size=16, q_lens=(1, 1), kv_lens=(900, 7), phase="decode"))
 """
@@ -21,10 +22,11 @@ import torch
 from backends._numerics import alibi_slopes
 from backends.native.triton_backend import NativeTritonBackend, TileConfig
 
+from .bench.oracle import BANDS, batch_attention_fp64, pack_spec_bits, spec_decode_mask
+from .bench.oracle import relative_error as rel_err
 from .problem import NAME_DTYPES, AttentionBatch, AttentionProblem
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-BANDS = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "fp8": 6e-2}
 BACKEND = NativeTritonBackend()
 
 
@@ -126,83 +128,32 @@ def _paged_cache(c: Case, n_pages: int, kv_dtype: str):
 
 
 # ---------------------------------------------------------------------------
-# masks, the oracle, and one run
+# masks, the expected answer (the one fp64 oracle), and one run
 # ---------------------------------------------------------------------------
 def spec_bits(bool_rows: torch.Tensor) -> torch.Tensor:
     """(B, Q, Q) bool -> xqa uint16 (B, Q, 2*ceil(Q/32)): little-endian uint32 words as uint16 pairs."""
-    b, q, _ = bool_rows.shape
-    words = 2 * math.ceil(q / 32)
-    out = torch.zeros((b, q, words), dtype=torch.int32)
-    for j in range(q):
-        out[..., j // 16] |= bool_rows[..., j].to(torch.int32).cpu() << (j % 16)
-    return out.to(torch.uint16).to(DEVICE)
+    return pack_spec_bits(bool_rows.cpu(), bool_rows.shape[-1]).to(DEVICE)
 
 
-def visible(c: Case, b: int, extras: dict) -> torch.Tensor:
-    """(q_len, kv_len) bool: the mask semantics of dispatch/problem.py."""
-    ql, kl = c.q_lens[b], c.kv_lens[b]
-    qpos = torch.arange(ql, device=DEVICE)[:, None] + (kl - ql)
-    kidx = torch.arange(kl, device=DEVICE)[None, :]
-    keep = torch.ones((ql, kl), dtype=torch.bool, device=DEVICE)
+def oracle_masks(c: Case, extras: dict) -> Optional[list]:
+    """Per-request (q_len, kv_len) bool masks of a custom or spec-bits case (None otherwise): they
+    replace causal (dispatch/problem.py); the oracle applies the window on top."""
     if c.mask == "custom":
-        keep = extras["custom"][b]
-    elif c.mask == "spec_bits":
-        draft = kidx - (kl - ql)
-        keep = (draft < 0) | extras["spec_bool"][b][:, draft.clamp(min=0)[0]]
-    elif c.causal:
-        keep = kidx <= qpos
-    if c.window_left >= 0:
-        keep = keep & (kidx >= qpos - c.window_left)
-    return keep
+        return list(extras["custom"])
+    if c.mask == "spec_bits":
+        return [spec_decode_mask(extras["spec_bool"][b], kl) for b, kl in enumerate(c.kv_lens)]
+    return None
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float = 1e4, scale: float = 1.0) -> torch.Tensor:
-    """LLaMA rotate-half on (n, H, D) float64 at positions pos (n,)."""
-    half = x.shape[-1] // 2
-    freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64, device=x.device) / x.shape[-1]) / scale
-    ang = pos.double()[:, None, None] * freq
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * ang.cos() - x2 * ang.sin(), x2 * ang.cos() + x1 * ang.sin()], -1)
-
-
-def oracle(c: Case, q, dense_k, dense_v, sm_scale, out_scale, sinks, extras):
-    """Float64 dense attention per request; LSE base 2 over the keys (sinks: denominator only)."""
-    outs, lses, start = [], [], 0
-    group = c.hq // c.hkv
-    for b, (ql, kl) in enumerate(zip(c.q_lens, c.kv_lens)):
-        qb = q[start: start + ql].double()
-        kb, vb = dense_k[b], dense_v[b]
-        if c.pos == "ROPE_LLAMA":
-            qb = rope(qb, torch.arange(ql, device=DEVICE) + kl - ql)
-            kb = rope(kb, torch.arange(kl, device=DEVICE))
-        kb, vb = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1)
-        s = torch.einsum("qhd,khd->hqk", qb, kb) * sm_scale
-        if c.pos == "ALIBI":
-            slopes = torch.tensor(alibi_slopes(c.hq), dtype=torch.float64, device=DEVICE)
-            rel = (torch.arange(kl, device=DEVICE)[None, :] - torch.arange(ql, device=DEVICE)[:, None]).double()
-            s = s + slopes[:, None, None] * rel
-        if c.soft_cap > 0:
-            s = c.soft_cap * torch.tanh(s / c.soft_cap)
-        keep = visible(c, b, extras)
-        s = s.masked_fill(~keep, float("-inf"))
-        if sinks is not None:
-            s = torch.cat([s, sinks.double()[:, None, None].expand(c.hq, ql, 1)], -1)
-        m = s.amax(-1, keepdim=True).clamp(min=-1e300)
-        p = (s - m).exp()
-        denom = p.sum(-1)
-        o = torch.einsum("hqk,khd->qhd", p[..., :kl], vb) / denom.T[..., None] * out_scale
-        lse = (p[..., :kl].sum(-1).log() + m[..., 0]) / math.log(2)  # keys only, not the sink
-        empty = ~keep.any(-1)  # fully masked rows: out 0, lse -inf
-        o[empty] = 0
-        lse[:, empty] = float("-inf")
-        outs.append(o)
-        lses.append(lse.T)
-        start += ql
-    return torch.cat(outs), torch.cat(lses)
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm().clamp(min=1e-30)).item()
+def expected(c: Case, q, dense_k, dense_v, sm_scale, out_scale, sinks, extras):
+    """The fp64 oracle's (dispatch/bench/oracle.py) out and base-2 LSE of a case's inputs."""
+    starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
+    qs = [q[starts[b]:starts[b + 1]] for b in range(len(c.q_lens))]
+    slopes = torch.tensor(alibi_slopes(c.hq), dtype=torch.float64) if c.pos == "ALIBI" else None
+    return batch_attention_fp64(
+        qs, dense_k, dense_v, oracle_masks(c, extras), sm_scale=sm_scale, causal=c.causal and c.mask == "none",
+        window_left=c.window_left, soft_cap=c.soft_cap, sinks=sinks, out_scale=out_scale,
+        pos_encoding="ROPE_LLAMA" if c.pos == "ROPE_LLAMA" else "NONE", alibi_slopes=slopes, alibi_query="row")
 
 
 def run_case(c: Case, num_splits: Optional[int] = None, config: Optional[TileConfig] = None):
@@ -236,7 +187,7 @@ def run_case(c: Case, num_splits: Optional[int] = None, config: Optional[TileCon
     problem = problem_of(c)
     plan = BACKEND.plan(problem, batch, num_splits=num_splits, config=config)
     BACKEND.run(plan, batch)
-    ref_out, ref_lse = oracle(c, kw["q"], dense_k, dense_v, sm, osc, sinks, extras)
+    ref_out, ref_lse = expected(c, kw["q"], dense_k, dense_v, sm, osc, sinks, extras)
     assert not out.isnan().any(), "some output elements were never written"
     if c.strided_q:
         assert out_buf[:, 0].isnan().all() and out_buf[:, :, c.dvo + 1:].isnan().all(), "wrote outside out"

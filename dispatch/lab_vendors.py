@@ -5,7 +5,8 @@ cases on a GPU with the real vendor packages), so that tools/ never imports test
 ``make_problem`` (an AttentionProblem, small defaults, any field overridden), ``make_batch``
 (fresh random inputs for it: paged caches with permuted pages in the problem's physical layout,
 out poisoned with NaN) and ``reference`` (fp64 out and base-2 LSE of our semantics,
-dispatch/problem.py, from ``attend``: one request of fp64 attention with natural-log LSE).
+dispatch/problem.py, from ``attend``: the one fp64 oracle, dispatch/bench/oracle.py, of one
+request in a vendor's terms, window bounds and natural-log LSE).
 
     problem = make_problem(phase="decode", device_type="cuda")
     batch, refs = make_batch(problem, [1] * 4, [77, 300, 513, 64], device="cuda")
@@ -20,39 +21,27 @@ import torch
 
 from backends import _vendor
 
+from .bench.oracle import LN2, attention_fp64, query_positions
 from .problem import AttentionBatch, AttentionProblem
 
 
 def attend(q, k, v, *, scale, lo=None, hi=None, soft_cap=0.0, sinks=None, alibi=None, mask=None):
-    """fp64 attention of one request. q (Lq,Hq,D), k/v (Lk,Hkv,D). Query row i sits at position
-    Lk - Lq + i; key j is visible when pos - lo <= j <= pos + hi (None = unbounded) and mask[i, j].
-    Returns out (Lq,Hq,Dv) fp64 (0 on rows with no key) and natural-log LSE (Lq,Hq) (-inf there)."""
-    q, k, v = q.double(), k.double(), v.double()
-    lq, hq = q.shape[0], q.shape[1]
-    lk, hkv = k.shape[0], k.shape[1]
-    group = hq // hkv
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = torch.einsum("qhd,khd->hqk", q, k) * scale
-    if soft_cap > 0:
-        s = soft_cap * torch.tanh(s / soft_cap)
-    pos = torch.arange(lq, dtype=torch.float64)[:, None] + (lk - lq)
-    key = torch.arange(lk, dtype=torch.float64)[None, :]
-    if alibi is not None:
-        s = s + alibi.double()[:, None, None] * (key - pos)[None]
-    keep = torch.ones(lq, lk, dtype=torch.bool)
+    """The fp64 oracle (dispatch/bench/oracle.py) of one request in a vendor's terms: q (Lq,Hq,D),
+    k/v (Lk,Hkv,D); query row i sits at position Lk - Lq + i; key j is visible when pos - lo <= j <=
+    pos + hi (None = unbounded) and mask[i, j]. Returns out (Lq,Hq,Dv) fp64 (0 on rows with no key)
+    and the natural-log LSE (Lq,Hq) (the sink's term included; -inf on rows with no key nor sink)."""
+    pos = query_positions(q.shape[0], k.shape[0])[:, None]
+    key = torch.arange(k.shape[0])[None, :]
+    keep = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
     if lo is not None:
         keep &= key >= pos - lo
     if hi is not None:
         keep &= key <= pos + hi
     if mask is not None:
         keep &= mask
-    s = s.masked_fill(~keep[None], -math.inf)
-    if sinks is not None:
-        s = torch.cat([s, sinks.double()[:, None, None].expand(hq, lq, 1)], dim=-1)
-    lse = torch.logsumexp(s, dim=-1)  # (hq, lq)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)[..., :lk]
-    out = torch.einsum("hqk,khd->qhd", p, v)
-    return out, lse.transpose(0, 1)
+    out, lse = attention_fp64(q, k, v, sm_scale=scale, soft_cap=soft_cap, sinks=sinks, mask=keep,
+                              alibi_slopes=alibi)
+    return out, lse * LN2
 
 
 def ours(problem, q, k, v, sm_scale, sinks=None, mask=None):
@@ -152,5 +141,5 @@ def reference(problem, batch, refs):
         o, l = ours(problem, q[int(qo[b]): int(qo[b + 1])].float(), ref_k[b].float(), ref_v[b].float(),
                     float(batch.sm_scale), sinks, masks[b] if masks else None)
         outs.append(o * float(batch.out_scale))
-        lses.append(l / math.log(2.0))
+        lses.append(l / LN2)
     return torch.cat(outs), torch.cat(lses)

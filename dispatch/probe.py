@@ -13,14 +13,13 @@ sinks / LSE / scales), the probe compares what the data declares
 * declared not OK, and refuses or disagrees                    -> ``rejected``
 
 Agreement bands (relative Frobenius error vs fp64): fp32 1e-5, fp16/bf16 1e-2,
-fp8 KV 6e-2. The fp64 oracle and the random batch builder live here so that tests
-and tools use the same definitions.
+fp8 KV 6e-2 (dispatch/bench/oracle.py: the one fp64 oracle, which this module re-exports as
+``oracle``); the random batch builder is dispatch/inputs.py's.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import zlib
@@ -30,85 +29,24 @@ from typing import Optional
 
 import torch
 
+from .bench.oracle import band as _band
+from .bench.oracle import reference_of_batch, relative_error
 from .inputs import Case, make_batch
-from .problem import AttentionBatch, AttentionProblem
+from .problem import AttentionProblem
 
 __all__ = ["BASE", "Case", "make_batch", "oracle", "rel_error", "band", "grid", "run_probe", "main"]
-
-LN2 = math.log(2.0)
-
 
 # ------------------------------------------------------------------- the batch
 # Case and make_batch live in dispatch/inputs.py (autotune builds its inputs there too)
 # ------------------------------------------------------------------ the oracle
-def _request_kv(problem, batch, b: int, kv_len: int):
-    if problem.kv_storage == "paged":
-        P = problem.page_size
-        pages = batch.block_table[b, : math.ceil(kv_len / P)].long()
-        k = batch.k[pages].reshape(-1, *batch.k.shape[2:])[:kv_len]
-        v = batch.v[pages].reshape(-1, *batch.v.shape[2:])[:kv_len]
-        return k, v
-    start = int(batch.kv_indptr[b])
-    return batch.k[start:start + kv_len], batch.v[start:start + kv_len]
-
-
-def _scalar(value) -> float:
-    return float(value.reshape(-1)[0]) if isinstance(value, torch.Tensor) else float(value)
-
-
-def _request_oracle(problem, batch, q, k, v):
-    """fp64 attention of one request: (Lq, H, Dv) output and (Lq, H) base-2 LSE."""
-    group = problem.gqa_group
-    k, v = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
-    s = torch.einsum("qhd,khd->hqk", q.double(), k) * _scalar(batch.sm_scale)
-    if problem.logits_soft_cap > 0:
-        s = problem.logits_soft_cap * torch.tanh(s / problem.logits_soft_cap)
-    lq, lk = q.shape[0], k.shape[0]
-    pos = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
-    key = torch.arange(lk, device=q.device)[None, :]
-    allowed = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-    if problem.causal:
-        allowed &= key <= pos
-    if problem.window_left >= 0:
-        allowed &= key >= pos - problem.window_left
-    s = s.masked_fill(~allowed, float("-inf"))
-    parts = [s]
-    if problem.has_sinks:
-        parts.append(batch.sinks.double()[:, None, None].expand(-1, lq, 1))
-    lse_nat = torch.logsumexp(torch.cat(parts, dim=-1), dim=-1)  # (H, Lq)
-    probs = torch.exp(s - lse_nat[..., None]).nan_to_num(0.0)
-    out = torch.einsum("hqk,khd->qhd", probs, v) * _scalar(batch.out_scale)
-    return out, (lse_nat / LN2).t()
-
-
-def oracle(problem: AttentionProblem, batch: AttentionBatch):
-    """fp64 reference of the whole batch: (total_q, Hq, Dvo) output and (total_q, Hq) base-2 LSE."""
-    outs, lses = [], []
-    for b in range(batch.batch_size):
-        q0, q1 = int(batch.qo_indptr[b]), int(batch.qo_indptr[b + 1])
-        k, v = _request_kv(problem, batch, b, int(batch.kv_lens[b]))
-        o, l = _request_oracle(problem, batch, batch.q[q0:q1], k, v)
-        outs.append(o)
-        lses.append(l)
-    return torch.cat(outs), torch.cat(lses)
+# The one fp64 oracle (dispatch/bench/oracle.py) of the whole batch: (total_q, Hq, Dvo) output and
+# (total_q, Hq) base-2 LSE; its relative error and agreement bands.
+oracle = reference_of_batch
+rel_error = relative_error
 
 
 def band(problem: AttentionProblem) -> float:
-    if problem.kv_fp8:
-        return 6e-2
-    return 1e-5 if problem.q_dtype == "float32" else 1e-2
-
-
-def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """||got - ref|| / ||ref|| over finite reference entries; inf where got has NaN or misses -inf."""
-    got, ref = got.double(), ref.double()
-    if torch.isnan(got).any():
-        return float("inf")
-    finite = torch.isfinite(ref)
-    if not torch.equal(finite, torch.isfinite(got)):
-        return float("inf")
-    num = torch.linalg.vector_norm(got[finite] - ref[finite])
-    return float(num / torch.linalg.vector_norm(ref[finite]).clamp_min(1e-300))
+    return _band(problem.q_dtype, problem.kv_dtype)
 
 
 # -------------------------------------------------------------------- the grid

@@ -137,6 +137,9 @@ class FakeGraph:
         self.module.executions.append(pointers)
         self.module.calls.append(how)
         mems = {uid: memory_at(ptr, self.declared[uid].data_type) for uid, ptr in pointers.items()}
+        operands = {t.uid for t in (self.q, self.k, self.v, self.o, self.stats) if t is not None}
+        self.module.reads.append({uid: mems[uid][: math.prod(self.declared[uid].dim)].clone()
+                                  for uid in pointers if uid not in operands})  # metadata, as read at launch
         for b in range(self.q.dim[0]):
             self._request(mems, self.sdpa_kwargs, b)
 
@@ -200,7 +203,7 @@ FRONTENDS = {"map": FakeGraph, "pointers": FakePointerGraph, "ordered": FakeOrde
 
 def make_fake_cudnn(backend_version=91900, refuse=False, frontend="ordered") -> types.ModuleType:
     m = types.ModuleType("cudnn")
-    m.graphs, m.executions, m.calls, m.streams, m.refuse = [], [], [], [], refuse
+    m.graphs, m.executions, m.reads, m.calls, m.streams, m.refuse = [], [], [], [], [], refuse
     m.data_type = types.SimpleNamespace(HALF="HALF", BFLOAT16="BFLOAT16", FLOAT="FLOAT", INT32="INT32")
     m.heur_mode = types.SimpleNamespace(A="A", FALLBACK="FALLBACK")
     m.diagonal_alignment = types.SimpleNamespace(BOTTOM_RIGHT="BOTTOM_RIGHT", TOP_LEFT="TOP_LEFT")
@@ -458,3 +461,127 @@ def test_negative_scale_is_refused_before_launch(fake):
         backend.plan(case.problem, batch)
     assert [(r.field, r.value) for r in err.value.reasons] == [("sm_scale", -0.2)]
     assert backend.cached_keys() == [], "no graph is built for a refused call"
+
+
+# ------------------------------------------------------------ exact repeats (launcher)
+REPEAT_LENS = (((7, 33, 2), (47, 33, 72)), ((33, 2, 7), (33, 72, 47)))  # same facts, other index values
+
+
+def _planned_and_run(backend, case, seed=1, **extras):
+    batch = make_batch(case, CPU, seed=seed)
+    batch.extras = dict(extras)
+    plan = backend.plan(case.problem, batch)
+    backend.run(plan, batch)
+    return plan, batch
+
+
+@pytest.mark.parametrize("frontend", list(FRONTENDS))
+@pytest.mark.parametrize("storage", ["paged", "ragged"])
+def test_a_repeat_hands_cudnn_the_pack_run_would(monkeypatch, frontend, storage):
+    # The launcher of a function entry's lane, on a later call with other data and other index
+    # values: the operands are this call's, every metadata buffer holds what run derives for it.
+    fake = make_fake_cudnn(frontend=frontend)
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    changes = dict(kv_storage="ragged", page_size=0) if storage == "ragged" else {}
+    backend = adapter.CudnnBackend()
+    plan, first = _planned_and_run(backend, fp32_case("a", REPEAT_LENS[0], **changes))
+    launch = backend.launcher(plan, first)
+    again = make_batch(fp32_case("b", REPEAT_LENS[1], **changes), CPU, seed=2)
+    launch(again)
+    launched, launched_reads, out, lse = fake.executions[-1], fake.reads[-1], again.out.clone(), again.lse.clone()
+    backend.run(plan, again)
+    ran, ran_reads = fake.executions[-1], fake.reads[-1]
+    assert fake.calls[-2:] == [frontend, frontend] and sorted(launched) == sorted(ran)
+    operands = {adapter.UID_Q: again.q, adapter.UID_K: again.k, adapter.UID_V: again.v, adapter.UID_O: again.out,
+                adapter.UID_STATS: again.lse}
+    for uid, tensor in operands.items():
+        assert launched[uid] == tensor.data_ptr(), uid
+    assert sorted(ran_reads) == sorted(set(ran) - set(operands))
+    for uid, values in ran_reads.items():
+        assert torch.equal(launched_reads[uid], values), uid
+    ref_out, ref_lse = oracle(plan.problem, again)
+    assert rel_error(out, ref_out) < 1e-5 and rel_error(lse, ref_lse) < 1e-5  # base 2, like run
+
+
+def test_a_repeat_rereads_the_function_entries_index_values(fake):
+    # Nothing of the first call's lengths, offsets or page table is baked into the launch.
+    backend = adapter.CudnnBackend()
+    plan, first = _planned_and_run(backend, fp32_case("a", REPEAT_LENS[0]))
+    launch = backend.launcher(plan, first)
+    for seed, lens in enumerate(REPEAT_LENS[::-1] * 2):
+        again = make_batch(fp32_case("b", lens), CPU, seed=10 + seed)
+        launch(again)
+        assert rel_error(again.out, oracle(plan.problem, again)[0]) < 1e-5, lens
+
+
+def test_a_wrapper_repeat_binds_its_static_buffers_once(fake):
+    # The wrapper's index tensors are its plan's (static_indices): the buffers derived from them
+    # at plan time are bound at every repeat, nothing is derived again; sinks stay per call.
+    backend = adapter.CudnnBackend()
+    case = fp32_case("w", has_sinks=True)
+    plan, first = _planned_and_run(backend, case, static_indices=True)
+    launch = backend.launcher(plan, first)
+    for seed in (5, 6):
+        again = replace(first, q=torch.randn_like(first.q), out=torch.full_like(first.out, float("nan")),
+                        lse=torch.full_like(first.lse, float("nan")), sinks=torch.randn_like(first.sinks))
+        torch.manual_seed(seed)
+        launch(again)
+        pack = fake.executions[-1]
+        for uid in (adapter.UID_OFF_Q, adapter.UID_SEQ_KV, adapter.UID_TABLE_K, adapter.UID_OFF_STATS):
+            assert pack[uid] == plan.inputs[uid].data_ptr(), uid
+        assert pack[adapter.UID_SINK] == again.sinks.data_ptr()
+        ref_out, ref_lse = oracle(case.problem, again)
+        assert rel_error(again.out, ref_out) < 1e-5 and rel_error(again.lse, ref_lse) < 1e-5
+
+
+def test_a_repeat_applies_a_float_out_scale(fake):
+    backend = adapter.CudnnBackend()
+    case = replace(fp32_case("s"), out_scale=0.5)
+    plan, first = _planned_and_run(backend, case)
+    launch = backend.launcher(plan, first)
+    again = make_batch(case, CPU, seed=7)
+    launch(again)
+    assert rel_error(again.out, oracle(case.problem, again)[0]) < 1e-5
+
+
+def test_no_launcher_for_device_scales(fake):
+    backend = adapter.CudnnBackend()
+    case = replace(fp32_case("t"), tensor_scales=True)
+    plan, batch = _planned_and_run(backend, case)
+    assert backend.launcher(plan, batch) is None  # run keeps serving: the scale is read per call
+    plan, batch = _planned_and_run(backend, fp32_case("f"))
+    assert callable(backend.launcher(plan, batch))
+
+
+def test_a_launcher_for_another_key_uses_that_keys_graph(fake):
+    # The kept plan is per call key; a lane's batch of another bucket gets its own key's graph,
+    # as run gives it, never the plan's.
+    backend = adapter.CudnnBackend()
+    plan, _ = _planned_and_run(backend, fp32_case("a"))
+    longer = make_batch(fp32_case("b", ((70, 3, 2), (80, 33, 72))), CPU, seed=3)
+    launch = backend.launcher(plan, longer)
+    launch(longer)
+    assert len(fake.graphs) == 2 and fake.graphs[-1].q.dim[2] == 128
+    assert rel_error(longer.out, oracle(plan.problem, longer)[0]) < 1e-5
+
+
+def test_the_launcher_runs_under_the_tensors_gpu(fake, monkeypatch):
+    wrapped = []
+    real = adapter.on_device_launch
+    monkeypatch.setattr(adapter, "on_device_launch", lambda device, fn: wrapped.append(device) or real(device, fn))
+    backend = adapter.CudnnBackend()
+    plan, batch = _planned_and_run(backend, fp32_case("g"))
+    backend.launcher(plan, batch)
+    assert wrapped == [batch.q.device]
+
+
+def test_the_stream_is_set_when_it_changes(fake, monkeypatch):
+    # cudnnSetStream queries the driver on every call: set once per change, not per launch.
+    backend = adapter.CudnnBackend()
+    gpu = torch.device("cuda", 0)
+    handle = backend._handles[gpu] = object()
+    streams = iter([11, 11, 22, 22, 11])
+    monkeypatch.setattr(adapter, "_current_stream", lambda device: next(streams))
+    for _ in range(5):
+        assert backend._stream_handle(fake, gpu) is handle
+    assert fake.streams == [(handle, 11), (handle, 22), (handle, 11)]

@@ -265,3 +265,17 @@ def test_negative_tensor_scale_is_read_on_the_device():
 def test_zero_scale_is_a_uniform_softmax():
     """sm_scale 0: every visible key weighs the same ((-inf) * 0 must not become NaN)."""
     run_scaled(NEGATIVE_SCALE_CASES["causal_window"], 0.0)
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("causal", [True, False])
+def test_sinks_lse_is_the_whole_denominators(num_splits, causal):
+    """With sinks the LSE includes the sink's term (dispatch/bench/oracle.py, as FlashInfer's sink
+    kernels, trtllm-gen and cuDNN return it), once, through the split-KV merge too; rows with no key
+    (causal, 6 queries over 4 keys) give out 0 and LSE sink / ln 2 (run_case checks both against the
+    oracle); without the sink's term the LSE would be off by far more than the band."""
+    c = Case(sinks=True, q_lens=(6, 3), kv_lens=(4, 40), causal=causal, dtype="float32")
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
+    plan, err, lerr = run_case(c, num_splits=num_splits, config=cfg)
+    assert err < BANDS["float32"] and lerr < BANDS["float32"]
+    assert (plan.num_splits > 1) == (num_splits is not None), "the split-KV merge was (not) exercised"

@@ -40,15 +40,29 @@ def test_sink_adds_exp_sink_to_the_denominator_only():
     mean = v[:, 0].mean(0)
     torch.testing.assert_close(out[0, 0], mean * 0.75, rtol=0, atol=1e-15)
     torch.testing.assert_close(out[0, 1], mean * 0.5, rtol=0, atol=1e-15)
-    # the LSE covers the keys only: log2(3) for both heads
-    torch.testing.assert_close(lse[0], torch.full((2,), math.log2(3.0), dtype=torch.float64))
+    # the LSE is the whole denominator's (FlashInfer's sink variants, trtllm-gen, cuDNN): log2(3 + 1), log2(3 + 3)
+    torch.testing.assert_close(lse[0], torch.tensor([2.0, math.log2(6.0)], dtype=torch.float64))
 
 
-def test_sink_on_a_fully_masked_row_gives_zero_and_minus_inf():
+def test_sink_on_a_fully_masked_row_gives_zero_and_the_sinks_lse():
     q, k, v = _randn(3, 1, 4, seed=21), _randn(1, 1, 4, seed=22), _randn(1, 1, 4, seed=23)
     out, lse = attention_fp64(q, k, v, sm_scale=1.0, causal=True, sinks=torch.tensor([1.0]))
-    assert torch.all(out[:2] == 0) and torch.all(torch.isneginf(lse[:2]))
+    assert torch.all(out[:2] == 0) and torch.allclose(lse[:2], torch.full((2, 1), 1.0 / math.log(2.0), dtype=torch.float64))
     assert torch.all(out[2].abs() > 0)  # the last row sees its key, damped by the sink
+    _, bare = attention_fp64(q, k, v, sm_scale=1.0, causal=True)
+    assert torch.all(torch.isneginf(bare[:2]))  # without a sink: -inf
+
+
+def test_lse_with_sinks_is_the_log_of_the_whole_denominator():
+    # random inputs: out must equal sum_k exp(s_k - lse) v_k with the LSE the oracle returns (natural log)
+    q, k, v = _randn(5, 4, 8, seed=31), _randn(9, 2, 8, seed=32), _randn(9, 2, 8, seed=33)
+    sinks = _randn(4, seed=34) * 3
+    out, lse = attention_fp64(q, k, v, sm_scale=0.4, causal=True, sinks=sinks)
+    s = torch.einsum("lhd,shd->hls", q, k.repeat_interleave(2, 1)) * 0.4
+    s = s.masked_fill(~allowed_keys(5, 9, True)[None], -math.inf)
+    weights = torch.exp(s - (lse.t() * math.log(2.0))[..., None])
+    torch.testing.assert_close(out, torch.einsum("hls,shd->lhd", weights, v.repeat_interleave(2, 1)))
+    torch.testing.assert_close(torch.exp2(lse.t()), torch.exp(s).sum(-1) + torch.exp(sinks)[:, None])
 
 
 def test_positions_are_bottom_right_aligned():

@@ -69,9 +69,9 @@ def dense_request(p: AttentionProblem, q, k, v, sm_scale, out_scale, keep_extra=
     if keep_extra is not None:
         keep &= keep_extra
     s = s.masked_fill(~keep, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)  # (Hq, L), -inf on fully masked rows
     denom_logits = s if sinks is None else torch.cat(
         [s, sinks.double()[:, None, None].expand(-1, L, 1)], dim=-1)
+    lse = torch.logsumexp(denom_logits, dim=-1)  # (Hq, L): the whole denominator's, sink included
     probs = torch.softmax(denom_logits, dim=-1)[..., :S].nan_to_num(0.0)
     out = torch.einsum("hqk,khd->qhd", probs, v) * out_scale
     return out, (lse / math.log(2)).t()
@@ -289,9 +289,9 @@ def test_sinks_in_denominator_only():
     sinks = torch.rand(4, generator=torch.Generator().manual_seed(10)) * 5
     problem, batch, ks, vs = build(case, seed=10, sinks=sinks)
     assert_matches(problem, batch, ks, vs, BANDS[torch.float32])
-    # rows 0-1 of request 1 are fully masked (q_len 6 > kv_len 4): still 0 / -inf with sinks
+    # rows 0-1 of request 1 are fully masked (q_len 6 > kv_len 4): out 0, LSE the sink's alone (sink / ln 2)
     assert torch.equal(batch.out[3:5], torch.zeros_like(batch.out[3:5]))
-    assert torch.isneginf(batch.lse[3:5]).all()
+    torch.testing.assert_close(batch.lse[3:5], (sinks / math.log(2.0)).expand(2, -1))
 
 
 def test_custom_mask_overrides_causal():
@@ -430,3 +430,28 @@ def test_cuda_tensors():
     run_reference(replace(problem, device_type="cuda"), batch)
     want, _ = expected(problem, batch, ks, vs)
     assert rel_err(batch.out.cpu(), want) < BANDS[torch.bfloat16]
+
+
+@pytest.mark.parametrize("storage", ["paged", "ragged"])
+@pytest.mark.parametrize("phase,lens", [("prefill", ((6, 3, 5), (4, 9, 33))), ("decode", ((1, 1, 1), (17, 1, 64)))])
+def test_reference_and_the_one_oracle_agree_on_sinks(storage, phase, lens):
+    """backends/native/reference.py and dispatch/bench/oracle.py must share the LSE-with-sinks
+    convention (the sink's term in the LSE; a fully masked row's LSE is sink / ln 2): fails if either
+    drifts. Random inputs (dispatch/inputs.make_batch), out and LSE poisoned with NaN first."""
+    from dispatch.bench.oracle import reference_of_batch, relative_error
+    from dispatch.inputs import Case as InputCase
+    from dispatch.inputs import make_batch
+
+    problem = AttentionProblem(entry="test", phase=phase, kv_storage=storage, kv_layout="NHD", num_qo_heads=4,
+                               num_kv_heads=2, head_dim_qk=16, head_dim_vo=16, q_dtype="float32", kv_dtype="float32",
+                               out_dtype="float32", page_size=4 if storage == "paged" else 0, causal=True,
+                               has_sinks=True, return_lse=True)
+    batch = make_batch(InputCase("sinks", problem, *lens), "cpu", seed=len(lens[0]) + 5)
+    batch.sinks = batch.sinks * 3  # large enough to move the LSE well beyond the band
+    run_reference(problem, batch)
+    ref_out, ref_lse = reference_of_batch(problem, batch)
+    assert relative_error(batch.out, ref_out) < BANDS[torch.float32]
+    assert relative_error(batch.lse, ref_lse) < BANDS[torch.float32]
+    assert torch.isfinite(batch.lse).all()  # every row has the sink in its denominator
+    _, keys_only = reference_of_batch(replace(problem, has_sinks=False), batch)  # the LSE without the sink's term
+    assert relative_error(batch.lse, keys_only) > 10 * BANDS[torch.float32]

@@ -25,8 +25,10 @@ Semantics not fixed by the problem docstring, chosen to match FlashInfer:
   form slope*(k_pos - q_pos); only the LSE differs by slope*(kv_len - q_len).
 * custom mask and xqa spec mask replace ``causal`` (FlashInfer: mask mode CUSTOM
   overrides CAUSAL); window_left still applies on top of them.
-* sinks enter the output's denominator only; the LSE covers the keys only, so a
-  fully masked row still reports -inf.
+* sinks enter the softmax's denominator (not the numerator) and so the LSE, which is the
+  log of that whole denominator, as FlashInfer's sink variants, trtllm-gen's softmax stats and
+  cuDNN's Stats compute it (dispatch/bench/oracle.py cites them); a fully masked row gives 0
+  and LSE -inf, or with a sink LSE = sink / ln 2.
 
 Not CUDA-graph capturable: lengths are read on the host (``cuda_graph: never``).
 Any sm_scale sign (and 0) is served: scores are scaled before masking and the row max.
@@ -270,13 +272,14 @@ def _online_update(ctx, m, l, acc, s, v):
 def _finish(ctx: _Context, req: _Request, r0: int, r1: int, m, l, acc) -> None:
     """Normalize (sinks join the denominator), scale, and write out/lse rows in place."""
     batch = ctx.batch
-    empty = l == 0  # fully masked rows: out 0, lse -inf
+    empty = l == 0  # fully masked rows: out 0, lse -inf (the sink's alone with a sink)
     m_safe = torch.where(empty, torch.zeros_like(m), m)
     if ctx.sinks is not None:
         top = torch.maximum(m_safe, ctx.sinks.expand_as(m_safe))
         num_scale = torch.exp(m_safe - top)
         denom = l * num_scale + torch.exp(ctx.sinks - top)
         out = acc * (num_scale / denom)[..., None]
+        m_safe, l, empty = top, denom, torch.zeros_like(empty)  # the LSE is the whole denominator's
     else:
         out = acc / torch.where(empty, torch.ones_like(l), l)[..., None]
     out = out * ctx.out_scale

@@ -357,10 +357,6 @@ def _finish_rows(acc, m_i, l_i, h, tok, row_ok, dv, Out, Lse, Sinks, out_scale,
                  OUT_SCALE_PTR: tl.constexpr):
     """Add the sink to the denominator, normalize, scale, store out (and LSE)."""
     any_key = m_i > float("-inf")
-    l_safe = tl.where(any_key, l_i, 1.0)
-    if WRITE_LSE:  # the LSE covers the keys only (not the sink), like backends/native/reference.py
-        lse = tl.where(any_key, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(Lse + tok * stride_lt + h * stride_lh, lse, mask=row_ok)
     if HAS_SINKS:
         sink2 = tl.load(Sinks + h, mask=row_ok, other=0.0) * LOG2E
         m_fin = tl.maximum(m_i, sink2)
@@ -368,6 +364,10 @@ def _finish_rows(acc, m_i, l_i, h, tok, row_ok, dv, Out, Lse, Sinks, out_scale,
         l_i = l_i * rescale + tl.exp2(sink2 - m_fin)
         acc = acc * rescale[:, None]
         m_i = m_fin
+    if WRITE_LSE:  # log2 of the whole denominator, the sink's term included (backends/native/reference.py)
+        has_sum = m_i > float("-inf")
+        lse = tl.where(has_sum, m_i + tl.log2(tl.where(has_sum, l_i, 1.0)), float("-inf"))
+        tl.store(Lse + tok * stride_lt + h * stride_lh, lse, mask=row_ok)
     if OUT_SCALE_PTR:
         o_scale = tl.load(out_scale).to(tl.float32)
     else:
@@ -412,6 +412,7 @@ def _merge_splits(
     out = tl.where(any_key, out, 0.0)
     tl.store(Out + tok * stride_ot + h * stride_oh + dv * stride_od, out.to(Out.dtype.element_ty),
              mask=dv < HEAD_DV)
-    if WRITE_LSE:
+    if WRITE_LSE:  # the whole denominator's, the sink's term included
+        has_sum = denom > 0
         tl.store(Lse + tok * stride_lt + h * stride_lh,
-                 tl.where(any_key, m_safe + tl.log2(tl.where(any_key, keys_sum, 1.0)), float("-inf")))
+                 tl.where(has_sum, m_safe + tl.log2(tl.where(has_sum, denom, 1.0)), float("-inf")))

@@ -15,16 +15,30 @@ One request at a time, dense (q_len x kv_len) scores in fp64:
   (inclusive: window_left + 1 keys including the query's own); without causal only
   that lower bound applies; an optional bool ``mask`` (L, S) keeps True entries;
 * s = sm_scale * q.k, then the soft cap cap * tanh(s / cap) when cap > 0;
-* sinks (Hq,) are raw logits that add exp(sink[h]) to the denominator only;
-* out = out_scale * softmax(s) @ v, lse = log2(sum_k exp(s_k)) (base 2) summed over
-  the kept keys only, as section 2.0 writes it: the sink term is NOT part of the LSE
-  (ambiguous upstream, where no test compares an LSE with sinks);
-* a row with no kept key: out 0, lse -inf (with or without a sink);
+* sinks (Hq,) are raw logits that add exp(sink[h]) to the denominator (and nothing to the
+  numerator: a value row of zeros);
+* out = out_scale * softmax(s) @ v, lse = log2 of the softmax's whole denominator (base 2):
+  log2(sum_k exp(s_k) + exp(sink)), the sink term included, as every vendor that returns an LSE
+  with sinks computes it: FlashInfer 0.5.3's AttentionSink variants (flashinfer/jit/attention/
+  variants.py L38-43 fa2 ``REGISTER_M_D_UPDATE`` folds the sink into m/d before prefill.cuh
+  L2005-2008 writes log2(d) + m; L114-123 fa3 ``row_sum = row_max + log2(d_new)``), trtllm-gen's
+  softmax stats (FlashInfer 0.5.3 csrc/fmhaReduction.cu L204-223: the sink joins the sum before
+  the stats are stored) and cuDNN's Stats with ``sink_token`` (cudnn-frontend v1.16.0..v1.23.0
+  include/cudnn_frontend/node/softmax.h: max(max, sink), sum + exp(sink - max), Stats = max +
+  log(sum); its backward's dSink = sum(exp(sink - stats) * dO.O) needs exactly that); out =
+  sum_k exp2(lse - ...) v_k holds with this LSE;
+* a row with no kept key: out 0, lse -inf; with a sink, lse = sink / ln 2 (its denominator is
+  the sink's exp alone, as in those vendors);
 * GQA: q head h reads kv head h // (Hq / Hkv);
 * ROPE_LLAMA: rotate-half (first half / second half pairs), frequency
   theta^(-2i/D) / rope_scale, q at its position S - L + i, k at j, before the dot.
 ALiBi's slopes are not stated precisely enough in the conventions to be re-derived here:
-a caller passes them (``alibi_slopes``) and the oracle adds slope * (key - query position).
+a caller passes them (``alibi_slopes``) and the oracle adds slope * (key - query position), or
+slope * (key - query row within its request) with ``alibi_query="row"`` (FlashInfer FA2 passes
+the raw row index; the softmax is the same, the LSE moves by slope * (kv_len - q_len)).
+
+``reference_of_batch`` applies all of this to an ``AttentionBatch`` (paged or ragged K/V, the
+problem's masks, sinks and scales) for the probe, the lab scenarios and the adapter tools.
 """
 from __future__ import annotations
 
@@ -80,8 +94,8 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sm_scal
                    causal: bool = False, window_left: int = -1, soft_cap: float = 0.0,
                    sinks: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None,
                    out_scale: Scalar = 1.0, pos_encoding: str = "NONE", rope_scale: float = 1.0,
-                   rope_theta: float = 1e4, alibi_slopes: Optional[torch.Tensor] = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   rope_theta: float = 1e4, alibi_slopes: Optional[torch.Tensor] = None,
+                   alibi_query: str = "position") -> tuple[torch.Tensor, torch.Tensor]:
     """One request. q (L, Hq, Dqk), k (S, Hkv, Dqk), v (S, Hkv, Dvo), real values (any dtype),
     computed on q's device. ``alibi_slopes`` (Hq,): the score gains slope[h] * (key - query
     position), before the soft cap (given by the caller: the conventions do not fix the slopes).
@@ -108,7 +122,8 @@ def attention_fp64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sm_scal
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("lhd,shd->hls", q, k) * as_float(sm_scale)
     if alibi_slopes is not None:
-        distance = (torch.arange(kv_len, device=device)[None, :] - query_positions(q_len, kv_len, device)[:, None])
+        origin = query_positions(q_len, kv_len, device) if alibi_query == "position" else torch.arange(q_len, device=device)
+        distance = torch.arange(kv_len, device=device)[None, :] - origin[:, None]
         scores = scores + alibi_slopes.to(device).double()[:, None, None] * distance[None].double()
     if soft_cap > 0:
         scores = soft_cap * torch.tanh(scores / soft_cap)
@@ -133,8 +148,8 @@ def _softmax_out(scores: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Te
     weighted = torch.einsum("hls,shd->hld", probs, v)
     out = torch.where(key_sum[..., None] == 0, torch.zeros_like(weighted),
                       weighted / denom.clamp_min(1e-300)[..., None])
-    lse = torch.where(key_sum == 0, torch.full_like(key_sum, -math.inf),
-                      (safe_max + torch.log(key_sum.clamp_min(1e-300))) / LN2)
+    lse = torch.where(denom == 0, torch.full_like(denom, -math.inf),  # the sink's term included
+                      (safe_max + torch.log(denom.clamp_min(1e-300))) / LN2)
     return (out * out_scale).permute(1, 0, 2).contiguous(), lse.transpose(0, 1).contiguous()
 
 
@@ -149,6 +164,60 @@ def batch_attention_fp64(qs: Sequence[torch.Tensor], ks: Sequence[torch.Tensor],
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs, dim=0), torch.cat(lses, dim=0)
+
+
+# --- a whole AttentionBatch ----------------------------------------------------------------
+
+
+def request_kv(batch, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values (kv_len, Hkv, D) of request b: through its block-table row when the batch is
+    paged (k/v as logical (pages, page_size, Hkv, D) views), else rows kv_indptr[b]: of k/v."""
+    if batch.block_table is not None:
+        page = batch.k.shape[1]
+        pages = batch.block_table[b, : -(-kv_len // page)].long().to(batch.k.device)
+        return (batch.k[pages].reshape(-1, *batch.k.shape[2:])[:kv_len],
+                batch.v[pages].reshape(-1, *batch.v.shape[2:])[:kv_len])
+    start = int(batch.kv_indptr[b])
+    return batch.k[start:start + kv_len], batch.v[start:start + kv_len]
+
+
+def request_mask(problem, batch, b: int, q_len: int, kv_len: int) -> Optional[torch.Tensor]:
+    """The (q_len, kv_len) bool mask a batch carries for request b (custom or xqa spec bits), or None."""
+    if problem.mask == "custom":
+        start = int(batch.mask_indptr[b]) if batch.mask_indptr is not None else 0
+        return batch.custom_mask.reshape(-1)[start:start + q_len * kv_len].reshape(q_len, kv_len)
+    if problem.mask == "spec_bits":
+        q0 = int(batch.qo_indptr[b])
+        rows = batch.spec_mask[b, :q_len] if batch.spec_mask.dim() == 3 else batch.spec_mask[q0:q0 + q_len]
+        return spec_decode_mask(unpack_spec_bits(rows, q_len), kv_len)
+    return None
+
+
+def reference_of_batch(problem, batch, masks: Optional[Sequence[Optional[torch.Tensor]]] = None,
+                       alibi_slopes: Optional[torch.Tensor] = None, alibi_query: str = "row",
+                       device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 (total_q, Hq, Dvo) out and (total_q, Hq) base-2 LSE of an AttentionBatch under its
+    AttentionProblem: causal (replaced by a custom or spec mask, as in FlashInfer), window, soft
+    cap, sinks, sm_scale / out_scale, RoPE; ``masks`` (one per request) override the batch's own;
+    ALiBi needs ``alibi_slopes`` (Hq,). Computed on ``device`` (default: q's)."""
+    device = device or batch.q.device
+    qo, kv_lens = batch.qo_indptr.tolist(), batch.kv_lens.tolist()
+    sinks = batch.sinks if problem.has_sinks else None
+    outs, lses = [], []
+    for b in range(batch.batch_size):
+        q_len, kv_len = qo[b + 1] - qo[b], int(kv_lens[b])
+        k, v = request_kv(batch, b, kv_len)
+        mask = masks[b] if masks is not None else request_mask(problem, batch, b, q_len, kv_len)
+        out, lse = attention_fp64(
+            batch.q[qo[b]:qo[b + 1]].to(device), k, v, sm_scale=batch.sm_scale,
+            causal=problem.causal and problem.mask == "none", window_left=problem.window_left,
+            soft_cap=problem.logits_soft_cap, sinks=sinks, mask=mask, out_scale=batch.out_scale,
+            pos_encoding="ROPE_LLAMA" if problem.pos_encoding == "ROPE_LLAMA" else "NONE",
+            rope_scale=problem.rope_scale, rope_theta=problem.rope_theta,
+            alibi_slopes=alibi_slopes if problem.pos_encoding == "ALIBI" else None, alibi_query=alibi_query)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
 
 
 # --- mask formats (conventions 2.3 / 2.4) --------------------------------------------------
@@ -173,6 +242,14 @@ def pack_spec_bits(rows: torch.Tensor, width_bits: int) -> torch.Tensor:
     low, high = words & 0xFFFF, (words >> 16) & 0xFFFF
     halves = torch.stack([low, high], dim=-1).reshape(*rows.shape[:-1], 2 * n_words)
     return halves.to(torch.int32).to(torch.uint16)
+
+
+def unpack_spec_bits(words: torch.Tensor, width: int) -> torch.Tensor:
+    """uint16 (..., W) xqa bit rows -> bool (..., width): entry j is bit j % 16 of uint16 j // 16
+    (little-endian uint32 words seen as uint16 pairs), the inverse of ``pack_spec_bits``."""
+    j = torch.arange(width, device=words.device)
+    halves = (words.view(torch.int16).to(torch.int32) & 0xFFFF)[..., j // 16]
+    return ((halves >> (j % 16)) & 1).to(torch.bool)
 
 
 def packbits_little(flat: torch.Tensor) -> torch.Tensor:
