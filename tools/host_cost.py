@@ -25,8 +25,11 @@ or TFLOP/s (one formula each: KERNEL_METHOD) and the backend our choice used. On
 same rows at tiny sizes (wall time; what the test runs).
 
     python tools/host_cost.py [--device cuda|cpu] [--quick] [--[no-]kernel-bound] [--out DIR]
+    python tools/host_cost.py --cudnn-launch [--quick] [--profile N] [--out DIR]
 
-writes DIR/host-cost-<device>.json and .md and prints the Markdown table. On the GPU host warm
+writes DIR/host-cost-<device>.json and .md and prints the Markdown table; ``--cudnn-launch`` times
+only the cuDNN row, path by path (dispatch, the adapter's run, its launcher, FlashInfer's own
+call) and writes DIR/cudnn-launch-cuda.json. On the GPU host warm
 up JIT-compiled kernels first (the script does: each call runs before any timing).
 """
 from __future__ import annotations
@@ -640,6 +643,97 @@ def kernel_bound_rows(device: str, cfg: Config, cases: Optional[tuple] = None, l
     return rows
 
 
+# -- the cuDNN launch, path by path (issue 9) ---------------------------------------------------------
+def cudnn_paths(x: dict, s: Shape, device: str = "cuda") -> tuple[dict, dict, dict[str, str]]:
+    """The cuDNN row's call by every path, slowest to cheapest: ours through ``import dispatch``
+    (repeats take its lane, and the backend's launcher where the lanes use it), the adapter's
+    ``run(plan, batch)``, its launcher ``launch(batch)``, and FlashInfer's own call. Returns
+    (path -> call, path -> its output buffer where the call writes one in place, path -> why
+    it is missing)."""
+    from dispatch import decode, entries, prefill
+
+    no_wrappers = {"paged": None, "ragged": None}
+    ours = entry_calls(Api(prefill, decode), x, s, no_wrappers)[ENTRIES[2]]
+    entries.clear_caches()
+    router.clear_caches()
+    planned, batch = captured(ours)  # a fresh lane: its first call reaches router.run
+    backend = get_backend(planned.backend)
+    paths: dict[str, Callable[[], Any]] = {"dispatch": ours, "adapter run": lambda: backend.run(planned.plan, batch)}
+    written, missing = {"adapter run": batch.out}, {}
+    launch = backend.launcher(planned.plan, batch)
+    if launch is not None:
+        paths["adapter launcher"], written["adapter launcher"] = (lambda: launch(batch)), batch.out
+    else:
+        missing["adapter launcher"] = f"{served_by(planned)} has no launcher for this call"
+    if device != "cuda":
+        missing["flashinfer"] = "not measured: FlashInfer runs on CUDA only"
+        return paths, written, missing
+    try:
+        import flashinfer.decode
+        import flashinfer.prefill
+        importlib.import_module("cudnn")  # FlashInfer's cuDNN path needs the frontend
+        paths["flashinfer"] = entry_calls(Api(flashinfer.prefill, flashinfer.decode), x, s, no_wrappers)[ENTRIES[2]]
+    except Exception as exc:  # not installed: a result to report
+        missing["flashinfer"] = f"not installed ({type(exc).__name__}: {exc})"[:160]
+    return paths, written, missing
+
+
+def _output(fn: Callable[[], Any], written: Optional[torch.Tensor]) -> torch.Tensor:
+    """The out of one call: the buffer it writes in place (poisoned first), else what it returns."""
+    if written is not None:
+        written.fill_(float("nan"))
+        fn()
+        return written.clone()
+    return fn()[0]
+
+
+def cudnn_launch_costs(cfg: Config, profile: int = 0, device: str = "cuda") -> dict:
+    """Host us per call of each cuDNN path on the cuDNN row's problem, its GPU us, and every
+    path's out against dispatch's (max abs difference: the paths must agree). On the CPU (the
+    test's smoke run) the reference backend serves and there is neither GPU time nor FlashInfer."""
+    shape = SHAPES[device]
+    x = inputs(shape, device)
+    paths, written, missing = cudnn_paths(x, shape, device)
+    outs = {}
+    for name, fn in list(paths.items()):
+        failure = warmed(fn, cfg.warmup)
+        if failure is not None:
+            missing[name] = failure
+            paths.pop(name)
+            continue
+        outs[name] = _output(fn, written.get(name)).float()
+    spread = host_us(paths, device, cfg)
+    first = outs.get("dispatch")
+    rows = []
+    for name, times in spread.items():
+        host = statistics.median(times)
+        rows.append({"path": name, "host_us": round(host, 2), "min_max_us": [round(min(times), 2), round(max(times), 2)],
+                     "gpu_us": round(gpu_us(paths[name], host), 2) if device == "cuda" else None,
+                     "max_abs_diff": None if first is None else float((outs[name] - first).abs().max())})
+        if profile:
+            rows[-1]["profile"] = profiled(paths[name], cfg.calls, profile)
+    return {"problem": f"cudnn_batch_prefill_with_kv_cache, {shape.describe()}, paged HND, no LSE",
+            "calls_per_timing": cfg.calls, "repeats": cfg.repeats, "rows": rows, "missing": missing}
+
+
+def _diff_cell(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.3g}"
+
+
+def cudnn_launch_markdown(report: dict) -> str:
+    lines = [f"cuDNN launch paths: {report['problem']}; host us per call (median of {report['repeats']} x "
+             f"{report['calls_per_timing']} calls), GPU us per call, max |out - dispatch's out|.", "",
+             "| path | host us | min / max | GPU us | max abs diff |", "|---|---|---|---|---|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['path']} | {r['host_us']:.1f} | {r['min_max_us'][0]:.1f} / {r['min_max_us'][1]:.1f} | "
+                     f"{_cell(r['gpu_us'])} | {_diff_cell(r['max_abs_diff'])} |")
+    lines += [f"| {name} | - | - | - | {why} |" for name, why in report["missing"].items()]
+    for r in report["rows"]:
+        if r.get("profile"):
+            lines += ["", f"profile of {r['path']}:"] + [f"    {line}" for line in r["profile"]]
+    return "\n".join(lines) + "\n"
+
+
 # -- report -------------------------------------------------------------------------------------------
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
@@ -773,10 +867,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="also profile the dispatch calls (cProfile): the N costliest functions per entry")
     parser.add_argument("--kernel-bound", action=argparse.BooleanOptionalAction, default=None,
                         help="GPU time per call on kernel-bound sizes (default: on for CUDA without --quick)")
+    parser.add_argument("--cudnn-launch", action="store_true",
+                        help="only the cuDNN row, path by path: dispatch, the adapter's run, its launcher, "
+                             "FlashInfer's own call (CUDA); writes DIR/cudnn-launch-cuda.json")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device here")
+    if (args.device == "cuda" or args.cudnn_launch) and not torch.cuda.is_available():
+        parser.error(f"--{'cudnn-launch' if args.cudnn_launch else 'device cuda'}: no CUDA device here")
     cfg = CONFIGS["quick" if args.quick else "full"]
+    if args.cudnn_launch:
+        report = cudnn_launch_costs(cfg, args.profile)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "cudnn-launch-cuda.json").write_text(json.dumps(report, indent=1))
+        print(cudnn_launch_markdown(report))
+        return 0
     if args.kernel_bound is None:
         args.kernel_bound = args.device == "cuda" and not args.quick
     threads = torch.get_num_threads()

@@ -87,8 +87,7 @@ def cudnn_batch_prefill_with_kv_cache(
 def _on_device(lengths, q):
     """The seed documents the lengths on the CPU when not capturing a CUDA graph: the kernels
     read them on q's device, so they move there (the caller's tensor is not modified)."""
-    if (isinstance(lengths, torch.Tensor) and isinstance(q, torch.Tensor) and lengths.device.type == "cpu"
-            and q.device.type != "cpu"):
+    if isinstance(lengths, torch.Tensor) and isinstance(q, torch.Tensor) and lengths.is_cpu and not q.is_cpu:
         return lengths.to(q.device)
     return lengths
 
@@ -141,27 +140,35 @@ def _batch(args: dict, z: SimpleNamespace) -> tuple[AttentionBatch, Optional[tor
 
 def _cudnn_buffers(args: dict, z: SimpleNamespace, out: torch.Tensor) -> dict:
     """The caller's buffers already in cuDNN's convention (int32 query lengths; element offsets
-    that match packed Q / O rows), for the cuDNN backend to use as they are (batch.extras)."""
+    that match packed Q / O rows), for the cuDNN backend to use as they are (batch.extras; it
+    binds their pointers, whatever their shape: no view is made here)."""
     given = {}
     lens = args["actual_seq_lens_q"]
-    if lens is not None and lens.dtype == torch.int32:
-        given["seq_q"] = lens.reshape(-1)
+    if lens is not None and lens.dtype is torch.int32:
+        given["seq_q"] = lens
     if args["batch_offsets_units"] == "elements":
         for name, tensor, row in (("off_q", args["q"], z.hq * z.dqk), ("off_o", out, z.hq * z.dvo)):
             offsets = args["batch_offsets_" + name[-1]]
-            if offsets is not None and offsets.dtype == torch.int32 and tensor.stride(0) == row:
-                given[name] = offsets.reshape(-1)
+            if offsets is not None and offsets.dtype is torch.int32 and tensor.stride(0) == row:
+                given[name] = offsets
     return {"cudnn": given} if given else B.NO_EXTRAS
 
 
 def _cumsum0(lens: torch.Tensor) -> torch.Tensor:
-    """(B+1,) int32 prefix sums of (B,) lengths, on the device (two launches, no sync)."""
-    return torch.nn.functional.pad(lens.reshape(-1).cumsum(0, dtype=torch.int32), (1, 0))
+    """(B+1,) int32 prefix sums of (B,) lengths, on the device: two launches (a zero fill and the
+    scan written after it; ``pad`` would be three: its fill, its copy and the scan), no sync."""
+    flat = lens.reshape(-1)
+    sums = torch.zeros(flat.shape[0] + 1, dtype=torch.int32, device=flat.device)
+    torch.cumsum(flat, 0, dtype=torch.int32, out=sums[1:])
+    return sums
 
 
 def _token_offsets(offsets: torch.Tensor, units_per_token: int, tokens: bool) -> torch.Tensor:
     flat = offsets.reshape(-1)
-    return flat if tokens else (flat // units_per_token).to(torch.int32)
+    if tokens:
+        return flat
+    flat = torch.floor_divide(flat, units_per_token)  # not ``//``: Tensor.__floordiv__ is a Python wrapper
+    return flat if flat.dtype is torch.int32 else flat.to(torch.int32)
 
 
 def _indices(args: dict, d):
