@@ -234,7 +234,9 @@ class FlashInferPrefill(Provider):
             head = (w._float_workspace_buffer, w._int_workspace_buffer, w._plan_info, None, None, None)
             common = (mask_mode, prefill.TensorLayout[w._kv_layout].value, w._window_left,
                       torch.cuda.get_device_capability(device)[0] >= 9, w._custom_mask_buf, w._mask_indptr_buf,
-                      prefill._get_cache_alibi_slopes_buf(w._num_qo_heads, device), w._prefix_len_ptr,
+                      # the ragged wrapper keeps no head count (its run reads q.shape[1]): the plan's
+                      prefill._get_cache_alibi_slopes_buf(state.plan_args[4 if state.paged else 2], device),
+                      w._prefix_len_ptr,
                       w._token_pos_in_items_ptr, w._max_item_len_ptr, w._logits_soft_cap or 0.0, None)
             rope = (w._rope_scale or 1.0, w._rope_theta or 1e4, w._token_pos_in_items_len)
             if not state.paged:

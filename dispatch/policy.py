@@ -34,18 +34,18 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 # os.environ.get encodes the name and decodes the value on every call (~0.7 us); every call of an
 # entry point reads three variables, so on POSIX the raw bytes mapping behind os.environ is read
 # (os.environ's own writes keep it current, monkeypatch.setenv included).
-_RAW_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
+RAW_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
 _ENCODED: dict[str, bytes] = {}
 
 
 def getenv(variable: str):
     """os.environ.get(variable), without its per-call encoding where the platform allows."""
-    if _RAW_ENVIRON is None:
+    if RAW_ENVIRON is None:
         return os.environ.get(variable)
     name = _ENCODED.get(variable)
     if name is None:
         name = _ENCODED[variable] = variable.encode()
-    raw = _RAW_ENVIRON.get(name)
+    raw = RAW_ENVIRON.get(name)
     return None if raw is None else raw.decode()
 FALSE_WORDS = ("0", "false", "no", "off", "")
 
@@ -104,6 +104,8 @@ def explicit_choice(argument: Optional[str] = None) -> Optional[tuple[str, str]]
     scoped = _scoped_backend.get()
     if scoped is not None:
         return scoped, "dispatch.use_backend()"
+    if RAW_ENVIRON is not None and _ENV_BACKEND_RAW not in RAW_ENVIRON:  # unset: the hot path
+        return None
     env = getenv(ENV_BACKEND)
     if env:
         name = normalize_backend_name(env, ENV_BACKEND)
@@ -116,4 +118,9 @@ def strict_mode() -> bool:
     scoped = _scoped_strict.get()
     if scoped is not None:
         return scoped
+    if RAW_ENVIRON is not None and _ENV_STRICT_RAW not in RAW_ENVIRON:  # unset: the hot path
+        return False
     return env_flag(ENV_STRICT)
+
+
+_ENV_BACKEND_RAW, _ENV_STRICT_RAW = ENV_BACKEND.encode(), ENV_STRICT.encode()  # names as os.environ._data keys

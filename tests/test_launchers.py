@@ -211,3 +211,48 @@ def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks):
     batch.out_scale = 2.0  # scaled after the kernel by run: not a launcher's
     assert XqaBackend().launcher(plan, batch) is None
 
+
+
+# -- fa2's compiled batch run (FlashInfer 0.5.3's wrapper attributes) ------------------------------
+def _fi053_wrapper(paged: bool, calls: list):
+    """The attributes FlashInfer 0.5.3's wrapper has after plan() (flashinfer/prefill.py): the
+    ragged wrapper keeps no _num_qo_heads (its run reads q.shape[1])."""
+    from types import SimpleNamespace
+
+    def record(name):
+        return lambda *args: calls.append((name, args))
+    w = SimpleNamespace(
+        _jit_module=None, _prefix_len_ptr=None, _backend="fa2", _plan_info=[1, 2], _custom_mask_buf=None,
+        _causal=True, _float_workspace_buffer=torch.empty(8), _int_workspace_buffer=torch.empty(8),
+        _kv_layout="NHD", _window_left=-1, _mask_indptr_buf=None, _token_pos_in_items_ptr=None,
+        _max_item_len_ptr=None, _logits_soft_cap=None, _rope_scale=None, _rope_theta=None,
+        _token_pos_in_items_len=0, _qo_indptr_buf=torch.tensor([0, 1]), _kv_indptr_buf=torch.tensor([0, 4]),
+        _cached_module=SimpleNamespace(paged_run=record("paged_run"), ragged_run=record("ragged_run")))
+    if paged:
+        w.__dict__.update(_num_qo_heads=4, _num_kv_heads=2, _paged_kv_indptr_buf=torch.tensor([0, 1]),
+                          _paged_kv_indices_buf=torch.tensor([0]), _paged_kv_last_page_len_buf=torch.tensor([4]),
+                          _workspace_size=8, _block_tables=None, _kv_lens_buffer=torch.tensor([4]), _max_q_len=1,
+                          _max_kv_len=4, _batch_size=1, _vector_sparse_indptr_buffer=torch.empty(2))
+    return w
+
+
+@pytest.mark.parametrize("paged_kv", [True, False])
+def test_fa2_compiled_run_with_flashinfer_053_attributes(fake_flashinfer, monkeypatch, paged_kv):
+    """The compiled run is found for both wrappers (a missing attribute silently kept FlashInfer's
+    Python run for the ragged one), and it receives the call's tensors and the plan's scale in
+    FlashInfer 0.5.3's positions (q, k, v at 3-5; out, lse after the index buffers)."""
+    from backends._fi_prefill import FiState, FlashInferPrefill
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    calls: list = []
+    provider = FlashInferPrefill("fa2")
+    plan_args = ((None,) * 4 + (4, 2, 16, 16)) if paged_kv else (None, None, 4, 2, 16)
+    state = FiState(_fi053_wrapper(paged_kv, calls), plan_args, {"sm_scale": 0.3}, paged_kv)
+    direct = provider._direct_run(state)
+    assert direct is not None
+    q, k, v, out, lse = (torch.randn(2) for _ in range(5))
+    direct(q, k, v, out, lse)
+    name, args = calls[-1]
+    assert name == ("paged_run" if paged_kv else "ragged_run")
+    at = (3, 4, 5, 10, 11, 23) if paged_kv else (3, 4, 5, 8, 9, 21)
+    assert [args[i] for i in at[:5]] == [q, k, v, out, lse] and args[at[5]] == 0.3
+    assert len(args) == (42 if paged_kv else 25)
