@@ -1,5 +1,5 @@
-"""native-triton scenarios and their float64 check, shared by tests/test_native_triton.py and
-tools/gpu_native.py (so that tools/ never imports tests/).
+"""native-triton scenarios and their float64 check, shared by tests/test_native_triton.py (which runs
+as is on a GPU host: DEVICE is cuda there) and tools/native_h100.py (so that tools/ never imports tests/).
 
 A ``Case`` names a scenario: storage (paged NHD/HND, ragged, dense), sizes, dtypes, mask, position
 encoding, sinks, scales. ``build`` draws its random tensors on ``DEVICE`` (paged caches with shuffled

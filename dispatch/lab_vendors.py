@@ -1,6 +1,7 @@
-"""Inputs and the fp64 reference for running a backend adapter directly (plan + run), shared by
-tests/_fake_vendors.py (the vendor-contract tests, on the CPU) and tools/gpu_vendors.py (the same
-cases on a GPU with the real vendor packages), so that tools/ never imports tests/.
+"""Inputs and the fp64 reference for running a backend adapter directly (plan + run), used by
+tests/_fake_vendors.py (the vendor-contract tests, on the CPU) and the autotune tests; on a GPU
+with the real vendor packages, ``attn-dispatch probe --backends xqa,fa2,fa3`` runs the adapters
+against the same oracle.
 
 ``make_problem`` (an AttentionProblem, small defaults, any field overridden), ``make_batch``
 (fresh random inputs for it: paged caches with permuted pages in the problem's physical layout,

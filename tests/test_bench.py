@@ -172,3 +172,37 @@ def test_flashinfer_column_says_why_it_is_absent():
                      num_kv_heads=2, head_dim=16, dtype="float32", backends=("reference",))
     row = next(r for r in runner.run_problem(p, "cpu", reps=1, l2_bytes=0)["backends"] if r["backend"] == "flashinfer")
     assert row["status"] == "absent" and row["note"]
+
+
+# --------------------------------------------------------------------- tools/ over bench
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tools" / "grids").glob("*.json")), ids=lambda p: p.name)
+def test_every_problems_file_in_tools_grids_is_a_valid_bench_input(path):
+    """The former GPU scripts are ``attn-dispatch bench --problems tools/grids/<name>.json``: each
+    file must parse (fields, entry points, what each entry can express) and name real backends."""
+    from backends import REGISTRY
+
+    items = json.loads(path.read_text())
+    assert isinstance(items, list) and items
+    parsed = [problems.problem_from_json(item) for item in items]
+    assert all(set(p.backends) <= set(REGISTRY) for p in parsed), [p.backends for p in parsed]
+    listed = cli.main(["bench", "--problems", str(path), "--list", "--device", "cpu"])
+    assert listed == 0
+
+
+def test_no_tool_imports_tests():
+    """tools/ never imports tests/ (nor puts it on sys.path): the shared inputs and the one oracle
+    live in dispatch/ (lab*.py, bench/oracle.py)."""
+    import ast
+
+    test_modules = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"tests"}
+    for tool in sorted((ROOT / "tools").glob("*.py")):
+        source = tool.read_text()
+        for node in ast.walk(ast.parse(source)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not {n.split(".")[0] for n in names} & test_modules, f"{tool.name} imports {names}"
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.path.insert", "sys.path.append"):
+                assert "tests" not in ast.get_source_segment(source, node), f"{tool.name} puts tests/ on sys.path"

@@ -4,7 +4,7 @@ On a machine without a GPU these run through Triton's interpreter (tests/conftes
 sets TRITON_INTERPRET=1), so shapes are small. Each scenario draws fresh random
 inputs, poisons out/lse with NaN and checks every element was written. The scenario
 description, builder, oracle and ``run_case`` live in dispatch/lab_native.py (shared
-with tools/gpu_native.py).
+with tools/native_h100.py); on a GPU host this file runs as is (DEVICE is cuda there).
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_run_refuses_a_batch_larger_than_planned():
     assert out2.isnan().all(), "nothing may be written when run refuses"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (tools/gpu_native.py runs it)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run this file on the GPU host)")
 def test_cuda_graph_replay_equals_eager():
     c = Case(sinks=True, page_size=16, hq=8, hkv=2, tensor_scales=True, **LONG_DECODE)
     kw, _, _ = build(c)
@@ -279,3 +279,23 @@ def test_sinks_lse_is_the_whole_denominators(num_splits, causal):
     plan, err, lerr = run_case(c, num_splits=num_splits, config=cfg)
     assert err < BANDS["float32"] and lerr < BANDS["float32"]
     assert (plan.num_splits > 1) == (num_splits is not None), "the split-KV merge was (not) exercised"
+
+
+@pytest.mark.parametrize("q_scale", [2.0 ** 20, 2.0 ** -30])
+def test_fp8_kv_with_bf16_queries_beyond_fp16_range(q_scale):
+    """fp8 K/V run their dots in fp16 (fp8 -> fp16 is exact, one instruction per pair): bf16 queries
+    far outside fp16's range (2^20 overflows it, 2^-30 underflows it) are moved in by a power of two
+    that the softmax scale takes back, so the result still matches fp64."""
+    c = Case(kv_dtype="float8_e4m3fn", dtype="bfloat16", hq=8, hkv=2, **LONG_DECODE)
+    kw, dense_k, dense_v = build(c)
+    kw["q"] = kw["q"] * q_scale  # a power of two: exact in bf16
+    total_q = sum(c.q_lens)
+    out = torch.full((total_q, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    lse = torch.full((total_q, c.hq), float("nan"), device=DEVICE)
+    sm = 0.5 / q_scale
+    batch = AttentionBatch(out=out, lse=lse, sm_scale=sm, out_scale=1.0, **kw)
+    plan = BACKEND.plan(problem_of(c), batch)
+    assert plan.constexprs["F16_DOTS"] and not plan.constexprs["DOT_F32"]
+    BACKEND.run(plan, batch)
+    assert_agrees_with_oracle(replace(c, dtype="bfloat16"), kw, dense_k, dense_v, out, lse, sm_scale=sm,
+                              causal=True)
