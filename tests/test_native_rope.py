@@ -14,8 +14,11 @@ from typing import Optional
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from backends.native.triton_backend import TileConfig, rope_frequencies
+from backends.native.triton_kernels import _rope_cos_sin
 from dispatch.lab_native import BACKEND, DEVICE, Case, build, problem_of
 from dispatch.problem import NAME_DTYPES, AttentionBatch
 from test_native_triton import assert_agrees_with_oracle
@@ -129,3 +132,32 @@ def test_prefill_wrappers_rope_on_native_match_the_reference(kind, causal):
     assert not out.isnan().any() and not lse.isnan().any()
     assert (out - want).abs().max().item() < 1e-4 and (lse - want_lse).abs().max().item() < 1e-4
     assert (with_plain_rope[0] - out).abs().max().item() > 1e-3
+
+
+# -- the angle reduction (the compiled kernel takes cos/sin of the reduced angle on the SFU) ----------
+@triton.jit
+def _angles(Pos, Freq, Cos, Sin, N: tl.constexpr, H: tl.constexpr):
+    p = tl.load(Pos + tl.arange(0, N)).to(tl.float32)
+    f = tl.arange(0, H)
+    c, s = _rope_cos_sin(p[:, None], tl.load(Freq + f)[None, :], tl.load(Freq + H + f)[None, :])
+    out = tl.arange(0, N)[:, None] * H + f[None, :]
+    tl.store(Cos + out, c)
+    tl.store(Sin + out, s)
+
+
+def test_rope_angles_reduced_to_a_turn_match_fp64_at_long_positions():
+    """_rope_cos_sin at positions up to ~2^20 with LLaMA frequencies (fp32 hi + lo parts): the angle
+    is reduced by whole turns in fp32 before cos/sin (the interpreter takes numpy's cos/sin of the
+    reduced angle, the GPU cos.approx/sin.approx, 2^-20.5 on [-pi, pi]); against fp64 the result is
+    within 2e-6, where plain fp32 angles (p * f rounded) are off by ~1e-1 at these positions."""
+    problem = replace(problem_of(Case(dqk=64, **ROPE)), rope_scale=1.0, rope_theta=5e5)
+    table = rope_frequencies(problem, 32)
+    pos = torch.cat([torch.randint(0, 1 << 20, (30,)), torch.tensor([0, (1 << 20) - 1])]).to(torch.int32)
+    c, s = torch.empty(32, 32), torch.empty(32, 32)
+    _angles[(1,)](pos.to(DEVICE), table.to(DEVICE), c.to(DEVICE), s.to(DEVICE), N=32, H=32)
+    freq = table[0].double() + table[1].double()
+    want = pos.double()[:, None] * freq[None, :]
+    assert (c.double() - want.cos()).abs().max().item() < 2e-6
+    assert (s.double() - want.sin()).abs().max().item() < 2e-6
+    naive = (pos.float()[:, None] * table[0][None, :]).double()
+    assert (naive.cos() - want.cos()).abs().max().item() > 1e-2  # the hi + lo parts are needed

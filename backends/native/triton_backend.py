@@ -280,6 +280,9 @@ def splits_of_chunk(kv_len: int, chunk: int) -> tuple[int, int]:
 def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict:
     """The attention kernel's plan-fixed constexprs, in its parameter order (see _plan_launches)."""
     mask_mode = {"none": 0, "custom": 1, "spec_bits": 2}[problem.mask]
+    # Dots in fp16 whenever q or K/V are fp8 (fp8 -> fp16 is exact and one instruction per pair). The
+    # interpreter's bf16 dot is wrong (Triton 3.9): there only bf16 dots run in fp32 instead.
+    f16_dots = problem.q_dtype != "float32" and (problem.q_dtype.startswith("float8") or problem.kv_fp8)
     return dict(
         GROUP=problem.gqa_group, HPP=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HEAD_DQK=problem.head_dim_qk, HEAD_DV=problem.head_dim_vo,
@@ -290,7 +293,8 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict
         CAUSAL=problem.causal and mask_mode == 0, HAS_WINDOW=problem.window_left >= 0,
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
         HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
-        DOT_F32=_interpreting() or problem.q_dtype == "float32", Q_FP8=problem.q_dtype.startswith("float8"),
+        DOT_F32=problem.q_dtype == "float32" or (_interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
+        F16_DOTS=f16_dots,
     )
 
 

@@ -22,12 +22,24 @@ out what a problem does not use, so each configuration gets a lean specializatio
 """
 from __future__ import annotations
 
+import math
+import os
+
 import triton
 import triton.language as tl
 
 from backends import _numerics
 
 LOG2E = tl.constexpr(_numerics.LOG2E)  # a constexpr global: jitted code may read it
+# RoPE angles are reduced to [-pi, pi] with 2*pi in two fp32 parts (Cody-Waite; the fma keeps k * hi exact).
+TWO_PI_HI = tl.constexpr(6.2831854820251465)  # float32(2 pi)
+TWO_PI_LO = tl.constexpr(2 * math.pi - 6.2831854820251465)
+INV_TWO_PI = tl.constexpr(1 / (2 * math.pi))
+# Compiled: cos/sin of reduced angles on the SFU (cos.approx/sin.approx, abs. error 2^-20.5 on [-pi, pi]).
+# tl.cos/tl.sin compile to libdevice's full-range cosf/sinf: ~40 instructions, branches and a
+# local-memory slow path per element (the fused-RoPE kernel spilled 1.5 KB and ran 10x slower).
+# The interpreter cannot run inline PTX and uses numpy's cos/sin on the same reduced angles.
+FAST_TRIG = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
@@ -76,14 +88,31 @@ def _scores(s, n, t, scale, soft_cap, slope, HAS_ALIBI: tl.constexpr, SOFT_CAP: 
 
 
 @triton.jit
+def _cos_sin_reduced(r):
+    """cos and sin of angles already in [-pi, pi] (see FAST_TRIG)."""
+    if FAST_TRIG:
+        c = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=f,f", [r], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+        sn = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=f,f", [r], dtype=tl.float32, is_pure=True,
+                                       pack=1)
+    else:
+        c = tl.cos(r)
+        sn = tl.sin(r)
+    return c, sn
+
+
+@triton.jit
 def _rope_cos_sin(p, f_hi, f_lo):
-    """cos and sin of the angle p * (f_hi + f_lo), kept as an fp32 hi + lo pair (broadcast shapes;
-    p holds exact integer positions < 2^24)."""
-    a_hi = p * f_hi
-    a_lo = tl.fma(p, f_hi, -a_hi) + p * f_lo  # the product's rounding residual, plus the low part
-    c = tl.cos(a_hi)
-    sn = tl.sin(a_hi)
-    return c - sn * a_lo, sn + c * a_lo
+    """cos and sin of the angle p * (f_hi + f_lo) (broadcast shapes; p holds exact integer positions
+    < 2^24). The product is kept as fp32 hi + lo (fma residual; at 10^5 positions plain fp32 loses
+    ~1e-2 rad), reduced by whole turns to [-pi, pi], then one SFU op each: ~9 ALU ops and 2 SFU ops
+    per element, absolute error ~1e-6."""
+    a = p * f_hi
+    a_lo = tl.fma(p, f_hi, -a) + p * f_lo
+    k = tl.floor(a * INV_TWO_PI + 0.5)  # whole turns (k * TWO_PI_HI is exact inside the fma)
+    r = tl.fma(-k, TWO_PI_HI, a)
+    r = tl.fma(-k, TWO_PI_LO, r) + a_lo
+    return _cos_sin_reduced(r)
 
 
 @triton.jit
@@ -98,12 +127,20 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
     if ROPE:
         HALF: tl.constexpr = HEAD_DQK // 2
         dh = tl.arange(0, BLOCK_HALF)
-        ok = dh[:, None] < HALF
+        k1_ptr = K + k_off[None, :] + kvh * stride_kh + dh[:, None] * stride_kd
+        k2_ptr = k1_ptr + HALF * stride_kd
+        # Interior tiles of power-of-two heads load unmasked (a mask varying along the head dim
+        # would split the copies into single elements).
         if MASKED:
-            ok = ok & n_ok[None, :]
-        base = K + k_off[None, :] + kvh * stride_kh
-        k1 = tl.load(base + dh[:, None] * stride_kd, mask=ok, other=0.0).to(tl.float32)
-        k2 = tl.load(base + (dh[:, None] + HALF) * stride_kd, mask=ok, other=0.0).to(tl.float32)
+            ok = (dh[:, None] < HALF) & n_ok[None, :]
+            k1 = tl.load(k1_ptr, mask=ok, other=0.0).to(tl.float32)
+            k2 = tl.load(k2_ptr, mask=ok, other=0.0).to(tl.float32)
+        elif BLOCK_HALF == HALF:
+            k1 = tl.load(k1_ptr).to(tl.float32)
+            k2 = tl.load(k2_ptr).to(tl.float32)
+        else:
+            k1 = tl.load(k1_ptr, mask=dh[:, None] < HALF, other=0.0).to(tl.float32)
+            k2 = tl.load(k2_ptr, mask=dh[:, None] < HALF, other=0.0).to(tl.float32)
         c, sn = _rope_cos_sin(n.to(tl.float32)[None, :], f_hi[:, None], f_lo[:, None])
         r1 = k1 * c - k2 * sn
         r2 = k2 * c + k1 * sn
@@ -125,6 +162,22 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
         else:
             s = tl.dot(q, k.to(q.dtype))
     return s
+
+
+@triton.jit
+def _v_to_dot(v, dtype: tl.constexpr):
+    """The V tile (keys x dims) in the dot's dtype. fp8 -> fp16: converted in pairs along the head dim
+    through a reshape, which keeps Triton from moving the conversion after the shared-memory read in
+    the dot layout (there the keys a thread needs are not adjacent: one byte load and a repack per
+    value, 128 per thread and tile in the fp8 decode kernel); so it converts in the loaded layout
+    (one cvt per two values) and reads fp16 with ldmatrix. (K needs no such help: its dot reads
+    pairs along the head dim, which is contiguous.)"""
+    if v.dtype.primitive_bitwidth == 8 and dtype == tl.float16:
+        pairs = tl.reshape(v, (v.shape[0], v.shape[1] // 2, 2)).to(dtype)
+        w = tl.reshape(pairs, (v.shape[0], v.shape[1]))
+    else:
+        w = v.to(dtype)
+    return w
 
 
 @triton.jit
@@ -184,17 +237,33 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_le
     if DOT_F32:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     else:  # accumulate inside the MMA (no separate add of the whole tile)
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+        acc = tl.dot(p.to(q.dtype), _v_to_dot(v, q.dtype), acc)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _f16_range(q, q2, ROPE: tl.constexpr):
+    """(q * 2^s, q2 * 2^s, 2^-s) with the tile's largest |q| * 2^s in [2^13, 2^14): bf16 queries then
+    convert to fp16 without overflow (fp16 tops at 65504) and keep their 8 significant bits; the
+    power of two is exact and the caller folds 2^-s into the softmax scale."""
+    amax = tl.max(tl.max(tl.abs(q), 1), 0)
+    if ROPE:
+        amax = tl.maximum(amax, tl.max(tl.max(tl.abs(q2), 1), 0))
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 |q|max) for normal numbers
+    s = tl.minimum(13 - e, 126)  # all-zero or subnormal tiles: any scale is fine, stay in range
+    mul = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - s) << 23).to(tl.float32, bitcast=True)
+    return q * mul, q2 * mul, inv
 
 
 @triton.jit
 def _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, HEAD_DQK: tl.constexpr,
             BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
-            Q_FP8: tl.constexpr):
-    """The program's query tile in the dot's dtype: (q, q2, f_hi, f_lo). ROPE: q and q2 are the
+            F16_DOTS: tl.constexpr):
+    """The program's query tile in the dot's dtype: (q, q2, f_hi, f_lo, q_inv). ROPE: q and q2 are the
     rotated first and second halves at the rows' positions, f_hi/f_lo the frequencies (fp32 hi + lo);
-    otherwise q is the whole row (q2 = q, the frequencies unused)."""
+    otherwise q is the whole row (q2 = q, the frequencies unused). Scores computed from q are
+    q_inv times the true ones (a power of two, 1 unless bf16 queries were moved into fp16's range)."""
     base = Q + tok[:, None] * stride_qt + h[:, None] * stride_qh
     if ROPE:
         HALF: tl.constexpr = HEAD_DQK // 2
@@ -213,16 +282,21 @@ def _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, H
         q2 = q
         f_hi = 0.0
         f_lo = 0.0
+    q_inv = 1.0
     if DOT_F32:
         q = q.to(tl.float32)
         q2 = q2.to(tl.float32)
-    elif Q_FP8:  # fp8 queries (q_scale folded into sm_scale): the dots run in bf16
-        q = q.to(tl.bfloat16)
-        q2 = q2.to(tl.bfloat16)
+    elif F16_DOTS:
+        # fp8 K/V (or q; q_scale folded into sm_scale): e4m3/e5m2 -> fp16 is one cvt per two values
+        # and exact, -> bf16 needs a second per value (the fp8 decode kernel was ALU bound on it).
+        if Q.dtype.element_ty == tl.bfloat16 or ROPE:  # rotated fp16 q can leave fp16's range too
+            q, q2, q_inv = _f16_range(q.to(tl.float32), q2.to(tl.float32), ROPE)
+        q = q.to(tl.float16)
+        q2 = q2.to(tl.float16)
     else:
         q = q.to(Q.dtype.element_ty)
         q2 = q2.to(Q.dtype.element_ty)
-    return q, q2, f_hi, f_lo
+    return q, q2, f_hi, f_lo, q_inv
 
 
 @triton.jit
@@ -242,7 +316,7 @@ def _attn_fwd(
     BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr,
     HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
-    Q_FP8: tl.constexpr,
+    F16_DOTS: tl.constexpr,
     WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -284,8 +358,9 @@ def _attn_fwd(
     else:
         scale = sm_scale
     dv = tl.arange(0, BLOCK_DV)
-    q, q2, f_hi, f_lo = _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, HEAD_DQK,
-                                BLOCK_DQK, BLOCK_HALF, ROPE, DOT_F32, Q_FP8)
+    q, q2, f_hi, f_lo, q_inv = _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd,
+                                       HEAD_DQK, BLOCK_DQK, BLOCK_HALF, ROPE, DOT_F32, F16_DOTS)
+    scale = scale * q_inv
     # softmax(scale * q.k) with scale < 0 is softmax(|scale| * (-q).k): negating q is exact,
     # and the log2-domain tiles (row max of raw scores times the scale) need scale >= 0.
     q = tl.where(scale < 0, -q, q)
