@@ -125,3 +125,105 @@ def test_variants_per_launch_are_bounded(fake_stream):
     for i in range(_launch.MAX_VARIANTS + 3):
         launch((q,), (8, i + 2), ())
     assert len(launch._variants) == _launch.MAX_VARIANTS
+
+
+# -- repeat: the launch behind NativeTritonBackend.launcher -----------------------------------------
+def test_repeat_calls_the_compiled_kernel_with_only_the_new_addresses(fake_stream):
+    kernel, launch, q, idx = _launch_and_args()
+    head, ints, flags = (q, None, idx, 0.5), (8, 1, 16), (True,)
+    launch(head, ints, flags)  # Triton's path compiles the specialization
+    repeat = launch.repeat(head, ints, flags, slots=(0, 2))
+    q2, idx2 = torch.randn(64, 8), torch.arange(5, dtype=torch.int32) + 1
+    repeat((q2, idx2))
+    assert len(kernel.triton_calls) == 1
+    launch((q2, None, idx2, 0.5), ints, flags)  # the general direct call of the same arguments
+    assert kernel.compiled.direct_calls[0] == kernel.compiled.direct_calls[1]
+    assert kernel.compiled.direct_calls[0][9:13] == (q2.data_ptr(), None, idx2.data_ptr(), 0.5)
+
+
+def test_repeat_takes_the_general_call_when_not_proven(fake_stream, monkeypatch):
+    """A misaligned address, a launch hook, or a specialization never compiled: Triton's path."""
+    kernel, launch, q, idx = _launch_and_args()
+    head, ints, flags = (q, None, idx, 0.5), (8, 1, 16), (True,)
+    never = launch.repeat(head, ints, flags, slots=(0, 2))  # before any launch: nothing compiled
+    never((q, idx))
+    assert len(kernel.triton_calls) == 1 and kernel.compiled.direct_calls == []
+    repeat = launch.repeat(head, ints, flags, slots=(0, 2))
+    repeat((q.view(-1)[1:].view(-1), idx))  # 4 bytes off: another specialization
+    assert len(kernel.triton_calls) == 2 and kernel.compiled.direct_calls == []
+    from triton import knobs
+
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    repeat((q, idx))
+    assert len(kernel.triton_calls) == 3 and kernel.compiled.direct_calls == []
+
+
+def test_repeat_reviews_tensors_of_another_dtype_on_the_general_path(fake_stream):
+    kernel, launch, q, idx = _launch_and_args()
+    launch.direct = False
+    bits = torch.randint(0, 1 << 15, (4, 2), dtype=torch.int16)
+    repeat = launch.repeat((bits,), (8,), (), slots=(0,))
+    repeat((bits.view(torch.uint16),))
+    (_, args, _), = kernel.triton_calls
+    assert args[0].dtype == torch.int16 and torch.equal(args[0], bits)
+
+
+# -- NativeTritonBackend.launcher under the interpreter: equal to run and to fp64 ---------------------
+def _fresh_batch(c, extras_seed: int):
+    from dispatch.lab_native import DEVICE, build
+    from dispatch.problem import NAME_DTYPES, AttentionBatch
+
+    torch.manual_seed(extras_seed)
+    kw, dense_k, dense_v = build(c)
+    total_q = sum(c.q_lens)
+    out = torch.full((total_q, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=NAME_DTYPES[c.dtype])
+    lse = torch.full((total_q, c.hq), float("nan"), device=DEVICE)
+    sinks = torch.rand(c.hq, device=DEVICE) * 3 if c.sinks else None
+    scale = (lambda x: torch.tensor(x, device=DEVICE)) if c.tensor_scales else (lambda x: x)
+    batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=scale(0.3), out_scale=scale(1.2), **kw)
+    return batch, kw, dense_k, dense_v
+
+
+LAUNCHER_CASES = {
+    "paged_decode_gqa4": dict(page_size=4, hq=8, hkv=2, phase="decode", q_lens=(1, 1), kv_lens=(50, 9)),
+    "ragged_rope_causal": dict(storage="ragged", pos="ROPE_LLAMA", q_lens=(3, 5), kv_lens=(40, 50)),
+    "fp8_kv_sinks_tensor_scales": dict(kv_dtype="float8_e4m3fn", dtype="bfloat16", sinks=True, tensor_scales=True,
+                                       q_lens=(3, 5), kv_lens=(45, 50)),
+}
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("name", list(LAUNCHER_CASES))
+def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
+    from backends.native.triton_backend import TileConfig
+    from dispatch.lab_native import BACKEND, Case, problem_of
+    from test_native_triton import assert_agrees_with_oracle
+
+    c = Case(**LAUNCHER_CASES[name])
+    first, *_ = _fresh_batch(c, 1)
+    hpp = c.hq // c.hkv if c.phase != "prefill" else 1
+    cfg = TileConfig(16, 16, hpp, num_warps=4, num_stages=1) if split else None
+    plan = BACKEND.plan(problem_of(c), first, config=cfg, num_splits=3 if split else None)
+    BACKEND.run(plan, first)
+    launch = BACKEND.launcher(plan, first)
+    assert launch is not None and (plan.merge is not None) == split
+    batch, kw, dense_k, dense_v = _fresh_batch(c, 2)  # new tensors, same shapes and strides, poisoned out
+    launch(batch)
+    got, got_lse = batch.out.clone(), batch.lse.clone()
+    assert_agrees_with_oracle(c, kw, dense_k, dense_v, batch.out, batch.lse, sm_scale=0.3, causal=c.causal,
+                              sinks=None if batch.sinks is None else batch.sinks.cpu(), out_scale=1.2,
+                              pos_encoding=c.pos)
+    batch.out.fill_(float("nan"))
+    batch.lse.fill_(float("nan"))
+    BACKEND.run(plan, batch)
+    assert torch.equal(batch.out, got) and torch.equal(batch.lse, got_lse)
+
+
+def test_backend_launcher_refuses_what_run_would_refuse():
+    from dispatch.lab_native import BACKEND, Case, problem_of
+
+    c = Case(q_lens=(2, 2), kv_lens=(5, 6))
+    small, *_ = _fresh_batch(c, 3)
+    plan = BACKEND.plan(problem_of(c), small)
+    big, *_ = _fresh_batch(Case(q_lens=(3, 3), kv_lens=(5, 6)), 4)
+    assert BACKEND.launcher(plan, big) is None

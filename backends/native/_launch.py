@@ -19,7 +19,7 @@ current stream is the capturing one.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -40,6 +40,21 @@ def _hooks_active() -> bool:
         if hook is not None and getattr(hook, "calls", True):  # Triton 3.6: an empty HookChain
             return True
     return False
+
+
+def _values_and_key(head: tuple, ints: tuple, flags: tuple) -> tuple[list, tuple]:
+    """The launcher's values of ``head`` (tensors as addresses) and the key of Triton's specialization:
+    each tensor's dtype and whether its address is 16-byte aligned, None-ness, the ints, the flags."""
+    values, kinds = [], []
+    for x in head:
+        if x is None or type(x) is float:
+            values.append(x)
+            kinds.append(x is None)
+        else:
+            ptr = x.data_ptr()
+            values.append(ptr)  # an int skips the launcher's data_ptr() and pointer query
+            kinds.append((x.dtype, not ptr & 15))
+    return values, (tuple(kinds), ints, flags)
 
 
 def _direct_launcher(compiled: Any) -> bool:
@@ -67,16 +82,7 @@ class KernelLaunch:
         if not self.direct:
             self.kernel[grid](*head, *ints, *self.constexprs, *flags, **self.options)
             return
-        values, kinds = [], []
-        for x in head:
-            if x is None or type(x) is float:
-                values.append(x)
-                kinds.append(x is None)
-            else:  # a tensor: Triton keys on its dtype and whether its address is 16-byte aligned
-                ptr = x.data_ptr()
-                values.append(ptr)  # an int skips the launcher's data_ptr() and pointer query
-                kinds.append((x.dtype, not ptr & 15))
-        key = (tuple(kinds), ints, flags)
+        values, key = _values_and_key(head, ints, flags)
         compiled = self._variants.get(key)
         if compiled is None or _hooks_active():
             self._first_launch(key, grid, head, ints, flags)
@@ -84,6 +90,49 @@ class KernelLaunch:
         compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(self.device_index),
                      compiled.function, compiled.packed_metadata, None, None, None,
                      *values, *ints, *self.constexprs, *flags)
+
+    def repeat(self, head: tuple, ints: tuple, flags: tuple, slots: tuple,
+               grid: Optional[tuple] = None) -> Callable[[tuple], None]:
+        """A launch for calls equal to (head, ints, flags, grid) but for the tensors at ``slots`` of
+        ``head``, given per call in that order with the same dtypes (views of another dtype are
+        re-viewed), shapes and strides. Direct: the cached compiled kernel is called with everything
+        but those addresses fixed now, so a call costs a data_ptr() per tensor and the launcher; a
+        pointer whose 16-byte alignment differs from ``head``'s, a launch hook, or no compiled
+        kernel yet for ``head``'s specialization takes the general call."""
+        grid = self.grid if grid is None else grid
+        template = list(head)
+        dtypes = [head[i].dtype for i in slots]
+
+        def general(tensors: tuple) -> None:
+            args = list(template)
+            for i, t, dtype in zip(slots, tensors, dtypes):
+                args[i] = t if t.dtype == dtype else t.view(dtype)
+            self(tuple(args), ints, flags, grid)
+
+        if not self.direct:
+            return general
+        values, key = _values_and_key(head, ints, flags)
+        compiled = self._variants.get(key)
+        if compiled is None or any(values[i] & 15 for i in slots):
+            return general  # not compiled yet, or a misaligned address: the general call decides
+        tail = (*ints, *self.constexprs, *flags)
+        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+        g0, g1, g2 = grid
+        stream, index = torch._C._cuda_getCurrentRawStream, self.device_index
+
+        def direct(tensors: tuple) -> None:
+            args = values.copy()
+            misaligned = 0
+            for i, t in zip(slots, tensors):
+                ptr = t.data_ptr()
+                misaligned |= ptr & 15
+                args[i] = ptr
+            if misaligned or _hooks_active():
+                general(tensors)
+                return
+            run(g0, g1, g2, stream(index), function, metadata, None, None, None, *args, *tail)
+
+        return direct
 
     def _first_launch(self, key: tuple, grid: tuple, head: tuple, ints: tuple, flags: tuple) -> None:
         compiled = self.kernel[grid](*head, *ints, *self.constexprs, *flags, **self.options)

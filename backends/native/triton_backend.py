@@ -21,13 +21,14 @@ Any sm_scale sign is served: the kernel moves a negative scale's sign into q.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from backends._device import device_key, on_device
+from backends._device import device_key, on_device, on_device_launch
 from backends._numerics import alibi_slopes
 from backends.base import Backend, DeviceDesc, Reason, import_reason
 from backends.native._launch import KernelLaunch
@@ -148,6 +149,14 @@ class NativeTritonBackend(Backend):
         else:
             with on_device(plan.device):  # Triton launches on the current device (CPU: a null context)
                 _launch(plan, batch)
+
+    def launcher(self, plan: TritonPlan, batch: AttentionBatch) -> Optional[Callable[[AttentionBatch], None]]:
+        """Exact repeats of ``batch`` (Backend.launcher): what run checks and derives per call (capacity,
+        device, scale kinds, strides, the split-buffer and merge arguments, the specialization key) is
+        fixed now; a call reads the tensors' addresses and calls the compiled kernels (one or two launches)."""
+        if batch.total_q > plan.total_q_capacity or plan.device is None or device_key(batch.q.device) != plan.device:
+            return None
+        return on_device_launch(plan.device, _launcher(plan, batch))
 
 
 # ---------------------------------------------------------------------------
@@ -355,28 +364,75 @@ def _kv_strides(x: torch.Tensor, paged: bool) -> tuple[int, int, int, int]:
 
 
 def _launch(plan: TritonPlan, batch: AttentionBatch) -> None:
+    head, ints, flags = _attention_args(plan, batch)
+    plan.attention(head, ints, flags)
+    if plan.merge is not None:
+        plan.merge(*_merge_args(plan, batch))
+
+
+def _attention_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tuple, tuple]:
+    """(head, ints, flags) of the attention kernel for this call (see KernelLaunch)."""
     p = plan.problem
     sm_scale, out_scale = batch.sm_scale, batch.out_scale
     scale_ptr = isinstance(sm_scale, torch.Tensor)
     out_scale_ptr = isinstance(out_scale, torch.Tensor)
     sm_scale = sm_scale if scale_ptr else float(sm_scale)
     out_scale = out_scale if out_scale_ptr else float(out_scale)
-    lse, write_lse = batch.lse, batch.lse is not None
     spec = custom = None
     if p.mask == "spec_bits":
         spec = batch.spec_mask.view(torch.int16)
     elif p.mask == "custom":
         custom = batch.custom_mask.view(torch.uint8)
-    head = (batch.q, batch.k, batch.v, batch.out, lse, plan.part_o, plan.part_lse, batch.qo_indptr, batch.kv_lens,
-            batch.kv_indptr, batch.block_table, batch.sinks, custom, batch.mask_indptr, spec, plan.alibi,
-            plan.rope_freq, sm_scale, out_scale, float(p.logits_soft_cap))
-    plan.attention(head, _attention_ints(plan, batch, spec), (write_lse, scale_ptr, out_scale_ptr))
-    if plan.merge is not None:
-        out_strides = batch.out.stride()
-        lse_strides = lse.stride() if write_lse else (0, 0)
-        plan.merge((plan.part_o, plan.part_lse, batch.out, lse, batch.sinks, out_scale),
-                   (plan.num_splits, *plan.fixed_ints[1], *out_strides, *lse_strides),
-                   (write_lse, out_scale_ptr), grid=(batch.total_q, p.num_qo_heads, 1))
+    head = (batch.q, batch.k, batch.v, batch.out, batch.lse, plan.part_o, plan.part_lse, batch.qo_indptr,
+            batch.kv_lens, batch.kv_indptr, batch.block_table, batch.sinks, custom, batch.mask_indptr, spec,
+            plan.alibi, plan.rope_freq, sm_scale, out_scale, float(p.logits_soft_cap))
+    return head, _attention_ints(plan, batch, spec), (batch.lse is not None, scale_ptr, out_scale_ptr)
+
+
+def _merge_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tuple, tuple, tuple]:
+    """(head, ints, flags, grid) of the split merge for this call."""
+    lse, out_scale = batch.lse, batch.out_scale
+    out_scale_ptr = isinstance(out_scale, torch.Tensor)
+    lse_strides = lse.stride() if lse is not None else (0, 0)
+    head = (plan.part_o, plan.part_lse, batch.out, lse, batch.sinks, out_scale if out_scale_ptr else float(out_scale))
+    ints = (plan.num_splits, *plan.fixed_ints[1], *batch.out.stride(), *lse_strides)
+    return head, ints, (lse is not None, out_scale_ptr), (batch.total_q, plan.problem.num_qo_heads, 1)
+
+
+# The batch fields the attention kernel's head takes per call, by position (None: plan-held or a float).
+_ATTENTION_FIELDS = ("q", "k", "v", "out", "lse", None, None, "qo_indptr", "kv_lens", "kv_indptr", "block_table",
+                     "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None, "sm_scale", "out_scale", None)
+_MERGE_FIELDS = (None, None, "out", "lse", "sinks", "out_scale")
+
+
+def _repeat(launch: KernelLaunch, fields: tuple, head: tuple, ints: tuple, flags: tuple, grid=None):
+    """(launch of the call's tensors, the getter of those tensors from a batch) for ``launch`` repeated
+    with this head's fixed parts (see KernelLaunch.repeat)."""
+    slots = tuple(i for i, (name, x) in enumerate(zip(fields, head))
+                  if name is not None and isinstance(x, torch.Tensor))
+    get = operator.attrgetter(*(fields[i] for i in slots))
+    if len(slots) == 1:
+        one = get
+        get = lambda batch: (one(batch),)  # noqa: E731 - attrgetter of one name returns the bare value
+    return launch.repeat(head, ints, flags, slots, grid), get
+
+
+def _launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[AttentionBatch], None]:
+    """run's launches for exact repeats of ``batch``: everything but the tensors' addresses fixed now."""
+    attention, get = _repeat(plan.attention, _ATTENTION_FIELDS, *_attention_args(plan, batch))
+    if plan.merge is None:
+        def launch(b: AttentionBatch) -> None:
+            attention(get(b))
+
+        return launch
+    m_head, m_ints, m_flags, m_grid = _merge_args(plan, batch)
+    merge, get_m = _repeat(plan.merge, _MERGE_FIELDS, m_head, m_ints, m_flags, m_grid)
+
+    def launch_and_merge(b: AttentionBatch) -> None:
+        attention(get(b))
+        merge(get_m(b))
+
+    return launch_and_merge
 
 
 def _attention_ints(plan: TritonPlan, batch: AttentionBatch, spec: Optional[torch.Tensor]) -> tuple:
