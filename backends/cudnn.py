@@ -42,6 +42,14 @@ before any launch (_vendor.refuse_negative_scale; cuDNN's fused softmax is unver
 
 Workspace: allocated once per key at plan time; ``run`` only binds pointers and
 launches, so ``run`` can be captured in a CUDA graph after a warm-up plan.
+
+Per call: cuDNN reads only each buffer's address (the declaration says what the bytes mean), so
+metadata buffers are bound flat and as given (no reshape, no copy when int32 and contiguous),
+offsets of one token stride share one multiply, and each graph keeps the cheapest execute its
+frontend offers (``executor``: 1.32's ordered buffers, 1.22's sorted pointers, else the uid map).
+``launcher`` binds the pack once for exact repeats (the lanes of the entry points): per call only
+the operands, a function entry's index buffers (read from each batch) and the sinks are swapped
+in; the stream is set on the handle only when it changed.
 Build failures (``cudnnGraphNotSupportedError`` and friends) raise
 ``BackendRejected`` from ``plan``; errors during ``run`` propagate.
 """
@@ -697,6 +705,23 @@ class CudnnBackend(Backend):
             self._streams[handle] = stream
         return handle
 
+    def _handle_on_stream(self, cudnn, device: torch.device):
+        """() -> this GPU's handle, set to the current stream (``_stream_handle`` with the handle
+        looked up once: a launcher's)."""
+        handle = self._handle(cudnn, device)
+        if device.type != "cuda":
+            return lambda: handle
+        streams = self._streams
+
+        def handle_now():
+            stream = _current_stream(device)
+            if streams.get(handle) != stream:
+                cudnn.set_stream(handle, stream)
+                streams[handle] = stream
+            return handle
+
+        return handle_now
+
     # -- exact repeats ---------------------------------------------------------
     def launcher(self, plan: CudnnPlan, batch):
         """A launch for exact repeats of ``batch`` (Backend.launcher): the variant pack bound once
@@ -725,7 +750,7 @@ class CudnnBackend(Backend):
                     template[slot[u]] = value  # kept alive by the closure as long as the launch
         operands = _operand_getter(key, entry.pool_views)
         operand_slots = tuple(slot[u] for u in _operand_uids(key))
-        stream_handle, execute = self._stream_handle, entry.execute
+        handle_now, execute = self._handle_on_stream(cudnn, device), entry.execute
         lse = key.lse_strides is not None
         out_scale = float(batch.out_scale)
 
@@ -737,7 +762,7 @@ class CudnnBackend(Backend):
                 tensor = derive(batch)
                 for i in slots:
                     buffers[i] = tensor
-            execute(buffers, stream_handle(cudnn, device))
+            execute(buffers, handle_now())
             if lse:
                 batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
             if out_scale != 1.0:

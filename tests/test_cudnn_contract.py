@@ -575,13 +575,16 @@ def test_the_launcher_runs_under_the_tensors_gpu(fake, monkeypatch):
     assert wrapped == [batch.q.device]
 
 
-def test_the_stream_is_set_when_it_changes(fake, monkeypatch):
+@pytest.mark.parametrize("path", ["run", "launcher"])
+def test_the_stream_is_set_when_it_changes(fake, monkeypatch, path):
     # cudnnSetStream queries the driver on every call: set once per change, not per launch.
     backend = adapter.CudnnBackend()
     gpu = torch.device("cuda", 0)
     handle = backend._handles[gpu] = object()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=11))
     streams = iter([11, 11, 22, 22, 11])
     monkeypatch.setattr(adapter, "_current_stream", lambda device: next(streams))
+    handle_now = backend._handle_on_stream(fake, gpu) if path == "launcher" else None
     for _ in range(5):
-        assert backend._stream_handle(fake, gpu) is handle
-    assert fake.streams == [(handle, 11), (handle, 22), (handle, 11)]
+        assert (handle_now() if handle_now else backend._stream_handle(fake, gpu)) is handle
+    assert fake.streams[-3:] == [(handle, 11), (handle, 22), (handle, 11)] and len(fake.streams) <= 4
