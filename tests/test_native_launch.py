@@ -227,3 +227,45 @@ def test_backend_launcher_refuses_what_run_would_refuse():
     plan = BACKEND.plan(problem_of(c), small)
     big, *_ = _fresh_batch(Case(q_lens=(3, 3), kv_lens=(5, 6)), 4)
     assert BACKEND.launcher(plan, big) is None
+
+
+class CudaLauncher:
+    """Triton 3.6's launcher as the bare launch sees it (same class name, scratch sizes, flags)."""
+
+    global_scratch_size = 0
+    profile_scratch_size = 0
+    launch_cooperative_grid = False
+    launch_pdl = True
+
+    def __init__(self):
+        self.c_calls, self.wrapper_calls = [], []
+
+    def launch(self, *args):
+        self.c_calls.append(args)
+
+    def __call__(self, *args):
+        self.wrapper_calls.append(args)
+
+
+@pytest.mark.parametrize("version,scratch", [("3.6.0", 0), ("3.6.0", 256), ("3.9.0", 0)])
+def test_repeat_calls_triton_36s_c_launch_without_its_wrapper(fake_stream, monkeypatch, version, scratch):
+    """On Triton 3.6 with no scratch the repeat calls the C launch with the wrapper's own argument
+    layout (cooperative, pdl, two scratch Nones, then what run() receives after function); otherwise run()."""
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    kernel, launch, q, idx = _launch_and_args()
+    launcher = CudaLauncher()
+    launcher.global_scratch_size = scratch
+    kernel.compiled.run = launcher
+    head, ints, flags = (q, None, idx, 0.5), (8, 1, 16), (True,)
+    launch(head, ints, flags)
+    launch.repeat(head, ints, flags, slots=(0, 2))((q, idx))
+    launch(head, ints, flags)  # the general direct call: through the wrapper
+    via_wrapper = launcher.wrapper_calls[0]
+    if version == "3.6.0" and scratch == 0:
+        (c_call,) = launcher.c_calls
+        assert c_call[:5] == via_wrapper[:5] and c_call[5:9] == (False, True, None, None)
+        assert c_call[9:] == via_wrapper[5:]
+    else:
+        assert launcher.c_calls == [] and launcher.wrapper_calls == [via_wrapper] * 2

@@ -57,6 +57,22 @@ def _values_and_key(head: tuple, ints: tuple, flags: tuple) -> tuple[list, tuple
     return values, (tuple(kinds), ints, flags)
 
 
+def _bare_launch(launcher: Any) -> Optional[tuple]:
+    """(C launch, cooperative flag, PDL flag) of a Triton 3.6 CudaLauncher that needs no scratch, else
+    None. Its Python ``__call__`` only allocates scratch buffers (none here) and forwards to
+    ``launch(grid x3, stream, function, cooperative, pdl, global scratch, profile scratch, *args)``:
+    calling that directly saves a Python frame and two repacks of ~70 arguments per launch. Other
+    Triton versions differ (3.9 passes the metadata and hooks separately) and keep ``run``."""
+    import triton
+
+    if not triton.__version__.startswith("3.6.") or type(launcher).__name__ != "CudaLauncher":
+        return None
+    names = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    if not all(hasattr(launcher, n) for n in names) or launcher.global_scratch_size or launcher.profile_scratch_size:
+        return None
+    return launcher.launch, launcher.launch_cooperative_grid, launcher.launch_pdl
+
+
 def _direct_launcher(compiled: Any) -> bool:
     """Whether a CompiledKernel exposes the launcher call Triton 3.6's JITFunction.run makes."""
     return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
@@ -119,6 +135,24 @@ class KernelLaunch:
         run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
         g0, g1, g2 = grid
         stream, index = torch._C._cuda_getCurrentRawStream, self.device_index
+        bare = _bare_launch(run)
+        if bare is not None:  # Triton 3.6's C launch itself, its Python wrapper skipped
+            c_launch, coop, pdl = bare
+
+            def direct_bare(tensors: tuple) -> None:
+                args = values.copy()
+                misaligned = 0
+                for i, t in zip(slots, tensors):
+                    ptr = t.data_ptr()
+                    misaligned |= ptr & 15
+                    args[i] = ptr
+                if misaligned or _hooks_active():
+                    general(tensors)
+                    return
+                c_launch(g0, g1, g2, stream(index), function, coop, pdl, None, None, metadata, None, None, None,
+                         *args, *tail)
+
+            return direct_bare
 
         def direct(tensors: tuple) -> None:
             args = values.copy()
