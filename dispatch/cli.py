@@ -6,7 +6,10 @@
 * ``explain`` the same on this machine's device (or ``--gpu``), with availability (``live=True``).
 * ``matrix``  the support matrix rendered from the capability data (``--markdown``: the
               README table; ``--update-readme``).
-* ``probe`` / ``bench``  hand over to ``dispatch.probe`` / the benchmark scripts when present.
+* ``probe``   the capability data against the live GPU, every output against the fp64 oracle
+              (``dispatch.probe``).
+* ``bench``   the one benchmark runner (``dispatch.bench``): every backend forced in turn and the
+              automatic choice, checked against the fp64 oracle and timed.
 
 Every inspecting command takes ``--json``. Bad arguments exit with status 2 and a message
 naming the option, its value and the allowed values. Human output fits 100 columns, and a
@@ -15,7 +18,6 @@ reader that stops early (``| head``) ends the command quietly.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -38,6 +40,9 @@ ENTRY_POINTS = tuple(ENTRIES)  # the registry of dispatch/entries/
 DEFAULT_ENTRY = "attn-dispatch cli"  # not an entry point: the family's own order applies
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 100  # human output fits a 100-column terminal
+DESCRIPTION = ("FlashInfer's attention API, dispatched to the fastest correct backend: what this machine "
+               "and any GPU would run, the support matrix, the probe and the benchmark. "
+               "'attn-dispatch COMMAND -h' for a command's options.")
 
 
 def version() -> str:
@@ -151,7 +156,7 @@ def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attn-dispatch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="attn-dispatch", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attn-dispatch {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{info,query,explain,matrix,probe,bench}")
     info = sub.add_parser("info", help="this machine: torch, CUDA, GPU, backends installed/usable")
@@ -167,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--markdown", action="store_true", help="the Markdown table (wide: the README's form)")
     matrix.add_argument("--update-readme", action="store_true", help="rewrite the README's matrix block")
     matrix.add_argument("--readme", type=Path, default=None, help="README to update (default: the repo's)")
-    for name, text in (("probe", "check the capability data against this GPU (dispatch.probe)"),
-                       ("bench", "benchmark sweeps (tools/bench*.py)")):
+    for name, text in (("probe", "check the capability data against this GPU, outputs against fp64"),
+                       ("bench", "the benchmark: every backend and the automatic choice, checked, timed")):
         hook = sub.add_parser(name, help=text, add_help=False)
         hook.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -381,47 +386,16 @@ def cmd_matrix(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 # -- probe / bench hooks ------------------------------------------------------------------
-def _run_module_main(module: str, argv: list[str]) -> Optional[int]:
-    """``module.main(argv)`` when the module exists; None when it does not."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:  # the module exists but something it imports is missing
-            raise
-        return None
-    result = mod.main(argv)
-    return int(result or 0)
-
-
 def cmd_probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    result = _run_module_main("dispatch.probe", args.args)
-    if result is None:
-        print("attn-dispatch probe: dispatch/probe.py is not present in this installation; "
-              "nothing to run (it checks the capability data against the GPU)", file=sys.stderr)
-        return 1
-    return result
+    from . import probe
+
+    return int(probe.main(args.args) or 0)
 
 
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    result = _run_module_main("dispatch.bench", args.args)
-    if result is not None:
-        return result
-    scripts = sorted((REPO_ROOT / "tools").glob("bench*.py"))
-    if not scripts:
-        print("attn-dispatch bench: no benchmark found (dispatch/bench.py or tools/bench*.py); "
-              "benchmarks run from a source checkout", file=sys.stderr)
-        return 1
-    import runpy
+    from . import bench
 
-    saved = sys.argv
-    sys.argv = [str(scripts[0])] + list(args.args)
-    try:
-        runpy.run_path(str(scripts[0]), run_name="__main__")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = saved
-    return 0
+    return int(bench.main(args.args) or 0)
 
 
 COMMANDS = {"info": cmd_info, "query": cmd_query, "explain": cmd_explain, "matrix": cmd_matrix,

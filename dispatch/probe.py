@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 import zlib
 from dataclasses import dataclass, field, replace
@@ -186,7 +187,8 @@ def run_probe(backends: list[str], cases: list[Case], try_rejected: bool = True,
             outcome = probe_one(name, case, desc, device, try_rejected)
             results.append(outcome)
             if outcome.verdict not in ("ok", "rejected", "rejected (not tried)"):
-                log(f"  {outcome.verdict:13s} {name:12s} {case.name:26s} {outcome.error or _errs(outcome)}")
+                log(textwrap.fill(f"  {outcome.verdict:13s} {name:12s} {case.name:26s} {outcome.error or _errs(outcome)}",
+                                  100, subsequent_indent=" " * 16))
             if outcome.error and context_poisoned():
                 log(f"  CUDA context poisoned after {name}/{case.name}: stopping the probe")
                 return results
@@ -253,7 +255,7 @@ def write_report(results: list[Outcome], out_dir: Path, stem: str = "probe") -> 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attn-dispatch probe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="attn-dispatch probe", description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("--backends", default="", help="comma-separated backend names (default: every available one)")
     parser.add_argument("--cases", default="", help="comma-separated case names (default: the whole grid)")
     parser.add_argument("--out-dir", default=".", help="where probe.json and probe.md are written")
@@ -288,8 +290,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.list:
         if args.json:
             print(json.dumps([{"case": c.name, "problem": c.problem.describe()} for c in cases], indent=1))
-        else:
-            print("\n".join(f"{c.name:28s} {c.problem.describe()}" for c in cases))
+        else:  # wrapped to the terminal's 100 columns
+            print("\n".join(textwrap.fill(f"{c.name:28s} {c.problem.describe()}", 100, subsequent_indent=" " * 29)
+                            for c in cases))
         return 0
     if args.cases:
         wanted = set(args.cases.split(","))
@@ -312,7 +315,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps({"backends": backends, "cases": len(cases), "summary": counts,
                           "over_promises": over, "report": [str(jpath), str(mpath)]}, indent=1))
     else:
-        print("\n".join(f"{b:12s} {c}" for b, c in counts.items()))
+        print("\n".join(textwrap.fill(f"{b:12s} {c}", 100, subsequent_indent=" " * 13) for b, c in counts.items()))
         print(f"report: {jpath} {mpath}")
     return 1 if over else 0
 

@@ -206,3 +206,27 @@ def test_no_tool_imports_tests():
             assert not {n.split(".")[0] for n in names} & test_modules, f"{tool.name} imports {names}"
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.path.insert", "sys.path.append"):
                 assert "tests" not in ast.get_source_segment(source, node), f"{tool.name} puts tests/ on sys.path"
+
+
+def test_the_terminal_summary_fits_100_columns_and_names_failing_backends():
+    """report.summary_text: long problem names get a line of their own, a backend whose output
+    disagreed with the oracle (or raised) is named under its problem, nothing passes 100 columns."""
+    from dispatch.bench import report
+
+    long_name = "paged 64x1x4096 h32/8 d128 bf16 window1023,softcap30,sinks,lse,and-more-features"
+    rows = [{"name": "xqa 2x1x16 h4/2 d32 fp32", "fastest": "reference", "fastest_ms": 1.5, "auto": "reference",
+             "auto_ms": 1.52, "regret": 0.013, "backends": [{"backend": "reference", "status": "ok"}]},
+            {"name": long_name, "fastest": "native-triton", "fastest_ms": 0.25, "auto": "cudnn", "auto_ms": 0.5,
+             "regret": 1.0, "backends": [{"backend": "cudnn", "status": "DISAGREES"},
+                                          {"backend": "fa2", "status": "error", "note": "x" * 300}]},
+            {"name": "single 1x1x8 h4/2 d32 fp32", "error": "skipped: --budget-s spent"}]
+    rep = {"grid": "mine", "environment": {"gpu": None}, "results": rows, "regret": report.regret_figures(rows)}
+    text = report.summary_text(rep)
+    lines = text.splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    assert lines[0] == "attn-dispatch bench: mine on CPU, 3 problems" and "max 100.0%" in lines[1]
+    i = lines.index(long_name)
+    assert lines[i + 1].split() == ["native-triton", "0.25", "cudnn", "0.5", "100.0%"]
+    assert lines[i + 2].startswith("  ! cudnn DISAGREES; fa2 error (xxx")
+    assert any(line.startswith("xqa 2x1x16 h4/2 d32 fp32") and line.rstrip().endswith("1.3%") for line in lines)
+    assert lines[-1] == "single 1x1x8 h4/2 d32 fp32: skipped: --budget-s spent"

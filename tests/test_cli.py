@@ -483,17 +483,15 @@ def test_update_readme_without_markers_fails_naming_them(tmp_path, capsys):
 
 
 # -- probe / bench hooks ------------------------------------------------------------------------------
-def test_probe_and_bench_hooks_hand_over_or_say_what_is_missing(capsys, monkeypatch):
+def test_probe_and_bench_hand_over_every_argument_to_their_modules(monkeypatch):
+    from dispatch import bench, probe
+
     calls = []
-    monkeypatch.setattr(cli, "_run_module_main", lambda module, argv: calls.append((module, argv)) or 7)
-    assert cli.main(["probe", "--grid", "small"]) == 7
-    assert calls == [("dispatch.probe", ["--grid", "small"])]
-    monkeypatch.setattr(cli, "_run_module_main", lambda module, argv: None)
-    monkeypatch.setattr(cli, "REPO_ROOT", cli.Path("/nonexistent-attn-dispatch"))
-    assert cli.main(["probe"]) == 1
-    assert "dispatch/probe.py is not present" in capsys.readouterr().err
-    assert cli.main(["bench"]) == 1
-    assert "no benchmark found" in capsys.readouterr().err
+    monkeypatch.setattr(probe, "main", lambda argv: calls.append(("probe", argv)) or 7)
+    monkeypatch.setattr(bench, "main", lambda argv: calls.append(("bench", argv)) or 0)
+    assert cli.main(["probe", "--backends", "cudnn", "--json"]) == 7
+    assert cli.main(["bench", "--quick", "--out", "/tmp/x"]) == 0
+    assert calls == [("probe", ["--backends", "cudnn", "--json"]), ("bench", ["--quick", "--out", "/tmp/x"])]
 
 
 # -- what a new user meets first: --version, JSON that parses, pipes, wrapped text ------------------
@@ -540,3 +538,67 @@ def test_probe_unknown_backend_exits_2_naming_the_option_and_the_valid_names(cap
         probe.main(["--backends", "nope", "--cases", "none"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--backends 'nope'" in err and "cudnn" in err
+
+
+def _widths(text: str) -> list[str]:
+    return [line for line in text.splitlines() if len(line) > 100]
+
+
+@pytest.mark.parametrize("command", ["", "info", "query", "explain", "matrix", "probe", "bench"])
+def test_help_fits_100_columns_and_names_no_missing_script(command):
+    import subprocess
+
+    argv = [sys.executable, "-m", "dispatch", *command.split(), "--help"]
+    done = subprocess.run(argv, cwd=cli.REPO_ROOT, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "COLUMNS": "100"})
+    assert done.returncode == 0 and done.stdout.startswith("usage: attn-dispatch"), done.stderr
+    assert not _widths(done.stdout)
+    assert "tools/bench" not in done.stdout and "``" not in done.stdout
+
+
+def test_probe_list_fits_100_columns():
+    done = _attn_dispatch("probe", "--list")
+    assert done.returncode == 0 and len(done.stdout.splitlines()) > 30
+    assert not _widths(done.stdout)
+
+
+def test_bench_quick_prints_a_summary_that_fits_100_columns(tmp_path):
+    """What a new user sees from `attn-dispatch bench --device cpu --quick`: the regret line and one
+    row per problem within 100 columns on stdout (the wide table is the .md), progress on stderr."""
+    done = _attn_dispatch("bench", "--device", "cpu", "--quick", "--limit", "3", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert not _widths(done.stdout) and not _widths(done.stderr)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "attn-dispatch bench: quick on CPU, 3 problems" and "regret of the automatic choice" in lines[1]
+    rep = json.loads((tmp_path / "bench-quick-cpu.json").read_text())
+    for r in rep["results"]:
+        assert any(line.startswith(r["name"]) and r["fastest"] in line for line in lines), r["name"]
+    assert lines[-3:] == ["outputs:", f"  {tmp_path / 'bench-quick-cpu.json'}", f"  {tmp_path / 'bench-quick-cpu.md'}"]
+
+
+def test_bench_piped_into_head_ends_quietly(tmp_path):
+    done = _attn_dispatch("bench", "--device", "cpu", "--quick", "--limit", "2", "--out", str(tmp_path),
+                          pipe_to="head -3")
+    assert done.returncode == 0, done.stderr
+    assert "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stdout.splitlines()) == 3
+
+
+@pytest.mark.parametrize("command", ["--version", "explain --causal", "info --json", "bench --list --quick"])
+def test_more_commands_piped_into_head_end_quietly(command):
+    done = _attn_dispatch(*command.split(), pipe_to="head -3")
+    assert done.returncode == 0, done.stderr
+    assert "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr
+    assert 1 <= len(done.stdout.splitlines()) <= 3
+
+
+@pytest.mark.xfail(strict=True, reason="backends/_flash_attn.py Provider.extra = 'fa2'/'fa3': no such pyproject "
+                                       "extra (backends/ is being edited by others; fix there, then drop this mark)")
+def test_info_never_suggests_an_extra_pyproject_does_not_have():
+    import re
+    import tomllib
+
+    extras = set(tomllib.loads((cli.REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    done = _attn_dispatch("info")
+    named = set(re.findall(r"attn-dispatch\[(\w+)\]", done.stdout))
+    assert named and named <= extras, named - extras

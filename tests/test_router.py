@@ -435,3 +435,28 @@ def test_strict_context_manager_wins_over_a_bad_env_value(monkeypatch):
     monkeypatch.setenv(policy.ENV_STRICT, "maybe")
     with dispatch.strict(False):
         assert policy.strict_mode() is False
+
+
+def test_reference_on_a_cuda_device_warns_once_naming_every_other_candidates_reasons(caplog):
+    """The slow reference serving a CUDA problem (head dim 1024: nothing else accepts it) is logged
+    once per (problem, device) as a WARNING carrying each other candidate's reasons, even when the
+    decision is made again; on the CPU, where the reference is the plan, nothing is logged."""
+    from dataclasses import replace
+
+    from dispatch.lab_vendors import make_problem
+
+    h100 = capability_db.resolve_device("h100")
+    router.clear_caches()
+    p = make_problem(phase="decode", head_dim_qk=1024, head_dim_vo=1024, device_type="cuda")
+    with caplog.at_level(logging.WARNING, logger="attn_dispatch"):
+        assert router.decide(p, h100, live=False).chosen == "reference"
+        router._decisions.clear()  # a fresh decision of the same problem on the same GPU
+        assert router.decide(p, h100, live=False).chosen == "reference"
+        cpu = replace(p, device_type="cpu")
+        assert router.decide(cpu, capability_db.CPU_DEVICE, live=False).chosen == "reference"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    others = [c for c in router.evaluate(p, h100, live=False) if c.ranked and c.backend != "reference"]
+    assert others and "slow PyTorch reference" in warnings[0] and h100.name in warnings[0]
+    for c in others:
+        assert f"{c.backend}: " in warnings[0] and c.reasons and str(c.reasons[0]) in warnings[0], c.backend

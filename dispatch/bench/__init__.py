@@ -5,7 +5,8 @@ of problems (``--problems FILE``; fields: dispatch/bench/problems.py) through th
 points: every available backend forced in turn and the automatic choice, each output checked
 against the fp64 oracle, eager and CUDA-graph timing, rates, the fastest backend and auto's
 regret (``runner.METHOD``). Writes DIR/bench-<grid>.json and .md (+ PNG plots with matplotlib)
-and prints the Markdown table; a progress bar with tqdm (plain lines without it).
+and prints a summary that fits 100 columns (the full table is the .md); a progress bar with tqdm
+(plain lines on stderr without it).
 
     attn-dispatch bench --device cpu --quick --out DIR        # seconds, CI runs it
     attn-dispatch bench --grid h100 --out $OUT --budget-s 500 # one H100, JIT compiles included
@@ -22,6 +23,7 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Optional
@@ -32,20 +34,32 @@ import torch
 # use them: ``dispatch.bench.timing`` / ``.oracle`` are imported from the router's layer (autotune)
 
 
+USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE] [--device {cpu,cuda}]\n"
+         "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N] [--list]\n"
+         "                           [--json]\n"
+         "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
+         "       %(prog)s --replay JSON [JSON ...] [--out DIR]")
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import grids
 
-    p = argparse.ArgumentParser(prog="attn-dispatch bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="attn-dispatch bench", usage=USAGE,
+        description="The one benchmark runner: a named grid or your problems through the public entry "
+                    "points, every available backend forced in turn and the automatic choice, each output "
+                    "checked against the fp64 oracle, eager and CUDA-graph times, auto's regret.")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
     what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/bench/problems.py)")
-    what.add_argument("--to-table", type=Path, nargs="+", metavar="RESULTS.json",
+    what.add_argument("--to-table", type=Path, nargs="+", metavar="JSON",
                       help="turn bench JSONs of one GPU into the router's timing table (capability_db/measured/<gpu>.json)")
-    what.add_argument("--replay", type=Path, nargs="+", metavar="RESULTS.json",
+    what.add_argument("--replay", type=Path, nargs="+", metavar="JSON",
                       help="today's choice against the times these bench JSONs measured (no GPU): OUT/replay-*.md")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), help="output folder (default $OUT or .)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), metavar="DIR",
+                   help="output folder (default $OUT or .)")
     p.add_argument("--reps", type=int, default=0, help="timings per measurement (default: 10 on CUDA, 3 on the CPU)")
     p.add_argument("--budget-s", type=float, default=0.0, metavar="S",
                    help="stop starting problems after S seconds (the rest are listed as skipped)")
@@ -114,8 +128,8 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
         line = (f"[{i + 1}/{len(plist)}] {p.name}: " + (r.get("error") or
                 f"fastest {r['fastest']} {r['fastest_ms'] or 0:.4g} ms, auto {r['auto']} "
                 + ("-" if r["regret"] is None else f"regret {r['regret']:.1%}") + f" ({r['seconds']} s)"))
-        if bar is None:
-            print(line, file=sys.stderr, flush=True)
+        if bar is None:  # progress on stderr, wrapped to the terminal's 100 columns
+            print(textwrap.fill(line, 100, subsequent_indent="    "), file=sys.stderr, flush=True)
         else:
             bar.set_postfix_str(p.name[:40])
             bar.update(1)
@@ -167,6 +181,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         print(json.dumps({"regret": rep["regret"], "outputs": [str(p) for p in paths]}, indent=1))
     else:
-        print(report.markdown(rep))
-        print("outputs: " + " ".join(str(p) for p in paths))
+        print(report.summary_text(rep))
+        print("outputs:\n" + "\n".join(f"  {p}" for p in paths))  # one a line: paths can be long
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -68,6 +69,50 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['name']} | {r.get('fastest') or '-'} | {_cell(auto, r['unit'])} | {regret} | "
                      + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+SUMMARY_COLUMNS = ((42, "problem"), (14, "fastest"), (9, "ms"), (14, "auto"), (9, "ms"), (7, "regret"))
+
+
+def summary_text(report: dict, width: int = 100) -> str:
+    """The terminal's form of ``markdown``: the regret figures and one row per problem (fastest,
+    auto, their ms, the regret) within ``width`` columns; a backend that failed its check or
+    raised is named under its problem. The full table (every backend's time and rate) is the .md."""
+    fig, results = report["regret"], report["results"]
+    lines = [f"attn-dispatch bench: {report['grid']} on {report['environment'].get('gpu') or 'CPU'}, "
+             f"{len(results)} problems"]
+    if fig.get("count"):
+        lines += textwrap.wrap(f"regret of the automatic choice: p50 {fig['p50']:.1%}, p95 {fig['p95']:.1%}, "
+                               f"max {fig['max']:.1%}; within 3% of the fastest: {fig['within_3pct']} of "
+                               f"{fig['count']}", width)
+    ratios = [r["auto_over_flashinfer"] for r in results if r.get("auto_over_flashinfer")]
+    if ratios:
+        lines += textwrap.wrap(f"auto / FlashInfer's own call: best {min(ratios):.2f}, worst {max(ratios):.2f}, "
+                               f"auto faster or within 3% on {sum(x <= 1.03 for x in ratios)} of {len(ratios)}",
+                               width)
+    lines += ["", _columns([title for _, title in SUMMARY_COLUMNS])]
+    for r in results:
+        lines += _summary_rows(r, width)
+    return "\n".join(line[:width] for line in lines)
+
+
+def _columns(cells: list[str]) -> str:
+    return " ".join(f"{c:<{w}.{w}}" for (w, _), c in zip(SUMMARY_COLUMNS, cells)).rstrip()
+
+
+def _summary_rows(r: dict, width: int) -> list[str]:
+    name = r["name"]
+    if "error" in r:
+        return textwrap.wrap(f"{name}: {r['error']}", width, subsequent_indent="  ")
+    regret = "-" if r.get("regret") is None else f"{r['regret']:.1%}"
+    cells = [r.get("fastest") or "-", _ms(r.get("fastest_ms")), r.get("auto") or "-", _ms(r.get("auto_ms")), regret]
+    fits = len(name) <= SUMMARY_COLUMNS[0][0]
+    rows = [_columns([name if fits else "", *cells])] if fits else [name, _columns(["", *cells])]
+    bad = [f"{b['backend']} {b['status']}" + (f" ({b['note']})" if b.get("note") else "")
+           for b in r.get("backends", []) if b["status"] in ("DISAGREES", "error")]
+    if bad:
+        rows += textwrap.wrap("; ".join(bad), width, initial_indent="  ! ", subsequent_indent="    ")
+    return rows
 
 
 def write(report: dict, out: Path, stem: str) -> list[Path]:
