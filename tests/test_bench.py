@@ -230,3 +230,27 @@ def test_the_terminal_summary_fits_100_columns_and_names_failing_backends():
     assert lines[i + 2].startswith("  ! cudnn DISAGREES; fa2 error (xxx")
     assert any(line.startswith("xqa 2x1x16 h4/2 d32 fp32") and line.rstrip().endswith("1.3%") for line in lines)
     assert lines[-1] == "single 1x1x8 h4/2 d32 fp32: skipped: --budget-s spent"
+
+
+def test_flashinfer_column_calls_an_older_trtllm_signature():
+    """FlashInfer 0.5.3's trtllm_batch_context_with_kv_cache takes no causal=/return_lse=/lse= (it is
+    causal, without LSE): the column calls it without them, and names what it lacks otherwise."""
+    from types import SimpleNamespace
+    seen = {}
+
+    def trtllm_053(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
+                   bmm2_scale, batch_size, cum_seq_lens_q, cum_seq_lens_kv, window_left=-1, out=None, out_dtype=None,
+                   o_sf_scale=None, o_sf_vec_size=None, kv_layout="HND", enable_pdl=None, sinks=None):
+        seen.update(window_left=window_left, kv_layout=kv_layout)
+        return out
+
+    def built(causal, lse):
+        problem = SimpleNamespace(causal=causal, lse=lse, q_len=4, kv_len=8, batch=2, window_left=-1)
+        case = {k: None for k in ("q", "table", "seq", "qo", "kv_tokens")}
+        return SimpleNamespace(problem=problem, case={**case, "device": "cpu"}, scale=0.1, out=None, sinks=None,
+                               lse=torch.empty(3) if lse else None)
+    build._trtllm(built(True, False), trtllm_053)("kv")
+    assert seen == {"window_left": -1, "kv_layout": "NHD"}
+    for causal, lse, words in ((False, False, "takes no causal="), (True, True, "takes no return_lse, lse=")):
+        with pytest.raises(NotImplementedError, match=words):
+            build._trtllm(built(causal, lse), trtllm_053)

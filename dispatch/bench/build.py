@@ -10,6 +10,7 @@ made and planned there, so call it inside ``dispatch.use_backend(name)`` to forc
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -149,9 +150,17 @@ def _paged(b: Built, cls: Any) -> Callable[[Any], Any]:
 def _trtllm(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
     ws = lab.ws(c["device"])
+    options = dict(causal=p.causal, return_lse=p.lse, lse=b.lse)
+    # FlashInfer 0.5.3's function (flashinfer/prefill.py) has none of these: it is causal and returns no LSE
+    taken = inspect.signature(fn).parameters
+    needed = {"causal": not p.causal, "return_lse": p.lse, "lse": b.lse is not None}  # unlike that default
+    missing = [name for name, need in needed.items() if need and name not in taken]
+    if missing:
+        raise NotImplementedError(f"{getattr(fn, '__module__', '')}.{fn.__name__} takes no {', '.join(missing)}=")
+    options = {name: value for name, value in options.items() if name in taken}
     return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.q_len, p.kv_len, b.scale, 1.0, p.batch, c["qo"],
                          c["kv_tokens"], window_left=p.window_left, out=b.out, kv_layout="NHD", sinks=b.sinks,
-                         causal=p.causal, return_lse=p.lse, lse=b.lse)
+                         **options)
 
 
 def _xqa(b: Built, fn: Any) -> Callable[[Any], Any]:
