@@ -13,7 +13,7 @@ from typing import Optional, Union
 import torch
 
 from .. import ops, policy
-from .._normalize import fold_scale, paged_nhd, scatter_padded_lse, uniform_indptr
+from .._normalize import fold_scale, scatter_padded_lse, uniform_indptr
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from ..specs import CudnnPrefillSpec
 from . import _base as B
@@ -67,21 +67,38 @@ def cudnn_batch_prefill_with_kv_cache(
         scale, max_token_per_sequence, max_sequence_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale,
         batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_v, batch_offsets_units, out, lse,
         is_cuda_graph_compatible, o_data_type), explicit)
-    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
-                max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
-                actual_seq_lens_q=actual_seq_lens_q, actual_seq_lens_kv=actual_seq_lens_kv, block_tables=block_tables,
-                causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                batch_offsets_q=batch_offsets_q, batch_offsets_o=batch_offsets_o, batch_offsets_k=batch_offsets_k,
-                batch_offsets_v=batch_offsets_v, batch_offsets_units=batch_offsets_units, out=out, lse=lse,
-                is_cuda_graph_compatible=is_cuda_graph_compatible, o_data_type=o_data_type)
-    lane = B.lane(key, CudnnPrefillSpec, lambda: args, _call_key, _problem, _sizes, explicit)
-    batch, padded = _batch(args, lane.sizes)
+    lane = B.lane(key, CudnnPrefillSpec, lambda: dict(
+        q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
+        max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
+        actual_seq_lens_q=actual_seq_lens_q, actual_seq_lens_kv=actual_seq_lens_kv, block_tables=block_tables,
+        causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+        batch_offsets_q=batch_offsets_q, batch_offsets_o=batch_offsets_o, batch_offsets_k=batch_offsets_k,
+        batch_offsets_v=batch_offsets_v, batch_offsets_units=batch_offsets_units, out=out, lse=lse,
+        is_cuda_graph_compatible=is_cuda_graph_compatible, o_data_type=o_data_type), _call_key, _problem, _sizes,
+        explicit)
+    z = lane.sizes
+    if z.paged:
+        k, v = k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3)  # the logical NHD pages (as the spec's)
+    else:
+        k, v = k_cache, v_cache
+    tokens = batch_offsets_units == "tokens"
+    qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, actual_seq_lens_q, actual_seq_lens_kv, batch_offsets_q,
+                                             batch_offsets_k)
+    out = out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
+    given = _cudnn_buffers(z, tokens, actual_seq_lens_q, q, batch_offsets_q, out, batch_offsets_o)
+    # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
+    batch = AttentionBatch(
+        q, k, v, qo_indptr, kv_lens, out, z.batch, max_token_per_sequence, max_sequence_kv,
+        fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale), kv_indptr, block_tables,
+        B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None, given)
     B.remember(cudnn_batch_prefill_with_kv_cache, lane.launch(batch))
     if not return_lse:
-        return batch.out, None
+        return out, None
+    padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
+                                                     device=q.device)
     if not B.is_dry():
-        scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
-    return batch.out, padded
+        scatter_padded_lse(batch.lse, qo_indptr, padded)
+    return out, padded
 
 
 def _on_device(lengths, q):
@@ -116,41 +133,18 @@ def _sizes(args: dict, d) -> SimpleNamespace:
                            batch=d.batch, paged=d.paged)
 
 
-def _batch(args: dict, z: SimpleNamespace) -> tuple[AttentionBatch, Optional[torch.Tensor]]:
-    """The batch (with token-unit indices derived on the device) and the padded LSE buffer."""
-    q = args["q"]
-    if z.paged:
-        k, v = paged_nhd(args["k_cache"], "HND", False), paged_nhd(args["v_cache"], "HND", False)  # as the spec's
-    else:
-        k, v = args["k_cache"], args["v_cache"]
-    qo_indptr, kv_indptr, kv_lens = _indices(args, z)
-    out = B.new_out(args["out"], z.total_q, z.hq, z.dvo, z.out_dtype, q.device)
-    batch = AttentionBatch(
-        q=q, k=k, v=v, qo_indptr=qo_indptr, kv_lens=kv_lens, out=out, batch_size=z.batch,
-        max_q_len=args["max_token_per_sequence"], max_kv_len=args["max_sequence_kv"],
-        sm_scale=fold_scale(args["scale"], args["q_scale"], args["k_scale"]), out_scale=fold_scale(1.0, args["v_scale"]),
-        kv_indptr=kv_indptr, block_table=args["block_tables"],
-        lse=B.new_lse(None, z.total_q, z.hq, q.device, args["return_lse"]), extras=_cudnn_buffers(args, z, out))
-    padded = None
-    if args["return_lse"]:
-        padded = args["lse"] if args["lse"] is not None else torch.empty(
-            z.batch, args["max_token_per_sequence"], z.hq, dtype=torch.float32, device=q.device)
-    return batch, padded
-
-
-def _cudnn_buffers(args: dict, z: SimpleNamespace, out: torch.Tensor) -> dict:
+def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o):
     """The caller's buffers already in cuDNN's convention (int32 query lengths; element offsets
     that match packed Q / O rows), for the cuDNN backend to use as they are (batch.extras; it
     binds their pointers, whatever their shape: no view is made here)."""
     given = {}
-    lens = args["actual_seq_lens_q"]
-    if lens is not None and lens.dtype is torch.int32:
-        given["seq_q"] = lens
-    if args["batch_offsets_units"] == "elements":
-        for name, tensor, row in (("off_q", args["q"], z.hq * z.dqk), ("off_o", out, z.hq * z.dvo)):
-            offsets = args["batch_offsets_" + name[-1]]
-            if offsets is not None and offsets.dtype is torch.int32 and tensor.stride(0) == row:
-                given[name] = offsets
+    if seq_q is not None and seq_q.dtype is torch.int32:
+        given["seq_q"] = seq_q
+    if not tokens:
+        if offsets_q is not None and offsets_q.dtype is torch.int32 and q.stride(0) == z.hq * z.dqk:
+            given["off_q"] = offsets_q
+        if offsets_o is not None and offsets_o.dtype is torch.int32 and out.stride(0) == z.hq * z.dvo:
+            given["off_o"] = offsets_o
     return {"cudnn": given} if given else B.NO_EXTRAS
 
 
@@ -171,26 +165,19 @@ def _token_offsets(offsets: torch.Tensor, units_per_token: int, tokens: bool) ->
     return flat if flat.dtype is torch.int32 else flat.to(torch.int32)
 
 
-def _indices(args: dict, d):
+def _indices(q, d, tokens: bool, seq_q, seq_kv, offsets_q, offsets_k):
     """Token-unit qo_indptr / kv_indptr and (B,) kv_lens; absent offsets are the packed prefix
     sums of the lengths (what FlashInfer computes for packed inputs)."""
-    tokens = args["batch_offsets_units"] == "tokens"
-    if args["batch_offsets_q"] is not None:
-        qo = _token_offsets(args["batch_offsets_q"], d.hq * d.dqk, tokens)
-    elif args["actual_seq_lens_q"] is not None:
-        qo = _cumsum0(args["actual_seq_lens_q"])
+    if offsets_q is not None:
+        qo = _token_offsets(offsets_q, d.hq * d.dqk, tokens)
+    elif seq_q is not None:
+        qo = _cumsum0(seq_q)
     else:
-        qo = uniform_indptr(1, d.total_q, args["q"].device)
+        qo = uniform_indptr(1, d.total_q, q.device)
     kv_indptr = None
     if not d.paged:
-        if args["batch_offsets_k"] is not None:
-            kv_indptr = _token_offsets(args["batch_offsets_k"], d.hkv * d.dqk, tokens)
-        else:
-            kv_indptr = _cumsum0(args["actual_seq_lens_kv"])
-    if args["actual_seq_lens_kv"] is not None:
-        kv_lens = args["actual_seq_lens_kv"].reshape(-1)
-    else:
-        kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
+        kv_indptr = _token_offsets(offsets_k, d.hkv * d.dqk, tokens) if offsets_k is not None else _cumsum0(seq_kv)
+    kv_lens = seq_kv.reshape(-1) if seq_kv is not None else (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int32)
     return qo, kv_indptr, kv_lens
 
 
