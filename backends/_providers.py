@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from backends import _vendor
+from capability_db import install_hint
 from backends._device import on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason
 
@@ -66,7 +67,7 @@ class MultiProviderBackend(Backend):
             return None
         labels = " / ".join(p.label for p in self.providers)
         return Reason(f"package {labels}", "not installed",
-                      " or ".join(f"pip install 'attn-dispatch[{p.extra}]'" for p in self.providers))
+                      " or ".join(install_hint(p.module.split(".")[0]) for p in self.providers))  # the data's lines
 
     def version(self) -> str | None:
         found = [f"{p.label} {p.version()}" for p in self.providers if p.loaded().ok]

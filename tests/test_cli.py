@@ -592,8 +592,6 @@ def test_more_commands_piped_into_head_end_quietly(command):
     assert 1 <= len(done.stdout.splitlines()) <= 3
 
 
-@pytest.mark.xfail(strict=True, reason="backends/_flash_attn.py Provider.extra = 'fa2'/'fa3': no such pyproject "
-                                       "extra (backends/ is being edited by others; fix there, then drop this mark)")
 def test_info_never_suggests_an_extra_pyproject_does_not_have():
     import re
     import tomllib
