@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from backends.native.triton_backend import TileConfig, rope_frequencies
-from backends.native.triton_kernels import _rope_cos_sin
+from backends.native.triton_kernels import _rope_cos_sin, _rope_cos_sin_tile
 from dispatch.lab_native import BACKEND, DEVICE, Case, build, problem_of
 from dispatch.problem import NAME_DTYPES, AttentionBatch
 from test_native_triton import assert_agrees_with_oracle
@@ -161,3 +161,28 @@ def test_rope_angles_reduced_to_a_turn_match_fp64_at_long_positions():
     assert (s.double() - want.sin()).abs().max().item() < 2e-6
     naive = (pos.float()[:, None] * table[0][None, :]).double()
     assert (naive.cos() - want.cos()).abs().max().item() > 1e-2  # the hi + lo parts are needed
+
+
+@triton.jit
+def _tile_angles(Start, Freq, Cos, Sin, N: tl.constexpr, H: tl.constexpr):
+    f = tl.arange(0, H)
+    c, s = _rope_cos_sin_tile(tl.load(Start + tl.program_id(0)), tl.load(Freq + f), tl.load(Freq + H + f), N)
+    out = tl.program_id(0) * N * H + f[:, None] * N + tl.arange(0, N)[None, :]
+    tl.store(Cos + out, c)
+    tl.store(Sin + out, s)
+
+
+@pytest.mark.parametrize("rope_scale", [1.0, 0.5])
+def test_rope_tile_angles_match_fp64_at_long_positions(rope_scale):
+    """_rope_cos_sin_tile (16-bit dots: the tile start's angle reduced once, each key adding j * f) at
+    key tiles of 128 starting up to ~2^20, LLaMA frequencies up to 1 / rope_scale: within 3e-5 of fp64
+    (the fp32 rounding of angles up to pi + 127 * f is ~1e-5); the keys of one tile each differ."""
+    problem = replace(problem_of(Case(dqk=64, **ROPE)), rope_scale=rope_scale, rope_theta=5e5)
+    table = rope_frequencies(problem, 32)
+    starts = torch.cat([torch.randint(0, 1 << 20, (6,)), torch.tensor([0, (1 << 20) - 128])]).to(torch.int32)
+    c, s = torch.empty(8, 32, 128), torch.empty(8, 32, 128)
+    _tile_angles[(8,)](starts.to(DEVICE), table.to(DEVICE), c.to(DEVICE), s.to(DEVICE), N=128, H=32)
+    freq = table[0].double() + table[1].double()
+    want = (starts.double()[:, None, None] + torch.arange(128).double()[None, None, :]) * freq[None, :, None]
+    assert (c.double() - want.cos()).abs().max().item() < 3e-5
+    assert (s.double() - want.sin()).abs().max().item() < 3e-5

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from backends.base import DeviceDesc
+from backends.native import triton_backend as tb
 from backends.native.triton_backend import TileConfig, split_kv
 from capability_db import CPU_DEVICE, resolve_device
 from dispatch.lab_native import BACKEND, BANDS, DEVICE, Case, build, problem_of, rel_err, run_case
@@ -194,6 +195,39 @@ def test_split_count_fills_two_waves_on_an_h100():
     # Two resident programs per SM double the slots (smaller tiles).
     assert split_kv(4, 8, 65536, sms=132, per_sm=2, block_n=64) == (16, 4096)
 
+
+H100_SMEM_OPTIN = 232448  # bytes of shared memory one H100 program may opt into
+
+
+@pytest.mark.parametrize("kv_dtype,storage,want", [("float8_e4m3fn", "paged", (64, 5)), ("float8_e4m3fn", "ragged",
+                                                   (128, 3)), ("bfloat16", "paged", (128, 3))])
+def test_decode_tile_gives_paged_fp8_two_tiles_in_flight(monkeypatch, kv_dtype, storage, want):
+    """d128 decode on an H100: paged fp8 K/V get N64 with 5 stages (Triton's pipeliner prefetches paged
+    tiles (stages - 1) // 2 ahead: 2 tiles), and fit in shared memory as chosen; ragged fp8 (no page
+    table: 3 stages already prefetch 2) and bf16 keep N128 with 3 stages; the split rule's occupancy
+    input stays one program per SM for all three (its factor 2 was measured with that count)."""
+    monkeypatch.setattr(tb, "_smem_limit", lambda device: 0.9 * H100_SMEM_OPTIN)
+    c = Case(storage=storage, page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16", kv_dtype=kv_dtype,
+             phase="decode")
+    cuda = torch.device("cuda", 0)
+    cfg = tb.fit_shared_memory(problem_of(c), tb.choose_config(problem_of(c), 1, cuda), cuda)
+    assert (cfg.block_n, cfg.num_stages) == want
+    assert tb._kv_buffers(problem_of(c), cfg) == 3 - (storage == "paged" and kv_dtype == "bfloat16")
+    assert tb.programs_per_sm(problem_of(c), cfg, cuda) == 1
+
+
+@pytest.mark.parametrize("pos,storage,stages", [("ROPE_LLAMA", "paged", 5), ("ROPE_LLAMA", "ragged", 3),
+                                                ("NONE", "paged", 3)])
+def test_paged_rope_prefill_gets_the_ragged_prefetch_depth(monkeypatch, pos, storage, stages):
+    """d128 causal prefill of 2048 tokens: RoPE on paged K/V takes 5 stages, the K/V buffers of ragged
+    at 3 (sm_90: 2 per K half, 3 for V) in 164 KB; the plain path keeps 3 stages."""
+    monkeypatch.setattr(tb, "_smem_limit", lambda device: 0.9 * H100_SMEM_OPTIN)
+    c = Case(storage=storage, page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16", pos=pos)
+    cuda = torch.device("cuda", 0)
+    cfg = tb.fit_shared_memory(problem_of(c), tb.choose_config(problem_of(c), 2048, cuda), cuda)
+    assert (cfg.block_m, cfg.block_n, cfg.heads_per_program, cfg.num_stages) == (256, 64, 4, stages)
+    assert tb._kv_buffers(problem_of(c), cfg) == (2 if stages == 3 and storage == "paged" else 3)
+    assert tb._smem_bytes(problem_of(c), cfg) <= 0.9 * H100_SMEM_OPTIN
 
 # ---------------------------------------------------------------------------
 # negative (and zero) softmax scales, against the independent oracle tests/oracle.py

@@ -12,8 +12,9 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
 3. timing with CUDA events (dispatch/bench/timing.py: median, warm-up excluded), K/V rotated over
    copies together larger than 3 x the 50 MB L2: one call at a time (launch included) and replayed
    in a CUDA graph: RoPE decode 64 x 4096 and causal prefill 8 x 2048 against the same workload
-   without RoPE, fp8 KV decode against bf16 (bytes read; also two other tiles for fp8), a device
-   copy for the bandwidth ceiling; the targets of issue 11 are checked in the summary;
+   without RoPE, fp8 KV decode against bf16 (bytes read), a device copy for the bandwidth ceiling;
+   beside each default, the tiles and stage counts round 4 chose between (tools/NOTES-native.md), so
+   one run decides; the targets of issue 11 are checked in the summary ("(info)" rows compare variants);
 4. with --grid: the decode grid (batch 1..256 x keys 512..128k) at the rule's split count and at
    half and twice it, so the rule's distance to the best of the three is measured.
 
@@ -58,6 +59,10 @@ AGREEMENT = {  # name: (case, rope_scale, rope_theta)
     "rope_decode_long_positions": (Case(q_lens=(1,) * 2, kv_lens=(100_000, 3000), **BIG, **DEC, **ROPE), 8.0, 5e5),
     "rope_fp8_kv_decode": (Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 3, kv_lens=(4000, 17, 900), **BIG, **DEC,
                                 **ROPE), 1.0, 1e4),
+    # Round 4's tiles: paged fp8 decode at N64 / 5 stages (interior tiles, splits), RoPE prefill at M256 / 5 stages.
+    "fp8_kv_decode_split": (Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 4, kv_lens=(20000, 4096, 33, 700), **BIG,
+                                 **DEC), 1.0, 1e4),
+    "rope_paged_prefill_m256": (Case(q_lens=(1100, 40), kv_lens=(1500, 900), **BIG, **ROPE), 2.0, 5e5),
     "decode_b4_64k_split": (Case(q_lens=(1,) * 4, kv_lens=(65536, 40000, 777, 9), **BIG, **DEC), 1.0, 1e4),
     "decode_b1_131k_split": (Case(q_lens=(1,), kv_lens=(131072,), **BIG, **DEC), 1.0, 1e4),
     "prefill_causal_paged": (Case(q_lens=(512, 129), kv_lens=(2048, 129), **BIG), 1.0, 1e4),
@@ -232,19 +237,32 @@ def copy_ceiling_tb_s() -> float:
 
 DECODE_GRID = [(b, n) for b in (1, 4, 16, 64, 256) for n in (512, 4096, 32768, 131072)
                if 2 * b * n * HKV * D * 2 <= (8 << 30)]
-FEATURE_ROWS = [  # name, case, metric
-    ("decode b64 x 4096", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **BIG, **DEC), "kv"),
-    ("decode b64 x 4096 RoPE", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **BIG, **DEC, **ROPE), "kv"),
-    ("decode b64 x 4096 fp8 KV", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, kv_dtype="float8_e4m3fn", **BIG, **DEC),
-     "kv"),
-    ("decode b64 x 4096 fp8 KV, N256", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, kv_dtype="float8_e4m3fn", **BIG,
-                                            **DEC), "kv", TileConfig(16, 256, 4, num_warps=4, num_stages=3)),
-    ("decode b64 x 4096 fp8 KV, N128 s4", Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, kv_dtype="float8_e4m3fn",
-                                               **BIG, **DEC), "kv", TileConfig(16, 128, 4, num_warps=4, num_stages=4)),
-    ("prefill causal 8 x 2048", Case(q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG), "flops"),
-    ("prefill causal 8 x 2048 RoPE", Case(q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG, **ROPE), "flops"),
-    ("prefill causal 8 x 2048 ragged RoPE", Case(storage="ragged", q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG,
-                                                 **ROPE), "flops"),
+DEC64 = Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **BIG, **DEC)
+FP8 = replace(DEC64, kv_dtype="float8_e4m3fn")
+PRE8 = Case(q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG)
+
+
+def _tile(m: int, n: int, hpp: int, warps: int, stages: int) -> dict:
+    return {"config": TileConfig(m, n, hpp, num_warps=warps, num_stages=stages)}
+
+
+# name, case, metric, plan overrides. The rows after each default ask what round 4 changed (NOTES-native.md):
+# paged tiles at 5 stages (two tiles prefetched, the ragged depth) or 3 (one), fp8 at N64 or N128.
+FEATURE_ROWS = [
+    ("decode b64 x 4096", DEC64, "kv", {}),
+    ("decode b64 x 4096, N64 s5", DEC64, "kv", _tile(16, 64, 4, 4, 5)),
+    ("decode b64 x 4096 RoPE", replace(DEC64, **ROPE), "kv", {}),
+    ("decode b64 x 4096 fp8 KV", FP8, "kv", {}),
+    ("decode b64 x 4096 fp8 KV, N128 s3", FP8, "kv", _tile(16, 128, 4, 4, 3)),
+    ("decode b64 x 4096 fp8 KV, N128 s5", FP8, "kv", _tile(16, 128, 4, 4, 5)),
+    ("decode b64 x 4096 fp8 KV, N32 s5", FP8, "kv", _tile(16, 32, 4, 4, 5)),
+    ("decode b64 x 4096 fp8 KV, 2 splits", FP8, "kv", {"num_splits": 2}),
+    ("prefill causal 8 x 2048", PRE8, "flops", {}),
+    ("prefill causal 8 x 2048, s5", PRE8, "flops", _tile(256, 64, 4, 8, 5)),
+    ("prefill causal 8 x 2048 RoPE", replace(PRE8, **ROPE), "flops", {}),
+    ("prefill causal 8 x 2048 RoPE, s3", replace(PRE8, **ROPE), "flops", _tile(256, 64, 4, 8, 3)),
+    ("prefill causal 8 x 2048 ragged", replace(PRE8, storage="ragged"), "flops", {}),
+    ("prefill causal 8 x 2048 ragged RoPE", replace(PRE8, storage="ragged", **ROPE), "flops", {}),
 ]
 
 
@@ -269,12 +287,12 @@ def decode_grid_rows(start: float) -> list:
 
 def feature_rows(start: float) -> list:
     rows = []
-    for name, c, metric, *config in FEATURE_ROWS:
+    for name, c, metric, plan_kw in FEATURE_ROWS:
         if time.time() - start > DEADLINE_S:
             rows.append({"case": name, "skipped": "deadline"})
             continue
         try:  # an explicit tile may not fit (or compile): the row says so, the run goes on
-            r = time_case(c, config=config[0] if config else None)
+            r = time_case(c, **plan_kw)
         except Exception as exc:  # noqa: BLE001
             rows.append({"case": name, "skipped": f"{type(exc).__name__}: {str(exc)[:120]}"})
             continue
@@ -307,13 +325,19 @@ def summary(res: dict) -> list:
         if a and b:
             e, g = a["eager_rate"] / b["eager_rate"], a["graph_rate"] / b["graph_rate"]
             rows.append({"target": f"{name} >= {goal:.2f}", "eager": e, "graph": g, "met": e >= goal})
+
     ratio("RoPE decode 64x4096 / plain (TB/s)", "decode b64 x 4096 RoPE", "decode b64 x 4096", 0.85)
     ratio("RoPE prefill 8x2048 / plain (TFLOP/s)", "prefill causal 8 x 2048 RoPE", "prefill causal 8 x 2048", 0.85)
     ratio("ragged RoPE prefill 8x2048 / paged plain", "prefill causal 8 x 2048 ragged RoPE", "prefill causal 8 x 2048",
           0.85)
-    for tile in ("", ", N256", ", N128 s4"):
+    ratio("(info) RoPE prefill 8x2048, s3 / plain", "prefill causal 8 x 2048 RoPE, s3", "prefill causal 8 x 2048", 0.85)
+    ratio("(info) RoPE prefill 8x2048 / plain s5", "prefill causal 8 x 2048 RoPE", "prefill causal 8 x 2048, s5", 0.85)
+    ratio("(info) ragged RoPE / ragged plain", "prefill causal 8 x 2048 ragged RoPE", "prefill causal 8 x 2048 ragged",
+          0.85)
+    for tile in ("", ", N128 s3", ", N128 s5", ", N32 s5", ", 2 splits"):
         ratio(f"fp8 KV decode{tile} / bf16 (bytes read per s)", f"decode b64 x 4096 fp8 KV{tile}", "decode b64 x 4096",
               0.90)
+    ratio("(info) fp8 KV decode / bf16 N64 s5", "decode b64 x 4096 fp8 KV", "decode b64 x 4096, N64 s5", 0.90)
     launcher = next((h for h in res["host"] if h["path"].startswith("launcher")), None)
     if launcher:
         us = launcher["us_per_launch"]

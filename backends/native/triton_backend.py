@@ -187,22 +187,46 @@ def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.devic
         # Decode-like: pack the whole group (and all drafts) into the M dimension.
         # Long key tiles keep more bytes in flight per program (H100: N128 2.86 TB/s vs N64 2.33).
         block_m = min(max(16, _pow2(rows)), 64)
+        if problem.kv_fp8 and dmax <= 128 and problem.kv_storage == "paged":
+            # fp8 decode is latency bound, not byte bound (H100 N128 s3: 0.81 of bf16's bytes per s): two
+            # N64 tiles in flight overlap the next loads with the conversion work (see _paged_stages).
+            return TileConfig(block_m, 64, group, num_warps=4, num_stages=_paged_stages(problem, 3))
         block_n = 128 if dmax <= 128 else 64
         return TileConfig(block_m, block_n, group, num_warps=4, num_stages=3)
     if dmax <= 128:  # H100 d128 causal 8x2048: M256/8 warps, 4 heads of a group per tile: 301 TFLOP/s
         if max_q_len >= 1024:  # (M256 one head 282, M128 one head 268: tools/NOTES-native.md)
             hpp = max(d for d in (1, 2, 4) if group % d == 0)
-            return TileConfig(256, 64, hpp, num_warps=8, num_stages=3)
+            # RoPE's K halves reach the MMA through registers: their loads need the deeper prefetch.
+            stages = _paged_stages(problem, 3) if problem.pos_encoding == "ROPE_LLAMA" else 3
+            return TileConfig(256, 64, hpp, num_warps=8, num_stages=stages)
         return TileConfig(128, 64, 1, num_warps=4, num_stages=3)
     return TileConfig(64, 32, 1, num_warps=4, num_stages=2)
 
 
-def _smem_bytes(problem: AttentionProblem, cfg: TileConfig) -> int:
-    """Estimated shared memory of a program: pipelined K/V tiles plus the q tile, staged in
-    q's dtype at worst (fp32 inputs need twice the bytes of bf16)."""
+def _paged_stages(problem: AttentionProblem, stages: int) -> int:
+    """num_stages that gives paged K/V the prefetch depth ``stages`` gives contiguous K/V. Triton's
+    pipeliner (3.6, AssignLatencies) gives each load (stages - 1) // (indirection + 1) iterations of
+    lead; paged K/V addresses come from the page-table load (indirection 1), so at 3 stages they are
+    fetched one tile ahead and waited for at the top of the next iteration (sm_90 TTGIR: one K buffer,
+    ``async_wait {num = 0}``) where ragged K/V get two or three buffers. Two more stages restore that."""
+    return stages + 2 if problem.kv_storage == "paged" else stages
+
+
+def _kv_buffers(problem: AttentionProblem, cfg: TileConfig) -> int:
+    """K/V tiles a program stages in shared memory: the tiles loaded ahead (see _paged_stages) plus
+    the one in use (sm_90 compiles of the d128 tiles match within 3%)."""
+    ahead = (cfg.num_stages - 1) // (2 if problem.kv_storage == "paged" else 1)
+    return max(1, ahead) + 1
+
+
+def _smem_bytes(problem: AttentionProblem, cfg: TileConfig, buffers: Optional[int] = None) -> int:
+    """Estimated shared memory of a program: ``buffers`` K/V tiles (default _kv_buffers) plus the q tile,
+    staged in q's dtype at worst (fp32 inputs need twice the bytes of bf16; fp8 K/V are counted at
+    2 bytes: V is converted to fp16 through shared memory)."""
     elem = 4 if problem.q_dtype == "float32" else 2
     dqk, dvo = max(16, _pow2(problem.head_dim_qk)), max(16, _pow2(problem.head_dim_vo))
-    return (cfg.num_stages * cfg.block_n * (dqk + dvo) + cfg.block_m * dqk) * elem
+    buffers = _kv_buffers(problem, cfg) if buffers is None else buffers
+    return (buffers * cfg.block_n * (dqk + dvo) + cfg.block_m * dqk) * elem
 
 
 def _smem_limit(device: torch.device) -> float:
@@ -240,8 +264,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.device) -> int:
-    """Programs of this tile an SM holds at once: bound by warps (64 per SM) and shared memory."""
-    return max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // _smem_bytes(problem, cfg))))
+    """Programs of this tile an SM holds at once, as the split rule counts them: bound by warps (64 per
+    SM) and shared memory at one K/V tile per stage. That overcounts paged staging (_kv_buffers) and
+    misses registers (the d128 decode tiles compile to ~240 registers: 2 programs per SM where this
+    says 1), but split_kv's factor 2 was measured with it: kept, so no split count moved."""
+    smem = _smem_bytes(problem, cfg, buffers=cfg.num_stages)
+    return max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // smem)))
 
 
 def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,

@@ -89,7 +89,8 @@ def _scores(s, n, t, scale, soft_cap, slope, HAS_ALIBI: tl.constexpr, SOFT_CAP: 
 
 @triton.jit
 def _cos_sin_reduced(r):
-    """cos and sin of angles already in [-pi, pi] (see FAST_TRIG)."""
+    """cos and sin of angles in [-pi, pi] (see FAST_TRIG), or a few dozen radians beyond (key tiles, see
+    _rope_cos_sin_tile): the SFU multiplies by 1/(2 pi) in fp32 first, so its error grows as |r| * 2^-24."""
     if FAST_TRIG:
         c = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=f,f", [r], dtype=tl.float32, is_pure=True,
                                       pack=1)
@@ -102,25 +103,42 @@ def _cos_sin_reduced(r):
 
 
 @triton.jit
-def _rope_cos_sin(p, f_hi, f_lo):
-    """cos and sin of the angle p * (f_hi + f_lo) (broadcast shapes; p holds exact integer positions
-    < 2^24). The product is kept as fp32 hi + lo (fma residual; at 10^5 positions plain fp32 loses
-    ~1e-2 rad), reduced by whole turns to [-pi, pi], then one SFU op each: ~9 ALU ops and 2 SFU ops
-    per element, absolute error ~1e-6."""
+def _rope_angle(p, f_hi, f_lo):
+    """The angle p * (f_hi + f_lo) reduced to [-pi, pi] (broadcast shapes; p holds exact integer
+    positions < 2^24). The product is kept as fp32 hi + lo (fma residual; at 10^5 positions plain fp32
+    loses ~1e-2 rad), then whole turns are taken off: ~9 ALU ops, absolute error ~1e-6."""
     a = p * f_hi
     a_lo = tl.fma(p, f_hi, -a) + p * f_lo
     k = tl.floor(a * INV_TWO_PI + 0.5)  # whole turns (k * TWO_PI_HI is exact inside the fma)
     r = tl.fma(-k, TWO_PI_HI, a)
-    r = tl.fma(-k, TWO_PI_LO, r) + a_lo
-    return _cos_sin_reduced(r)
+    return tl.fma(-k, TWO_PI_LO, r) + a_lo
 
 
 @triton.jit
-def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
-        HEAD_DQK: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+def _rope_cos_sin(p, f_hi, f_lo):
+    """cos and sin of the angle p * (f_hi + f_lo), reduced per element (see _rope_angle)."""
+    return _cos_sin_reduced(_rope_angle(p, f_hi, f_lo))
+
+
+@triton.jit
+def _rope_cos_sin_tile(start, f_hi, f_lo, BLOCK_N: tl.constexpr):
+    """cos and sin, (BLOCK_HALF, BLOCK_N), of the angles of keys start + j, j < BLOCK_N: the tile start's
+    angle is reduced once per frequency, then each key adds j * f in one fma (no per-element
+    reduction: the angle work per (key, frequency) drops from ~9 ALU ops to 1, which the prefill
+    loop's issue rate pays for). |r| <= pi + BLOCK_N * max f, so the fp32 rounding of r and the SFU's
+    own reduction add ~|r| * 2^-24 rad: ~1e-5 at BLOCK_N 128, far below 16-bit K's rounding; fp32
+    inputs (tolerance 1e-5) keep _rope_cos_sin."""
+    r0 = _rope_angle(tl.cast(start, tl.float32), f_hi, f_lo)  # start is a Python int in the interpreter
+    j = tl.arange(0, BLOCK_N).to(tl.float32)
+    return _cos_sin_reduced(tl.fma(j[None, :], f_hi[:, None], r0[:, None]))
+
+
+@triton.jit
+def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo,
+        HEAD_DQK: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_N: tl.constexpr,
         ROPE: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr):
-    """Raw scores q.k of one key tile (fp32). ROPE: q holds the rotated first halves, q2 the second
-    halves; each K half is rotated at key positions n and the two half-width dots are summed.
+    """Raw scores q.k of one key tile (keys n = start + j, fp32). ROPE: q holds the rotated first halves,
+    q2 the second halves; each K half is rotated at key positions n and the two half-width dots are summed.
     One return, at the end: compiled Triton generates (and type-checks) the statements after a
     ``return`` nested in a constexpr ``if`` (the interpreter never reaches them), so each variant
     lives in its own branch (tests/test_native_ir.py builds every variant's IR)."""
@@ -141,7 +159,10 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo,
         else:
             k1 = tl.load(k1_ptr, mask=dh[:, None] < HALF, other=0.0).to(tl.float32)
             k2 = tl.load(k2_ptr, mask=dh[:, None] < HALF, other=0.0).to(tl.float32)
-        c, sn = _rope_cos_sin(n.to(tl.float32)[None, :], f_hi[:, None], f_lo[:, None])
+        if DOT_F32:
+            c, sn = _rope_cos_sin(n.to(tl.float32)[None, :], f_hi[:, None], f_lo[:, None])
+        else:
+            c, sn = _rope_cos_sin_tile(start, f_hi, f_lo, BLOCK_N)
         r1 = k1 * c - k2 * sn
         r2 = k2 * c + k1 * sn
         if DOT_F32:
@@ -195,8 +216,13 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_le
     dv = tl.arange(0, BLOCK_DV)
     n_ok = n < hi
     if PAGED:  # one block-table lookup serves K and V
-        page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        slot = (n % PAGE_SIZE).to(tl.int64)
+        # Interior tiles read the table unmasked (every key < hi): the masked loads cost ~40 predicate
+        # instructions per tile in the prefill loop; the slot term stays 32-bit (< one page's stride).
+        if MASKED:
+            page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        else:
+            page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE).to(tl.int64)
+        slot = n % PAGE_SIZE
         k_off = page * stride_kp + slot * stride_kt
         v_off = page * stride_vp + slot * stride_vt
     else:
@@ -209,8 +235,8 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_le
         v = tl.load(v_ptr)
     else:
         v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
-    s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, n, n_ok, f_hi, f_lo, HEAD_DQK, BLOCK_DQK, BLOCK_HALF,
-            ROPE, MASKED, DOT_F32)
+    s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo, HEAD_DQK, BLOCK_DQK,
+            BLOCK_HALF, BLOCK_N, ROPE, MASKED, DOT_F32)
     # Plain logits: scale once per row max and fuse s*c - m into one FMA per element (the
     # softmax ALU work is what limits prefill). max(s) * c is the row max of s * c only for
     # c >= 0: _attn_fwd moves a negative scale's sign into q, so scale >= 0 here.
