@@ -187,10 +187,9 @@ def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.devic
         # Decode-like: pack the whole group (and all drafts) into the M dimension.
         # Long key tiles keep more bytes in flight per program (H100: N128 2.86 TB/s vs N64 2.33).
         block_m = min(max(16, _pow2(rows)), 64)
-        if problem.kv_fp8 and dmax <= 128 and problem.kv_storage == "paged":
-            # fp8 decode is latency bound, not byte bound (H100 N128 s3: 0.81 of bf16's bytes per s): two
-            # N64 tiles in flight overlap the next loads with the conversion work (see _paged_stages).
-            return TileConfig(block_m, 64, group, num_warps=4, num_stages=_paged_stages(problem, 3))
+        # fp8 K/V keep this tile: N64 with 5 stages (the paged prefetch depth) measured slower on the H100
+        # (64 x 4096 in a CUDA graph: 0.412 ms vs 0.251 for N128 s3; N128 s5 0.325, N32 s5 0.446:
+        # tools/results/native-h100-r4.md).
         block_n = 128 if dmax <= 128 else 64
         return TileConfig(block_m, block_n, group, num_warps=4, num_stages=3)
     if dmax <= 128:  # H100 d128 causal 8x2048: M256/8 warps, 4 heads of a group per tile: 301 TFLOP/s
