@@ -254,3 +254,23 @@ def test_flashinfer_column_calls_an_older_trtllm_signature():
     for causal, lse, words in ((False, False, "takes no causal="), (True, True, "takes no return_lse, lse=")):
         with pytest.raises(NotImplementedError, match=words):
             build._trtllm(built(causal, lse), trtllm_053)
+
+
+def test_merged_results_keep_the_backends_a_later_file_did_not_run(tmp_path):
+    """A recheck that re-runs one backend of a problem replaces that backend's time only: the
+    table keeps the others (a merge that took the later result whole made the router pick a
+    backend 2.9x slower, its time having gone from the table); FlashInfer's column is no backend."""
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}
+    problem = BenchProblem(entry=PAGED, batch=64, q_len=16, kv_len=2048, num_qo_heads=32, num_kv_heads=8,
+                           head_dim=128, causal=True)
+    fields = {f: getattr(problem, f) for f in problem.__dataclass_fields__}
+
+    def result(times: dict) -> dict:
+        return {"name": "paged 64x16x2048", "problem": {**fields, "backends": []}, "work": 1e9,
+                "backends": [{"backend": b, "status": "ok", "eager_ms": t} for b, t in times.items()]}
+    first, recheck = tmp_path / "run.json", tmp_path / "recheck.json"
+    first.write_text(json.dumps({"environment": env, "results": [result({"cudnn": 0.57, "fa2": 0.20, "fa3": 0.67})]}))
+    recheck.write_text(json.dumps({"environment": env, "results": [result({"fa2": 0.19, "flashinfer": 0.66})]}))
+    results, _ = table.merged([first, recheck])
+    built = table.build_table(results, "test")
+    assert built.rows[0].ms == {"cudnn": 0.57, "fa2": 0.19, "fa3": 0.67}

@@ -39,6 +39,9 @@ def peaks(gpu: str) -> tuple[float, float]:
     raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(PEAKS)} (dispatch/bench/table.py)")
 
 
+NOT_BACKENDS = ("auto", "flashinfer")  # bench columns that are not a backend the router can choose
+
+
 def build_table(results: dict, source: str) -> TimingTable:
     env = results["environment"]
     if not env.get("gpu"):
@@ -49,8 +52,8 @@ def build_table(results: dict, source: str) -> TimingTable:
         if "backends" not in r:
             continue
         p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
-        ms = {b["backend"]: round(b["eager_ms"], 5) for b in r["backends"]
-              if b["backend"] != "auto" and b["status"] == "ok" and b.get("eager_ms")}
+        ms = {b["backend"]: round(b["eager_ms"], 5) for b in r["backends"]  # ours only: not auto, not FlashInfer's
+              if b["backend"] not in NOT_BACKENDS and b["status"] == "ok" and b.get("eager_ms")}
         if r.get("auto") and r.get("auto_ms") and r["auto"] not in ms:  # a backend only auto ran (the grid
             ms[r["auto"]] = round(r["auto_ms"], 5)  # forces fa3 at d128 only, to bound its JIT compiles)
         if not ms:
@@ -76,7 +79,8 @@ def build_table(results: dict, source: str) -> TimingTable:
 
 def merged(paths: list[Path]) -> tuple[dict, str]:
     """Several bench results of one GPU as one: the first file's environment, every measured
-    problem (a problem measured again in a later file takes the later result)."""
+    problem (a backend measured again in a later file takes the later time; the backends a later
+    file did not run keep their earlier times)."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     gpus = {r["environment"].get("gpu") for r in runs}
     if len(gpus) > 1:
@@ -84,7 +88,13 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
     by_name: dict[str, dict] = {}
     for run in runs:
         for r in run["results"]:
-            if "backends" in r or r["name"] not in by_name:
+            before = by_name.get(r["name"])
+            if "backends" in r and before is not None and "backends" in before:
+                # per backend: a re-run of some backends (a recheck's short list) keeps the others' times
+                backends = {b["backend"]: b for b in before["backends"]}
+                backends.update({b["backend"]: b for b in r["backends"]})
+                r = {**r, "backends": list(backends.values())}
+            if "backends" in r or before is None:
                 by_name[r["name"]] = r
     return {"environment": runs[0]["environment"], "results": list(by_name.values())}, " + ".join(
         Path(p).name for p in paths)
