@@ -256,3 +256,25 @@ def test_fa2_compiled_run_with_flashinfer_053_attributes(fake_flashinfer, monkey
     at = (3, 4, 5, 10, 11, 23) if paged_kv else (3, 4, 5, 8, 9, 21)
     assert [args[i] for i in at[:5]] == [q, k, v, out, lse] and args[at[5]] == 0.3
     assert len(args) == (42 if paged_kv else 25)
+
+
+def test_cudnn_entry_decode_without_offsets_takes_cached_offsets(monkeypatch):
+    """A decode-shaped cuDNN entry call (one query row per request) without batch offsets: the
+    checks hold every length to 1 (q has one row per token), so request b is row b, read from
+    cached offsets (no prefix-sum kernel per call), as FlashInfer's own call declares Q; the
+    result equals the call with the packed offsets given."""
+    from dispatch.entries import cudnn as entry
+    c = paged(q_lens=(1, 1, 1), kv_lens=(9, 4, 13))
+    args, kw = cudnn_args(c, causal=False)
+    given, _ = dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
+    given = given.clone()
+    kw.pop("batch_offsets_q"), kw.pop("batch_offsets_o")
+
+    def no_prefix_sums(lens):
+        raise AssertionError("a prefix sum was computed for a decode-shaped call")
+    monkeypatch.setattr(entry, "_cumsum0", no_prefix_sums)
+    derived, _ = dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
+    assert torch.equal(derived, given)
+    kw["actual_seq_lens_q"] = torch.tensor([1, 0, 1], dtype=torch.int32).view(3, 1, 1, 1)
+    with pytest.raises(ValueError, match="q.shape"):  # a length 0 leaves a row no token owns
+        dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)

@@ -130,7 +130,7 @@ def _call_key(args: dict) -> tuple:
 
 def _sizes(args: dict, d) -> SimpleNamespace:
     return SimpleNamespace(total_q=d.total_q, hq=d.hq, dqk=d.dqk, hkv=d.hkv, dvo=d.dvo, out_dtype=d.out_dtype,
-                           batch=d.batch, paged=d.paged)
+                           batch=d.batch, paged=d.paged, max_q=args["max_token_per_sequence"])
 
 
 def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o):
@@ -140,12 +140,24 @@ def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, o
     given = {}
     if seq_q is not None and seq_q.dtype is torch.int32:
         given["seq_q"] = seq_q
+    row_q, row_o = z.hq * z.dqk, z.hq * z.dvo
+    if offsets_q is None and _one_row_each(z):  # the cached element offsets of row b: no kernel per call
+        offsets_q, offsets_o = uniform_indptr(z.batch, row_q, q.device), uniform_indptr(z.batch, row_o, q.device)
+        tokens = False
     if not tokens:
-        if offsets_q is not None and offsets_q.dtype is torch.int32 and q.stride(0) == z.hq * z.dqk:
+        if offsets_q is not None and offsets_q.dtype is torch.int32 and q.stride(0) == row_q:
             given["off_q"] = offsets_q
-        if offsets_o is not None and offsets_o.dtype is torch.int32 and out.stride(0) == z.hq * z.dvo:
+        if offsets_o is not None and offsets_o.dtype is torch.int32 and out.stride(0) == row_o:
             given["off_o"] = offsets_o
     return {"cudnn": given} if given else B.NO_EXTRAS
+
+
+def _one_row_each(z) -> bool:
+    """A decode-shaped call (one query row per request): the checks hold every length to 1 (q has
+    one row per token), so request b's query is row b, the packed prefix sums are a constant, and
+    FlashInfer's own call declares Q the same way (flashinfer 0.5.3 flashinfer/cudnn/prefill.py:
+    without batch_offsets_q, Q's batch stride is one token row)."""
+    return z.max_q == 1 and z.total_q == z.batch
 
 
 def _cumsum0(lens: torch.Tensor) -> torch.Tensor:
@@ -170,6 +182,8 @@ def _indices(q, d, tokens: bool, seq_q, seq_kv, offsets_q, offsets_k):
     sums of the lengths (what FlashInfer computes for packed inputs)."""
     if offsets_q is not None:
         qo = _token_offsets(offsets_q, d.hq * d.dqk, tokens)
+    elif _one_row_each(d):
+        qo = uniform_indptr(d.batch, 1, q.device)  # cached: no kernel per call
     elif seq_q is not None:
         qo = _cumsum0(seq_q)
     else:
