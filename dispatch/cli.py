@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import capability_db
 from backends import REGISTRY, DeviceDesc, Reason
 
+from ._version import version
 from .entries import ENTRIES
 
 DTYPE_ALIASES = {
@@ -43,15 +44,6 @@ WIDTH = 100  # human output fits a 100-column terminal
 DESCRIPTION = ("FlashInfer's attention API, dispatched to the fastest correct backend: what this machine "
                "and any GPU would run, the support matrix, the probe and the benchmark. "
                "'attn-dispatch COMMAND -h' for a command's options.")
-
-
-def version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("attn-dispatch")
-    except metadata.PackageNotFoundError:  # a source tree used without `pip install -e .`
-        return "unknown (not installed)"
 
 
 def _wrapped(text: str, indent: int = 0, hang: int = 2) -> str:

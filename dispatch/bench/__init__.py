@@ -84,10 +84,10 @@ def load_problems(args: argparse.Namespace) -> tuple[str, list]:
 
 
 def environment(device: str) -> dict:
-    from .. import cli
+    from .._version import version
 
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "torch": torch.__version__, "attn-dispatch": cli.version()}
+           "python": platform.python_version(), "torch": torch.__version__, "attn-dispatch": version()}
     if device == "cuda":
         env.update(gpu=torch.cuda.get_device_name(), capability="sm_%d%d" % torch.cuda.get_device_capability(),
                    cuda=torch.version.cuda)
