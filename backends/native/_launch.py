@@ -78,6 +78,18 @@ def _direct_launcher(compiled: Any) -> bool:
     return all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata"))
 
 
+def _with_pointers(values: list, slots: tuple, tensors: tuple) -> Optional[list]:
+    """``values`` with the tensors' addresses at ``slots``; None when one is not 16-byte aligned
+    (the compiled kernel was specialized on aligned pointers) or a launch hook is active."""
+    args = values.copy()
+    misaligned = 0
+    for i, t in zip(slots, tensors):
+        ptr = t.data_ptr()
+        misaligned |= ptr & 15
+        args[i] = ptr
+    return None if misaligned or _hooks_active() else args
+
+
 class KernelLaunch:
     """One kernel of a plan: its default grid, constexprs (in parameter order) and launch options."""
 
@@ -140,13 +152,8 @@ class KernelLaunch:
             c_launch, coop, pdl = bare
 
             def direct_bare(tensors: tuple) -> None:
-                args = values.copy()
-                misaligned = 0
-                for i, t in zip(slots, tensors):
-                    ptr = t.data_ptr()
-                    misaligned |= ptr & 15
-                    args[i] = ptr
-                if misaligned or _hooks_active():
+                args = _with_pointers(values, slots, tensors)
+                if args is None:
                     general(tensors)
                     return
                 c_launch(g0, g1, g2, stream(index), function, coop, pdl, None, None, metadata, None, None, None,
@@ -155,13 +162,8 @@ class KernelLaunch:
             return direct_bare
 
         def direct(tensors: tuple) -> None:
-            args = values.copy()
-            misaligned = 0
-            for i, t in zip(slots, tensors):
-                ptr = t.data_ptr()
-                misaligned |= ptr & 15
-                args[i] = ptr
-            if misaligned or _hooks_active():
+            args = _with_pointers(values, slots, tensors)
+            if args is None:
                 general(tensors)
                 return
             run(g0, g1, g2, stream(index), function, metadata, None, None, None, *args, *tail)

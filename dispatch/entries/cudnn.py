@@ -77,28 +77,34 @@ def cudnn_batch_prefill_with_kv_cache(
         is_cuda_graph_compatible=is_cuda_graph_compatible, o_data_type=o_data_type), _call_key, _problem, _sizes,
         explicit)
     z = lane.sizes
+    batch = _batch(z, q, k_cache, v_cache, fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale),
+                   max_token_per_sequence, max_sequence_kv, actual_seq_lens_q, actual_seq_lens_kv, block_tables,
+                   return_lse, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_units == "tokens", out)
+    B.remember(cudnn_batch_prefill_with_kv_cache, lane.launch(batch))
+    if not return_lse:
+        return batch.out, None
+    padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
+                                                     device=q.device)
+    if not B.is_dry():
+        scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
+    return batch.out, padded
+
+
+def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, seq_kv, block_tables, return_lse,
+           offsets_q, offsets_o, offsets_k, tokens: bool, out) -> AttentionBatch:
+    """The batch of a checked call: logical NHD pages, token-unit indices, the caller's cuDNN
+    buffers in extras, out and the packed LSE allocated when not given."""
     if z.paged:
         k, v = k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3)  # the logical NHD pages (as the spec's)
     else:
         k, v = k_cache, v_cache
-    tokens = batch_offsets_units == "tokens"
-    qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, actual_seq_lens_q, actual_seq_lens_kv, batch_offsets_q,
-                                             batch_offsets_k)
+    qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, seq_q, seq_kv, offsets_q, offsets_k)
     out = out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
-    given = _cudnn_buffers(z, tokens, actual_seq_lens_q, q, batch_offsets_q, out, batch_offsets_o)
+    given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o)
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
-    batch = AttentionBatch(
-        q, k, v, qo_indptr, kv_lens, out, z.batch, max_token_per_sequence, max_sequence_kv,
-        fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale), kv_indptr, block_tables,
-        B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None, given)
-    B.remember(cudnn_batch_prefill_with_kv_cache, lane.launch(batch))
-    if not return_lse:
-        return out, None
-    padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
-                                                     device=q.device)
-    if not B.is_dry():
-        scatter_padded_lse(batch.lse, qo_indptr, padded)
-    return out, padded
+    return AttentionBatch(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
+                          block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None,
+                          given)
 
 
 def _on_device(lengths, q):
