@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from backends import _vendor
-from capability_db import install_hint
 from backends._device import on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason
+from capability_db import install_hint
 
 
 class Provider:
