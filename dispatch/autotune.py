@@ -5,7 +5,7 @@ it off). When the router ranks the candidates of a problem it has not decided be
 (``choice.rank``, inside ``router.decide``'s cached step: never per call), the bucket — the
 problem's facts and its sizes rounded up to powers of two; without sizes the phase's anchor
 sizes — is looked up in a JSON file; a miss times every accepted candidate on fresh random
-inputs (plan, one warm call, then ``bench.timing.device_ms``) and stores the times.
+inputs (plan, one warm call, then ``timing.device_ms``) and stores the times.
 
 Never inside CUDA-graph capture or torch.compile tracing (the table or model decides then and
 nothing is stored). The file is keyed by the GPU, driver, torch and library versions (a new
@@ -145,7 +145,7 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
     """ms per call of each backend on fresh random inputs of these sizes (None: it failed)."""
     from backends import get_backend
 
-    from .bench import timing
+    from . import timing
 
     b, q, kv = sizes
     device = torch.device("cuda" if problem.device_type == "cuda" else "cpu")

@@ -116,7 +116,7 @@ def test_results_become_a_timing_table(tmp_path):
 
 
 def test_timer_wall_clock_counts_calls():
-    from dispatch.bench import timing
+    from dispatch import timing
 
     calls = []
     assert timing.wall_ms(lambda: calls.append(torch.ones(1)), reps=3, warmup=2, calls=4) >= 0

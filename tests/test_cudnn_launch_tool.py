@@ -1,15 +1,10 @@
-"""tools/host_cost.py --cudnn-launch (the cuDNN row path by path), smoke-run on the CPU: the
+"""attn-dispatch bench --host-cost --cudnn-launch (the cuDNN row path by path), smoke-run on the CPU: the
 reference backend serves, so the launcher and FlashInfer columns say why they are missing."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-import host_cost  # noqa: E402
+from dispatch.bench import host_cost
 
 
 def test_cudnn_launch_paths_run_and_agree_on_the_cpu():

@@ -1,31 +1,20 @@
-"""tools/host_cost.py end to end on the CPU: every entry point measured through dispatch and
-through its adapter, FlashInfer's column a reason. No speed is asserted (times only > 0)."""
-import importlib.util
+"""``attn-dispatch bench --host-cost`` (dispatch/bench/host_cost.py) end to end on the CPU: every
+entry point measured through dispatch and through its adapter, FlashInfer's column a reason. No
+speed is asserted (times only > 0)."""
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import dispatch
-
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "host_cost.py"
+from dispatch import cli
+from dispatch.bench import host_cost as host_cost_module
 
 
 @pytest.fixture(scope="module")
 def host_cost():
-    spec = importlib.util.spec_from_file_location("host_cost_tool", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)  # the tool puts tools/ on sys.path: keep that out of the session
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    yield module
-    sys.modules.pop(spec.name, None)
+    return host_cost_module
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +135,10 @@ def test_main_writes_the_kernel_bound_table_when_asked(host_cost, tmp_path):
     assert [r["case"] for r in section["rows"]] == [c.name for c in host_cost.KERNEL_CASES["cpu"]]
     assert "TB/s" in section["method"] and "TFLOP/s" in section["method"]
     assert "## GPU time per call on kernel-bound sizes" in (tmp_path / "host-cost-cpu.md").read_text()
+
+
+def test_bench_runs_it_with_its_own_options(tmp_path):
+    """``attn-dispatch bench --host-cost`` hands the options after it to the host-cost runner."""
+    assert cli.main(["bench", "--host-cost", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "host-cost-cpu.json").read_text())["rows"]
+    assert [r["entry"] for r in rows] == list(host_cost_module.ENTRIES)

@@ -9,7 +9,7 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
    the float64 oracle (dispatch/bench/oracle.py);
 2. host time per eager launch: back-to-back calls of a tiny decode (GPU work far below the host's),
    the launcher, run() (cached compiled kernel) and Triton's own ``kernel[grid]`` path;
-3. timing with CUDA events (dispatch/bench/timing.py: median, warm-up excluded), K/V rotated over
+3. timing with CUDA events (dispatch/timing.py: median, warm-up excluded), K/V rotated over
    copies together larger than 3 x the 50 MB L2: one call at a time (launch included) and replayed
    in a CUDA graph: RoPE decode 64 x 4096 and causal prefill 8 x 2048 against the same workload
    without RoPE, fp8 KV decode against bf16 (bytes read), a device copy for the bandwidth ceiling;

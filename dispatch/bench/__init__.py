@@ -12,8 +12,9 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
     attn-dispatch bench --grid h100 --out $OUT --budget-s 500 # one H100, JIT compiles included
     attn-dispatch bench --to-table DIR/bench-h100.json        # -> capability_db/measured/<gpu>.json
 
-Packages: dispatch.bench.oracle (the one fp64 oracle), dispatch.bench.timing (the one timer),
-problems / grids / build / runner / report, and table (results -> the router's timing table).
+Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
+host_cost (host time per call of every entry point), problems / grids / build / runner / report,
+and table (results -> the router's timing table).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Optional
 import torch
 
 # grids, problems, report and runner (which reach the router) are imported by the functions that
-# use them: ``dispatch.bench.timing`` / ``.oracle`` are imported from the router's layer (autotune)
+# use them.
 
 
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE] [--device {cpu,cuda}]\n"
@@ -55,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/bench/problems.py)")
     what.add_argument("--to-table", type=Path, nargs="+", metavar="JSON",
                       help="turn bench JSONs of one GPU into the router's timing table (capability_db/measured/<gpu>.json)")
+    what.add_argument("--host-cost", action="store_true",
+                      help="host time per call of every entry point: ours, the adapter, its launcher, FlashInfer's "
+                           "own call (the options after it are its own: --host-cost --help)")
     what.add_argument("--replay", type=Path, nargs="+", metavar="JSON",
                       help="today's choice against the times these bench JSONs measured (no GPU): OUT/replay-*.md")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -143,6 +147,10 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
 def main(argv: Optional[list[str]] = None) -> int:
     from . import report, runner
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--host-cost" in argv:  # its own options (dispatch/bench/host_cost.py)
+        from . import host_cost
+        return host_cost.main([a for a in argv if a != "--host-cost"])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.to_table:

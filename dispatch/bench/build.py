@@ -23,7 +23,7 @@ from ..problem import NAME_DTYPES
 from .oracle import attention_fp64, band, relative_error
 from .problems import CUDNN, PAGED, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
 
-L2_READS = 3  # the K/V copies together hold >= 3x the L2 (as tools/host_cost.py's kernel table)
+L2_READS = 3  # the K/V copies together hold >= 3x the L2 (as the host-cost kernel table)
 MAX_KV_COPIES = 8
 SAMPLE_ROWS = 16  # query rows checked per sampled request (its last rows)
 

@@ -21,7 +21,7 @@ import torch
 import backends
 
 from .. import policy, router
-from . import timing
+from .. import timing
 from .build import Built, build, flashinfer_api
 from .problems import BenchProblem
 
