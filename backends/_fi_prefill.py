@@ -287,11 +287,14 @@ class FlashInferPrefill(Provider):
         if state.direct is None or float(batch.sm_scale) != state.plan_kwargs["sm_scale"]:
             return None
         hnd = state.paged and problem.kv_layout == "HND"
-        wrapper = state.wrapper
+        wrapper, scale = state.wrapper, state.plan_kwargs["sm_scale"]
 
         def launch_fa2_batch(b) -> None:
-            direct = state.direct if getattr(wrapper, "_attn_dispatch_plan", None) is state else None
-            if direct is None:  # another of our plans used the shared FlashInfer wrapper: re-plan
+            # The state is shared by the lanes of one plan: another lane's scale re-plans it (run), and
+            # another of our plans may have used the shared FlashInfer wrapper: then run re-plans for b.
+            fresh = getattr(wrapper, "_attn_dispatch_plan", None) is state and state.plan_kwargs["sm_scale"] == scale
+            direct = state.direct if fresh else None
+            if direct is None:
                 self.run(problem, state, b)
             elif hnd:
                 direct(b.q, b.k.permute(0, 2, 1, 3), b.v.permute(0, 2, 1, 3), b.out, b.lse)

@@ -278,3 +278,30 @@ def test_cudnn_entry_decode_without_offsets_takes_cached_offsets(monkeypatch):
     kw["actual_seq_lens_q"] = torch.tensor([1, 0, 1], dtype=torch.int32).view(3, 1, 1, 1)
     with pytest.raises(ValueError, match="q.shape"):  # a length 0 leaves a row no token owns
         dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
+
+
+def test_fa2_batch_launcher_never_runs_another_lanes_scale(fake_flashinfer, monkeypatch):
+    """The FlashInfer wrapper state is shared by the lanes of one plan, and a lane with another
+    float scale re-plans it (FlashInfer bakes sm_scale into its plan): a launcher made at scale 0.3
+    must then hand its call to run (which re-plans at 0.3), never launch the plan made at 0.5."""
+    from types import SimpleNamespace
+    from backends._fi_prefill import FiState, FlashInferPrefill
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    calls: list = []
+    provider = FlashInferPrefill("fa2")
+    wrapper = _fi053_wrapper(False, calls)
+    state = FiState(wrapper, (None, None, 4, 2, 16), {"sm_scale": 0.3}, False)
+    state.direct = provider._direct_run(state)
+    wrapper._attn_dispatch_plan = state
+    problem = SimpleNamespace(kv_layout="NHD")
+    batch = SimpleNamespace(q=torch.randn(2), k=torch.randn(2), v=torch.randn(2), out=torch.randn(2), lse=None,
+                            sm_scale=0.3, out_scale=1.0)
+    launch = provider.launcher(problem, state, batch)
+    launch(batch)
+    assert calls[-1][1][21] == 0.3
+    state.plan_kwargs = {"sm_scale": 0.5}  # another lane's run re-planned the shared state at 0.5
+    state.direct = provider._direct_run(state)
+    handed = []
+    monkeypatch.setattr(provider, "run", lambda problem, st, b: handed.append(b.sm_scale))
+    launch(batch)
+    assert handed == [0.3] and calls[-1][1][21] == 0.3  # nothing launched at 0.5
