@@ -9,6 +9,7 @@ import pytest
 
 import capability_db
 from capability_db import measured
+import dispatch
 from dispatch import autotune, choice, router
 from dispatch.lab_vendors import make_problem
 
@@ -185,3 +186,15 @@ def test_candidates_are_compared_at_the_row_that_timed_them_side_by_side(monkeyp
     monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
     d = router.decide(dataclasses.replace(p, sizes=(1, 1, 64)), H100, live=False)
     assert d.accepted()[0] == "fa2" and d.accepted().index("torch-flash") > d.accepted().index("cudnn")
+
+
+def test_switching_autotune_forgets_the_entry_points_call_plans():
+    """autotune() says decisions made so far are forgotten: the entry points' call plans (which
+    hold their decisions, and their lanes and launchers) go too, not only the router's cache."""
+    from dispatch.entries import _base
+    from dispatch.lab import ragged
+    r = ragged()
+    dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True)
+    assert len(_base.PLANS) > 0
+    autotune.autotune(False)
+    assert len(_base.PLANS) == 0 and len(_base.LANES) == 0

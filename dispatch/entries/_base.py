@@ -33,7 +33,7 @@ from .._normalize import full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected
 
-from .. import policy, router, specs
+from .. import autotune, policy, router, specs
 from ..problem import AttentionProblem, size_class
 
 
@@ -424,3 +424,6 @@ def remember(entry: Callable, planned) -> None:
 def clear_caches() -> None:
     PLANS.clear()
     LANES.clear()
+
+
+autotune._on_switch.append(clear_caches)  # the call plans hold decisions: a switch makes them stale
