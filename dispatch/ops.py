@@ -177,6 +177,11 @@ def register_wrapper(wrapper: Any) -> int:
     return handle
 
 
+def live_wrappers() -> list:
+    """The wrappers alive now (each registered at construction)."""
+    return list(_WRAPPERS.values())
+
+
 def _wrapper(handle: int) -> Any:
     wrapper = _WRAPPERS.get(handle)
     if wrapper is None:

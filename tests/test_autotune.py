@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 import capability_db
 from capability_db import measured
@@ -198,3 +199,19 @@ def test_switching_autotune_forgets_the_entry_points_call_plans():
     assert len(_base.PLANS) > 0
     autotune.autotune(False)
     assert len(_base.PLANS) == 0 and len(_base.LANES) == 0
+
+
+def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):
+    """A planned wrapper's variants (each a decision and a backend plan) are forgotten too: its
+    next run decides again, under the switched setting."""
+    from dispatch.lab import paged, paged_wrapper
+    c = paged()
+    w = paged_wrapper(c)
+    expected = w.run(c["q"], c["cache"]).clone()
+    assert len(w._variants) == 1
+    decided = []
+    real = router.decide
+    monkeypatch.setattr(router, "decide", lambda *a, **k: decided.append(1) or real(*a, **k))
+    autotune.autotune(False)
+    assert len(w._variants) == 0
+    assert torch.equal(w.run(c["q"], c["cache"]), expected) and decided == [1]

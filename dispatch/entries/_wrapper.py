@@ -19,7 +19,7 @@ import torch
 from backends import get_backend
 from backends.base import BackendRejected
 
-from .. import ops, policy, router, specs
+from .. import autotune, ops, policy, router, specs
 from .._cache import BoundedCache
 from .._normalize import bad, check_scale, cumsum0, unpack_bits
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
@@ -108,6 +108,12 @@ class PrefillWrapper:
             if buf.device != self._device:
                 raise bad(f"{name}.device", buf.device, f"{self._device}, the device of the wrapper's workspace")
         self._float_workspace, self._int_workspace = float_workspace_buffer, int_workspace_buffer
+
+    def _forget_decisions(self) -> None:
+        """Decide each variant again on its next run (autotune was switched)."""
+        if self._plan is not None:
+            self._variants.clear()
+            self._lanes.clear()
 
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op (plans are released with the wrapper)."""
@@ -291,3 +297,11 @@ class PrefillWrapper:
     def decision(self) -> Optional[router.Decision]:
         """The router's decision for the latest plan/run (chosen, rejected with reasons, fallbacks)."""
         return self._last.decision if self._last is not None else None
+
+
+def _forget_wrapper_decisions() -> None:
+    for wrapper in ops.live_wrappers():
+        wrapper._forget_decisions()
+
+
+autotune._on_switch.append(_forget_wrapper_decisions)  # a wrapper's variants hold decisions too
