@@ -305,3 +305,28 @@ def test_fa2_batch_launcher_never_runs_another_lanes_scale(fake_flashinfer, monk
     monkeypatch.setattr(provider, "run", lambda problem, st, b: handed.append(b.sm_scale))
     launch(batch)
     assert handed == [0.3] and calls[-1][1][21] == 0.3  # nothing launched at 0.5
+
+
+def test_default_option_repeats_skip_the_full_lane_key(gpu_like, monkeypatch):
+    """A wrapper's default-option repeat finds its lane by the tensors' facts alone; any option
+    (a scale, out, sinks) still builds the full key; results equal the checked path's."""
+    c, r = paged(), ragged()
+    pw, rw = paged_wrapper(c), ragged_wrapper(r)
+    first_p, first_r = pw.run(c["q"], c["cache"]).clone(), rw.run(r["q"], r["k"], r["v"]).clone()
+    real = _base.lane_key
+    monkeypatch.setattr(_base, "lane_key", lambda *a, **k: pytest.fail("the full lane key was built"))
+    assert torch.equal(pw.run(c["q"], c["cache"]), first_p)
+    assert torch.equal(rw.run(r["q"], r["k"], r["v"]), first_r)
+    monkeypatch.setattr(_base, "lane_key", real)
+    scaled = pw.run(c["q"], c["cache"], k_scale=0.5)  # an option: the full key, another lane
+    assert not torch.equal(scaled, first_p)
+    assert torch.equal(pw.run(c["q"], c["cache"]), first_p)
+
+
+def test_default_option_repeats_with_a_k_is_v_cache(gpu_like):
+    """A (pages, 1, ...) cache (K is V) never takes the (pages, 2, ...) split of the fast path."""
+    c = paged()
+    shared = c["cache"][:, :1].clone()
+    w = paged_wrapper(c)
+    first = w.run(c["q"], shared).clone()
+    assert torch.equal(w.run(c["q"], shared), first)

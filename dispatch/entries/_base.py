@@ -263,6 +263,12 @@ _PLAIN_TYPES = frozenset(_PLAIN)
 _ALL_PLAIN: dict[tuple, bool] = {}  # option types -> all plain (a few entries per call site)
 
 
+def lanes_open(query: torch.Tensor) -> bool:
+    """Whether a call with this query tensor may take a lane: not a CPU query while CPU value checks
+    are on, not under ATTN_DISPATCH_VALIDATE=full, not a dry run (explain)."""
+    return not (CPU_VALUE_CHECKS and query.is_cpu) and not _DRY.get() and not full_validation()
+
+
 def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -> Optional[tuple]:
     """The whole-call key of a call that may take the fast lane, or None: a query (``tensors[0]``)
     that is not a tensor, a CPU query while CPU value checks are on, ATTN_DISPATCH_VALIDATE=full,
@@ -271,7 +277,7 @@ def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -
     it and strict mode join the key; a wrapper's run leaves it out, its plan fixed both). The
     argument types lead the key, so the flat run of facts after them reads one way only."""
     query = tensors[0]
-    if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation():
+    if type(query) is not _TENSOR or not lanes_open(query):
         return None
     kinds = tuple(map(type, tensors))
     if kinds.count(_TENSOR) != len(kinds):

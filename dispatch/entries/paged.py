@@ -97,8 +97,20 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             res, res_lse = ops.paged_run(self._handle, q, k_cache, v_cache, k_scale, v_scale, return_lse or lse is not None, q_scale,
                                          window_left, sinks)
             return self._compiled_result(res, res_lse, out, lse, return_lse)
-        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left,
-                         B.sinks_tensor(sinks, q), kv_cache_sf, ())
+        hot = None
+        if (out is None and lse is None and q_scale is None and k_scale is None and v_scale is None
+                and window_left is None and sinks is None and kv_cache_sf is None and type(return_lse) is bool
+                and type(q) is torch.Tensor and type(paged_kv_cache) is torch.Tensor and paged_kv_cache.dim() == 5
+                and paged_kv_cache.shape[1] == 2 and self._plan is not None and not self._plan.cudnn and self._plan.layout == "NHD" and B.lanes_open(q)):
+            hot = (return_lse, q.dtype, q.device, q.shape, q.stride(), paged_kv_cache.dtype, paged_kv_cache.device,
+                   paged_kv_cache.shape, paged_kv_cache.stride())
+            lane = self._hot.get(hot)
+            if lane is not None:  # a default-option repeat: its lane without the full key
+                k, v = paged_kv_cache.unbind(1)  # (pages, 2, ...): the shape in ``hot`` passed the checks
+                return self._go(lane, q, k, v, None, None, return_lse, None)
+        return self._checked_then_hot(hot, lambda: self._run(
+            q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, B.sinks_tensor(sinks, q),
+            kv_cache_sf, ()))
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

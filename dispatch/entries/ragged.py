@@ -77,7 +77,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
             res, res_lse = ops.ragged_run(self._handle, q, k, v, return_lse or lse is not None, q_scale, k_scale,
                                            v_scale, o_scale)
             return self._compiled_result(res, res_lse, out, lse, return_lse)
-        return self._run(q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, ())
+        hot = None
+        if (out is None and lse is None and q_scale is None and k_scale is None and v_scale is None and o_scale is None
+                and kv_cache_sf is None and type(return_lse) is bool and type(q) is torch.Tensor
+                and type(k) is torch.Tensor and type(v) is torch.Tensor and B.lanes_open(q)):
+            hot = (return_lse, q.dtype, q.device, q.shape, q.stride(), k.dtype, k.device, k.shape, k.stride(), v.dtype,
+                   v.device, v.shape, v.stride())
+            lane = self._hot.get(hot)
+            if lane is not None:  # a default-option repeat: its lane without the full key
+                return self._go(lane, q, k, v, None, None, return_lse, None)
+        return self._checked_then_hot(hot, lambda: self._run(
+            q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, ()))
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
