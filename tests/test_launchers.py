@@ -330,3 +330,20 @@ def test_default_option_repeats_with_a_k_is_v_cache(gpu_like):
     w = paged_wrapper(c)
     first = w.run(c["q"], shared).clone()
     assert torch.equal(w.run(c["q"], shared), first)
+
+
+@pytest.mark.parametrize("tuple_cache", [False, True])
+def test_xqa_default_option_repeats_skip_the_full_lane_key(gpu_like, monkeypatch, tuple_cache):
+    """An XQA decode call with default options finds its lane by a short key (a 5-D cache or a
+    (k, v) tuple); a window or sinks still build the full key; results equal the checked path's."""
+    c = paged(q_lens=(1, 1, 1))
+    args, kw = xqa_args(c)
+    if tuple_cache:
+        args[1] = (c["cache"][:, 0], c["cache"][:, 1])
+    first = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw).clone()
+    real = _base.lane_key
+    monkeypatch.setattr(_base, "lane_key", lambda *a, **k: pytest.fail("the full lane key was built"))
+    assert torch.equal(dispatch.xqa_batch_decode_with_kv_cache(*args, **kw), first)
+    monkeypatch.setattr(_base, "lane_key", real)
+    windowed = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw, window_left=2)
+    assert not torch.equal(windowed, first)

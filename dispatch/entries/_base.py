@@ -243,6 +243,9 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
 # decode step do, skips every check, the problem and the decision: its lane holds the call plan
 # and the sizes the batch is built from. The key is built from the arguments as they arrive.
 LANES = BoundedCache(maxsize=1024, refresh=False)  # first in, first out: a hit costs one dict lookup
+# An entry's default-option calls: a short key of the few options such a call can vary and the
+# tensors' facts -> the Lane its full key holds (found without building that key; entries fill it).
+HOT_LANES = BoundedCache(maxsize=1024, refresh=False)
 _TENSOR = torch.Tensor
 
 
@@ -430,6 +433,7 @@ def remember(entry: Callable, planned) -> None:
 def clear_caches() -> None:
     PLANS.clear()
     LANES.clear()
+    HOT_LANES.clear()
 
 
 autotune._on_switch.append(clear_caches)  # the call plans hold decisions: a switch makes them stale
