@@ -12,14 +12,6 @@ from _api_cases import HKV, HQ, D, paged, paged_wrapper, ragged, ragged_wrapper
 from dispatch.entries import _base
 
 
-@pytest.fixture
-def gpu_like(monkeypatch):
-    monkeypatch.setattr(_base, "CPU_VALUE_CHECKS", False)
-    dispatch.entries.clear_caches()
-    yield
-    dispatch.entries.clear_caches()
-
-
 def test_paged_run_cached_equals_checked(gpu_like):
     c = paged()
     w = paged_wrapper(c)

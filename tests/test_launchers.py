@@ -21,14 +21,6 @@ from dispatch.lab import cudnn_args, paged, paged_wrapper, ragged, ragged_wrappe
 
 
 @pytest.fixture
-def gpu_like(monkeypatch):
-    monkeypatch.setattr(_base, "CPU_VALUE_CHECKS", False)
-    dispatch.entries.clear_caches()
-    yield
-    dispatch.entries.clear_caches()
-
-
-@pytest.fixture
 def counting_launcher(monkeypatch):
     """The reference backend with a launcher that counts its launches (and runs ``run``)."""
     backend = get_backend("reference")
