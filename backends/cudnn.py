@@ -69,7 +69,7 @@ from typing import Any, Optional
 import torch
 
 from backends import _numerics, _vendor
-from backends._device import BoundedCache, device_key, on_device, on_device_launch
+from backends._device import BoundedCache, device_key, kept_views, on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
 log = logging.getLogger("attn_dispatch")
@@ -167,8 +167,13 @@ class CudnnPlan:
 
 # --------------------------------------------------------------------------- key
 def _pool_view(pool: torch.Tensor) -> torch.Tensor:
-    """(pages, P, Hkv, D) logical NHD pool -> the (pages, Hkv, P, D) view cuDNN reads."""
-    return pool.permute(0, 2, 1, 3)
+    """(pages, P, Hkv, D) logical NHD pool -> the (pages, Hkv, P, D) view cuDNN reads (kept per
+    pool object: the entry points hand over the same kept logical views on every call)."""
+    return kept_views(pool, "cudnn-pool", _permuted_pool)[0]
+
+
+def _permuted_pool(pool: torch.Tensor) -> tuple:
+    return (pool.permute(0, 2, 1, 3),)
 
 
 def _is_tensor_scale(scale) -> bool:

@@ -170,7 +170,7 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         plan.fn(
             batch.q.contiguous(), (k, v),
             _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True),
-            batch.block_table, batch.kv_lens, batch.max_kv_len,
+            _contiguous(batch.block_table), _contiguous(batch.kv_lens), batch.max_kv_len,
             _vendor.device_scalar(batch.sm_scale, batch.q.device),  # bmm1_scale
             1.0,  # bmm2_scale: out_scale is applied below, see the module docstring
             problem.window_left,
@@ -184,18 +184,20 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         """What flashinfer.decode.xqa_batch_decode_with_kv_cache then flashinfer.xqa.xqa do per
         call with bmm2_scale = o_scale = 1 (q_scale = bmm1 * sqrt(d), kv_scale = 1), straight into
         the compiled entry. Our K/V are the logical NHD views whatever the physical layout: the
-        kernel reads them by stride, as it reads FlashInfer's own transposed HND views."""
+        kernel reads them by stride, as it reads FlashInfer's own transposed HND views. ``out``,
+        ``q`` and the lengths go without FlashInfer's ``unsqueeze(1)``: 0.5.3's entry reads only
+        their data pointers (csrc/xqa/xqa_wrapper.cu), and each view costs about 1 us of host time."""
         out = _vendor.writable(batch.out)
         q = batch.q if batch.q.is_contiguous() else batch.q.contiguous()
         scale = batch.sm_scale
         tensor_scale = isinstance(scale, torch.Tensor)
-        table = batch.block_table
+        table = _contiguous(batch.block_table)
         x.run(x.fp8_sm90, x.sm_count, x.num_kv_heads, x.sliding_window,
               1.0 if tensor_scale else float(scale) * x.sqrt_head_dim,
               scale.reshape(-1).to(torch.float32) * x.sqrt_head_dim if tensor_scale else None,
-              out.unsqueeze(1), 1.0, q.unsqueeze(1),
+              out, 1.0, q,
               batch.sinks.reshape(x.num_kv_heads, -1) if batch.sinks is not None else None,
-              batch.k, batch.v, table, table.shape[-1] * x.page_size, batch.kv_lens.unsqueeze(1), table.shape[0],
+              batch.k, batch.v, table, table.shape[-1] * x.page_size, _contiguous(batch.kv_lens), table.shape[0],
               1.0, None, x.semaphores, x.scratch, x.pdl)
         _vendor.write_back(batch.out, out)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
@@ -207,8 +209,9 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         x = plan.direct
         if (x is None or isinstance(batch.sm_scale, torch.Tensor) or float(batch.sm_scale) < 0
                 or not _vendor.is_unit(batch.out_scale) or not batch.out.is_contiguous()
-                or not batch.q.is_contiguous()):
-            return None
+                or not batch.q.is_contiguous() or not batch.block_table.is_contiguous()
+                or not batch.kv_lens.is_contiguous()):
+            return None  # the lane key proves a repeat's strides: contiguous now is contiguous then
         q_scale = float(batch.sm_scale) * x.sqrt_head_dim
         rows, kv_capacity = batch.block_table.shape[0], batch.block_table.shape[-1] * x.page_size
         head = (x.fp8_sm90, x.sm_count, x.num_kv_heads, x.sliding_window, q_scale, None)
@@ -217,10 +220,15 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
 
         def launch_xqa(b) -> None:
             sinks = b.sinks.reshape(heads, -1) if b.sinks is not None else None
-            run(*head, b.out.unsqueeze(1), 1.0, b.q.unsqueeze(1), sinks, b.k, b.v, b.block_table, kv_capacity,
-                b.kv_lens.unsqueeze(1), rows, *tail)
+            run(*head, b.out, 1.0, b.q, sinks, b.k, b.v, b.block_table, kv_capacity, b.kv_lens, rows, *tail)
 
         return on_device_launch(batch.q.device, launch_xqa)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """An index tensor the kernel may read row-major: the kernel takes only its data pointer, so a
+    strided one (a slice of a wider page table, every other length) would read the wrong entries."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 SEMAPHORE_BYTES = 8 * 1024 * 1024  # FlashInfer's xqa_batch_decode_with_kv_cache: the workspace's first 8 MiB

@@ -12,6 +12,8 @@ from typing import Any, Sequence
 
 import torch
 
+from backends._device import kept_views
+
 from ._cache import BoundedCache
 from .policy import RAW_ENVIRON, getenv
 from .problem import dtype_name
@@ -93,6 +95,11 @@ def split_kv(kv_cache: Any, name: str, allow_squeezed: bool) -> tuple[torch.Tens
     else:
         k = v = kv_cache.select(1, 0)
     return k, v, kv_cache.dim() == 4
+
+
+def cache_halves(cache: torch.Tensor, layout: str) -> tuple:
+    """The logical NHD (k, v) views of a 5-D (pages, 2, ...) cache in ``layout`` (kept_views)."""
+    return kept_views(cache, layout, lambda c: tuple(paged_nhd(half, layout, False) for half in c.unbind(1)))
 
 
 def paged_nhd(t: torch.Tensor, layout: str, squeezed: bool) -> torch.Tensor:

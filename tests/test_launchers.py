@@ -204,6 +204,26 @@ def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks):
     assert XqaBackend().launcher(plan, batch) is None
 
 
+def test_xqa_direct_reads_strided_index_tensors_row_major():
+    """The compiled entry takes only data pointers: a page table sliced from a wider one and
+    every-other lengths go over as row-major copies (the values the call meant), and a launcher
+    is not built for them (it would bind the strided tensors' pointers)."""
+    c = paged(q_lens=(1, 1, 1))
+    k, v = _base.paged_kv(c["cache"], "NHD")
+    wide = torch.cat([c["table"], torch.full_like(c["table"], 10**6)], dim=1)
+    lens = torch.tensor([[9, -1], [4, -1], [13, -1]], dtype=torch.int32)
+    from dispatch.problem import AttentionBatch
+    batch = AttentionBatch(torch.randn(3, 4, 16), k, v, torch.arange(4, dtype=torch.int32), lens[:, 0],
+                           torch.empty(3, 4, 16), 3, 1, 13, 0.25, 1.0, None, wide[:, :c["table"].shape[1]])
+    calls: list = []
+    plan = XqaPlan(None, None, direct=_recording_xqa(calls))
+    XqaBackend._launch_direct(plan.direct, batch)
+    table, kv_capacity, seq_lens = calls[0][12], calls[0][13], calls[0][14]
+    assert table.is_contiguous() and torch.equal(table, c["table"]) and kv_capacity == c["table"].shape[1] * 16
+    assert seq_lens.is_contiguous() and seq_lens.tolist() == [9, 4, 13]
+    assert XqaBackend().launcher(plan, batch) is None
+
+
 
 # -- fa2's compiled batch run (FlashInfer 0.5.3's wrapper attributes) ------------------------------
 def _fi053_wrapper(paged: bool, calls: list):
@@ -339,3 +359,36 @@ def test_xqa_default_option_repeats_skip_the_full_lane_key(gpu_like, monkeypatch
     monkeypatch.setattr(_base, "lane_key", real)
     windowed = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw, window_left=2)
     assert not torch.equal(windowed, first)
+
+
+def test_cudnn_default_option_repeats_skip_the_full_lane_key(gpu_like, monkeypatch):
+    """A decode-shaped cuDNN entry call with default options (no offsets, out, lse or q/k/v scales)
+    finds its lane by a short key; ``out=`` still builds the full key; results equal the checked
+    path's, and the float64 oracle's."""
+    c = paged(q_lens=(1, 1, 1))
+    args, kw = cudnn_args(c)
+    for name in ("batch_offsets_q", "batch_offsets_o"):
+        kw.pop(name)
+    first, _ = dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
+    first = first.clone()
+    real = _base.lane_key
+    monkeypatch.setattr(_base, "lane_key", lambda *a, **k: pytest.fail("the full lane key was built"))
+    for _ in range(2):
+        assert torch.equal(dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)[0], first)
+    monkeypatch.setattr(_base, "lane_key", real)
+    out = torch.full_like(first, float("nan"))
+    assert dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw, out=out)[0] is out
+    assert torch.equal(out, first)
+    assert (first.double() - _paged_decode_fp64(c)).abs().max() < 1e-5  # fp32 inputs: the fp32 band
+
+
+def _paged_decode_fp64(c: dict) -> torch.Tensor:
+    """One query row per request of an NHD paged case, attending all its keys (float64)."""
+    from dispatch.bench.oracle import batch_attention_fp64
+    ks, vs = [], []
+    for b, n in enumerate(c["kv_lens"]):
+        pages = c["cache"][c["table"][b].long()]  # (pages, 2, P, Hkv, D)
+        ks.append(pages[:, 0].flatten(0, 1)[:n])
+        vs.append(pages[:, 1].flatten(0, 1)[:n])
+    qs = list(c["q"].split(c["q_lens"]))
+    return batch_attention_fp64(qs, ks, vs, sm_scale=c["head_dim"] ** -0.5, causal=True)[0]

@@ -29,7 +29,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 import torch
 
 from .._cache import BoundedCache
-from .._normalize import full_validation, paged_nhd, split_kv
+from .._normalize import cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected
 
@@ -387,8 +387,8 @@ def lane(key: Optional[tuple], spec_cls: type, args: Callable[[], dict], call_ke
 
 def paged_kv(kv_cache, layout: str) -> tuple:
     """The logical NHD (k, v) views of a paged cache that passed the checks (as the specs make)."""
-    if layout == "NHD" and type(kv_cache) is _TENSOR and kv_cache.dim() == 5 and kv_cache.shape[1] == 2:
-        return kv_cache.unbind(1)  # the common cache: its K and V halves are the NHD views
+    if type(kv_cache) is _TENSOR and kv_cache.dim() == 5 and kv_cache.shape[1] == 2:
+        return cache_halves(kv_cache, layout)  # the common cache
     k, v, squeezed = split_kv(kv_cache, "kv_cache", False)
     return paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
 

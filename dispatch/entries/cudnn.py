@@ -12,6 +12,8 @@ from typing import Optional, Union
 
 import torch
 
+from backends._device import kept_views
+
 from .. import ops, policy
 from .._normalize import fold_scale, scatter_padded_lse, uniform_indptr
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
@@ -63,19 +65,16 @@ def cudnn_batch_prefill_with_kv_cache(
         return ops.fill(res, out), (ops.fill(res_lse, lse) if return_lse else None)
     explicit = policy.explicit_choice(backend)
     actual_seq_lens_q, actual_seq_lens_kv = _on_device(actual_seq_lens_q, q), _on_device(actual_seq_lens_kv, q)
-    key = B.lane_key(ENTRY, (q, k_cache, v_cache, workspace_buffer, actual_seq_lens_q, actual_seq_lens_kv), (
-        scale, max_token_per_sequence, max_sequence_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale,
-        batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_v, batch_offsets_units, out, lse,
-        is_cuda_graph_compatible, o_data_type), explicit)
-    lane = B.lane(key, CudnnPrefillSpec, lambda: dict(
-        q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
-        max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
-        actual_seq_lens_q=actual_seq_lens_q, actual_seq_lens_kv=actual_seq_lens_kv, block_tables=block_tables,
-        causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-        batch_offsets_q=batch_offsets_q, batch_offsets_o=batch_offsets_o, batch_offsets_k=batch_offsets_k,
-        batch_offsets_v=batch_offsets_v, batch_offsets_units=batch_offsets_units, out=out, lse=lse,
-        is_cuda_graph_compatible=is_cuda_graph_compatible, o_data_type=o_data_type), _call_key, _problem, _sizes,
-        explicit)
+    hot = _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
+                   actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
+                   batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
+                   k_scale, v_scale, batch_offsets_units, o_data_type, explicit)
+    lane = B.HOT_LANES.get(hot) if hot is not None else None
+    if lane is None:
+        lane = _lane(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
+                     actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
+                     batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
+                     k_scale, v_scale, batch_offsets_units, o_data_type, explicit, hot)
     z = lane.sizes
     batch = _batch(z, q, k_cache, v_cache, fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale),
                    max_token_per_sequence, max_sequence_kv, actual_seq_lens_q, actual_seq_lens_kv, block_tables,
@@ -90,12 +89,56 @@ def cudnn_batch_prefill_with_kv_cache(
     return batch.out, padded
 
 
+def _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, seq_kv, block_tables, causal,
+             return_lse, offsets_q, offsets_o, offsets_k, offsets_v, out, lse, cuda_graph, q_scale, k_scale, v_scale,
+             units, o_data_type, explicit) -> Optional[tuple]:
+    """The short key of a call with the default options (a float scale, lengths on q's device, no
+    offsets, out, lse or q/k/v scales), or None: each value it holds is of a fixed type, so it maps
+    to one full key (``_lane``) and repeats skip building that."""
+    if not (offsets_q is None and offsets_o is None and offsets_k is None and offsets_v is None and out is None
+            and lse is None and q_scale is None and k_scale is None and v_scale is None and o_data_type is None
+            and units == "elements" and type(scale) is float and type(max_q) is int and type(max_kv) is int
+            and type(causal) is bool and type(return_lse) is bool and type(cuda_graph) is bool
+            and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T and type(workspace_buffer) is _T
+            and type(seq_q) is _T and type(seq_kv) is _T and (block_tables is None or type(block_tables) is _T)
+            and B.lanes_open(q)):
+        return None
+    key = [ENTRY, explicit, policy.strict_mode(), scale, max_q, max_kv, causal, return_lse, cuda_graph]
+    for t in (q, k_cache, v_cache, workspace_buffer, seq_q, seq_kv):
+        key += (t.dtype, t.device, t.shape, t.stride())
+    if block_tables is not None:
+        key += (block_tables.dtype, block_tables.device, block_tables.shape, block_tables.stride())
+    return tuple(key)
+
+
+_T = torch.Tensor
+
+
+def _lane(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, seq_kv, block_tables, causal,
+          return_lse, offsets_q, offsets_o, offsets_k, offsets_v, out, lse, cuda_graph, q_scale, k_scale, v_scale,
+          units, o_data_type, explicit, hot) -> B.Lane:
+    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
+    key = B.lane_key(ENTRY, (q, k_cache, v_cache, workspace_buffer, seq_q, seq_kv), (
+        scale, max_q, max_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale, offsets_q, offsets_o,
+        offsets_k, offsets_v, units, out, lse, cuda_graph, o_data_type), explicit)
+    lane = B.lane(key, CudnnPrefillSpec, lambda: dict(
+        q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
+        max_token_per_sequence=max_q, max_sequence_kv=max_kv, actual_seq_lens_q=seq_q, actual_seq_lens_kv=seq_kv,
+        block_tables=block_tables, causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale,
+        v_scale=v_scale, batch_offsets_q=offsets_q, batch_offsets_o=offsets_o, batch_offsets_k=offsets_k,
+        batch_offsets_v=offsets_v, batch_offsets_units=units, out=out, lse=lse, is_cuda_graph_compatible=cuda_graph,
+        o_data_type=o_data_type), _call_key, _problem, _sizes, explicit)
+    if hot is not None and key is not None:
+        B.HOT_LANES.put(hot, lane)
+    return lane
+
+
 def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, seq_kv, block_tables, return_lse,
            offsets_q, offsets_o, offsets_k, tokens: bool, out) -> AttentionBatch:
     """The batch of a checked call: logical NHD pages, token-unit indices, the caller's cuDNN
     buffers in extras, out and the packed LSE allocated when not given."""
-    if z.paged:
-        k, v = k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3)  # the logical NHD pages (as the spec's)
+    if z.paged:  # the logical NHD pages (as the spec's), kept per cache object
+        k, v = kept_views(k_cache, "nhd", _nhd_pages)[0], kept_views(v_cache, "nhd", _nhd_pages)[0]
     else:
         k, v = k_cache, v_cache
     qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, seq_q, seq_kv, offsets_q, offsets_k)
@@ -105,6 +148,10 @@ def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, se
     return AttentionBatch(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
                           block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None,
                           given)
+
+
+def _nhd_pages(pool: torch.Tensor) -> tuple:
+    return (pool.permute(0, 2, 1, 3),)
 
 
 def _on_device(lengths, q):
@@ -135,8 +182,15 @@ def _call_key(args: dict) -> tuple:
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
-    return SimpleNamespace(total_q=d.total_q, hq=d.hq, dqk=d.dqk, hkv=d.hkv, dvo=d.dvo, out_dtype=d.out_dtype,
-                           batch=d.batch, paged=d.paged, max_q=args["max_token_per_sequence"])
+    """What a repeat builds its batch from; for a decode-shaped call (``_one_row_each``) also the
+    cached uniform offsets it binds: the token indptr and Q's and O's element offsets."""
+    z = SimpleNamespace(total_q=d.total_q, hq=d.hq, dqk=d.dqk, hkv=d.hkv, dvo=d.dvo, out_dtype=d.out_dtype,
+                        batch=d.batch, paged=d.paged, max_q=args["max_token_per_sequence"], one_row_each=None)
+    if _one_row_each(z):
+        device = args["q"].device
+        z.one_row_each = (uniform_indptr(z.batch, 1, device), uniform_indptr(z.batch, z.hq * z.dqk, device),
+                          uniform_indptr(z.batch, z.hq * z.dvo, device))
+    return z
 
 
 def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o):
@@ -147,8 +201,8 @@ def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, o
     if seq_q is not None and seq_q.dtype is torch.int32:
         given["seq_q"] = seq_q
     row_q, row_o = z.hq * z.dqk, z.hq * z.dvo
-    if offsets_q is None and _one_row_each(z):  # the cached element offsets of row b: no kernel per call
-        offsets_q, offsets_o = uniform_indptr(z.batch, row_q, q.device), uniform_indptr(z.batch, row_o, q.device)
+    if offsets_q is None and z.one_row_each is not None:  # the cached element offsets of row b: no kernel per call
+        offsets_q, offsets_o = z.one_row_each[1:]
         tokens = False
     if not tokens:
         if offsets_q is not None and offsets_q.dtype is torch.int32 and q.stride(0) == row_q:
@@ -188,8 +242,8 @@ def _indices(q, d, tokens: bool, seq_q, seq_kv, offsets_q, offsets_k):
     sums of the lengths (what FlashInfer computes for packed inputs)."""
     if offsets_q is not None:
         qo = _token_offsets(offsets_q, d.hq * d.dqk, tokens)
-    elif _one_row_each(d):
-        qo = uniform_indptr(d.batch, 1, q.device)  # cached: no kernel per call
+    elif d.one_row_each is not None:
+        qo = d.one_row_each[0]  # cached: no kernel per call
     elif seq_q is not None:
         qo = _cumsum0(seq_q)
     else:

@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 
 from .. import ops, specs
-from .._normalize import block_table_from_pages, fold_scale, paged_nhd, split_kv
+from .._normalize import block_table_from_pages, cache_halves, fold_scale, paged_nhd, split_kv
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PrefillWrapper
@@ -106,7 +106,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
                    paged_kv_cache.shape, paged_kv_cache.stride())
             lane = self._hot.get(hot)
             if lane is not None:  # a default-option repeat: its lane without the full key
-                k, v = paged_kv_cache.unbind(1)  # (pages, 2, ...): the shape in ``hot`` passed the checks
+                k, v = cache_halves(paged_kv_cache, "NHD")  # (pages, 2, ...): its shape in ``hot`` passed the checks
                 return self._go(lane, q, k, v, None, None, return_lse, None)
         return self._checked_then_hot(hot, lambda: self._run(
             q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, B.sinks_tensor(sinks, q),
@@ -139,9 +139,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     def _kv_views(self, paged_kv_cache) -> tuple:
         """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""
         layout = "HND" if self._plan.cudnn else self._plan.layout
-        if layout == "NHD" and type(paged_kv_cache) is torch.Tensor and paged_kv_cache.dim() == 5 \
-                and paged_kv_cache.shape[1] == 2:
-            return paged_kv_cache.unbind(1)  # the common cache: its K and V halves are the NHD views
+        if type(paged_kv_cache) is torch.Tensor and paged_kv_cache.dim() == 5 and paged_kv_cache.shape[1] == 2:
+            return cache_halves(paged_kv_cache, layout)  # the common cache
         k, v, squeezed = split_kv(paged_kv_cache, "paged_kv_cache", not self._plan.cudnn)
         return paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
 
