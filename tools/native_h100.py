@@ -16,9 +16,15 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
    beside each default, the tiles and stage counts round 4 chose between (tools/NOTES-native.md), so
    one run decides; the targets of issue 11 are checked in the summary ("(info)" rows compare variants);
 4. with --grid: the decode grid (batch 1..256 x keys 512..128k) at the rule's split count and at
-   half and twice it, so the rule's distance to the best of the three is measured.
+   half and twice it, so the rule's distance to the best of the three is measured;
+5. with --variants (issue 11, Hopper at vendor speed): the plain-path prefill kernel (paged gather,
+   ragged TMA, persistent, tiles) and fp8 decode tiles/splits beside the defaults (VARIANT_ROWS), each
+   first checked against float64 at a smaller shape with the same plan overrides (rows "variant: ..."
+   of the agreement table); a variant that fails is timed but marked WRONG and kept out of the
+   targets (about 1 more minute).
 
     python tools/native_h100.py --out "$OUT"        # writes native-h100.json and native-h100.md
+    python tools/native_h100.py --variants --out "$OUT"
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ BIG = dict(hq=HQ, hkv=HKV, dqk=D, dvo=D, page_size=PAGE, dtype="bfloat16")
 DEC = dict(phase="decode", causal=True)
 ROPE = dict(pos="ROPE_LLAMA")
 DEADLINE_S = 200  # timing stops here so the whole run stays under 4 minutes (--grid: 330)
+VARIANTS_EXTRA_S = 70  # --variants: 14 more checks and timed rows (~8 s each with compilation); < 5 minutes
 
 
 # -- agreement ---------------------------------------------------------------------------------------
@@ -94,7 +101,7 @@ def _oracle_masks(c: Case, bits):
     return masks
 
 
-def check(name: str, c: Case, rope_scale: float, rope_theta: float) -> dict:
+def check(name: str, c: Case, rope_scale: float, rope_theta: float, plan_kw: dict | None = None) -> dict:
     kw, dense_k, dense_v = build(c)
     bits = None
     if c.mask == "spec_bits":
@@ -106,7 +113,7 @@ def check(name: str, c: Case, rope_scale: float, rope_theta: float) -> dict:
     scale = (lambda x: torch.tensor(x, device="cuda")) if c.tensor_scales else (lambda x: x)
     batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=scale(sm), out_scale=scale(1.3), **kw)
     problem = replace(problem_of(c), device_type="cuda", rope_scale=rope_scale, rope_theta=rope_theta)
-    plan = BACKEND.plan(problem, batch)
+    plan = BACKEND.plan(problem, batch, **(plan_kw or {}))
     starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
     ref_out, ref_lse = batch_attention_fp64(
         [kw["q"][a:b].cpu() for a, b in zip(starts[:-1], starts[1:])], [k.cpu() for k in dense_k],
@@ -131,7 +138,13 @@ def check(name: str, c: Case, rope_scale: float, rope_theta: float) -> dict:
     band = 6e-2 if (c.kv_dtype or "").startswith("float8") else 1e-2
     ok = all(e[0] < band and e[1] < band and e[2] and not e[3] for e in errors)
     return {"scenario": name, "ok": ok, "out_err": [e[0] for e in errors], "lse_err": [e[1] for e in errors],
-            "splits": plan.num_splits, "direct_variants": len(plan.attention._variants)}
+            "splits": plan.num_splits, "direct_variants": len(plan.attention._variants), "tile": _tile_name(plan)}
+
+
+def _tile_name(plan) -> str:
+    cfg = plan.config
+    extra = "".join(f" {k}" for k in ("kv_tma", "persistent") if getattr(cfg, k)) + " plain" * (cfg.kernel == "plain")
+    return f"M{cfg.block_m} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{extra}"
 
 
 # -- host time per launch ----------------------------------------------------------------------------
@@ -213,9 +226,8 @@ def time_case(c: Case, num_splits=None, config=None) -> dict:
         for b in batches:
             BACKEND.run(plan, b)
     replay = time_ms(graph.replay, reps=20, warmup=2) / len(batches)
-    cfg = plan.config
     return {"eager_ms": eager, "graph_ms": replay, "splits": plan.num_splits, "copies": len(batches),
-            "tile": f"M{cfg.block_m} N{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"}
+            "tile": _tile_name(plan)}
 
 
 def kv_tb_s(c: Case, ms: float) -> float:
@@ -266,6 +278,55 @@ FEATURE_ROWS = [
 ]
 
 
+# Issue 11 candidates (--variants): the plain-path prefill kernel (backends/native/triton_plain.py) and fp8
+# decode tiles and splits, each checked against float64 at a smaller shape with the same plan overrides
+# first (VARIANT_CHECKS); a variant that disagrees is timed but marked wrong and kept out of the targets.
+PLAIN = dict(kernel="plain")
+RAG8 = replace(PRE8, storage="ragged")
+
+
+def _plain(m: int = 256, n: int = 64, warps: int = 8, stages: int = 3, **kw) -> dict:
+    return {"config": TileConfig(m, n, 4, num_warps=warps, num_stages=stages, **PLAIN, **kw)}
+
+
+VARIANT_ROWS = [
+    ("prefill causal 8 x 2048, plain", PRE8, "flops", _plain()),
+    ("prefill causal 8 x 2048, plain persistent", PRE8, "flops", _plain(persistent=True)),
+    ("prefill causal 8 x 2048, plain s4", PRE8, "flops", _plain(stages=4)),
+    ("prefill causal 8 x 2048, plain M128 N128 s2", PRE8, "flops", _plain(128, 128, stages=2)),
+    ("prefill causal 8 x 2048 ragged, plain", RAG8, "flops", _plain()),
+    ("prefill causal 8 x 2048 ragged, plain TMA", RAG8, "flops", _plain(kv_tma=True)),
+    ("prefill causal 8 x 2048 ragged, plain TMA persistent", RAG8, "flops", _plain(kv_tma=True, persistent=True)),
+    ("prefill causal 8 x 2048 ragged, plain TMA s4", RAG8, "flops", _plain(kv_tma=True, stages=4)),
+    ("prefill causal 8 x 2048 ragged, plain TMA M128 N128 s2", RAG8, "flops", _plain(128, 128, stages=2, kv_tma=True)),
+    ("decode b64 x 4096 fp8 KV, N128 s3 2 splits", FP8, "kv", {**_tile(16, 128, 4, 4, 3), "num_splits": 2}),
+    ("decode b64 x 4096 fp8 KV, N128 s3 4 splits", FP8, "kv", {**_tile(16, 128, 4, 4, 3), "num_splits": 4}),
+    ("decode b64 x 4096 fp8 KV, N128 w8 s3", FP8, "kv", _tile(16, 128, 4, 8, 3)),
+    ("decode b64 x 4096 fp8 KV, N256 w8 s3", FP8, "kv", _tile(16, 256, 4, 8, 3)),
+    ("decode b64 x 4096 fp8 KV, N256 w8 s3 2 splits", FP8, "kv", {**_tile(16, 256, 4, 8, 3), "num_splits": 2}),
+]
+_CHECK_PRE = Case(q_lens=(600, 40), kv_lens=(800, 600), **BIG)  # 10 query blocks of M256: interior + diagonal
+_CHECK_FP8 = Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 4, kv_lens=(20000, 4096, 33, 700), **BIG, **DEC)
+
+
+def _check_case(c: Case) -> Case:
+    """The variant's agreement shape: its storage and dtypes at a size the fp64 oracle runs quickly."""
+    return replace(_CHECK_FP8 if c.phase == "decode" else _CHECK_PRE, storage=c.storage)
+
+
+def variant_checks() -> list:
+    """Every variant against float64 before it is timed (three calls each, as the scenarios); one that
+    fails to plan or compile is a failed check with its error, and the run goes on."""
+    rows = []
+    for name, c, _, plan_kw in VARIANT_ROWS:
+        try:
+            rows.append(check(f"variant: {name}", _check_case(c), 1.0, 1e4, plan_kw))
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"scenario": f"variant: {name}", "ok": False, "out_err": [], "lse_err": [], "splits": 0,
+                         "tile": "", "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+    return rows
+
+
 def decode_grid_rows(start: float) -> list:
     rows = []
     for b, n in DECODE_GRID:
@@ -285,10 +346,25 @@ def decode_grid_rows(start: float) -> list:
     return rows
 
 
-def feature_rows(start: float) -> list:
+# The defaults the variants are compared with: with --variants they run first, then the variants, then the
+# other feature rows (measured in earlier rounds), so a deadline cuts what is already known.
+BASELINES = ("decode b64 x 4096", "decode b64 x 4096 fp8 KV", "decode b64 x 4096 fp8 KV, N128 s3",
+             "prefill causal 8 x 2048", "prefill causal 8 x 2048 ragged")
+
+
+def _row_order(variants: bool) -> list:
+    if not variants:
+        return FEATURE_ROWS
+    first = [r for r in FEATURE_ROWS if r[0] in BASELINES]
+    return first + VARIANT_ROWS + [r for r in FEATURE_ROWS if r[0] not in BASELINES]
+
+
+def feature_rows(start: float, variants: bool = False, wrong: frozenset = frozenset()) -> list:
+    """The feature rows, then with ``variants`` the candidates (a name in ``wrong`` failed its check)."""
     rows = []
-    for name, c, metric, plan_kw in FEATURE_ROWS:
-        if time.time() - start > DEADLINE_S:
+    deadline = DEADLINE_S + VARIANTS_EXTRA_S * variants
+    for name, c, metric, plan_kw in _row_order(variants):
+        if time.time() - start > deadline:
             rows.append({"case": name, "skipped": "deadline"})
             continue
         try:  # an explicit tile may not fit (or compile): the row says so, the run goes on
@@ -298,7 +374,8 @@ def feature_rows(start: float) -> list:
             continue
         rate = kv_tb_s if metric == "kv" else causal_tflop_s
         rows.append({"case": name, **r, "unit": "TB/s" if metric == "kv" else "TFLOP/s",
-                     "eager_rate": rate(c, r["eager_ms"]), "graph_rate": rate(c, r["graph_ms"])})
+                     "eager_rate": rate(c, r["eager_ms"]), "graph_rate": rate(c, r["graph_ms"]),
+                     "wrong": f"variant: {name}" in wrong})
     return rows
 
 
@@ -313,7 +390,7 @@ def environment() -> dict:
 
 
 def _row(res: dict, case: str) -> dict:
-    return next((r for r in res["features"] if r["case"] == case and "skipped" not in r), {})
+    return next((r for r in res["features"] if r["case"] == case and "skipped" not in r and not r.get("wrong")), {})
 
 
 def summary(res: dict) -> list:
@@ -338,6 +415,15 @@ def summary(res: dict) -> list:
         ratio(f"fp8 KV decode{tile} / bf16 (bytes read per s)", f"decode b64 x 4096 fp8 KV{tile}", "decode b64 x 4096",
               0.90)
     ratio("(info) fp8 KV decode / bf16 N64 s5", "decode b64 x 4096 fp8 KV", "decode b64 x 4096, N64 s5", 0.90)
+    for name, c, metric, _ in VARIANT_ROWS:
+        if metric == "kv":
+            ratio(f"{name[len('decode b64 x 4096 '):]} / bf16 (bytes read per s)", name, "decode b64 x 4096", 0.90)
+    for name in ["prefill causal 8 x 2048", "prefill causal 8 x 2048 ragged"] + [
+            n for n, _, metric, _ in VARIANT_ROWS if metric == "flops"]:
+        r = _row(res, name)
+        if r:
+            rows.append({"target": f"{name} >= 370 TFLOP/s", "eager": r["eager_rate"], "graph": r["graph_rate"],
+                         "met": r["eager_rate"] >= 370})
     launcher = next((h for h in res["host"] if h["path"].startswith("launcher")), None)
     if launcher:
         us = launcher["us_per_launch"]
@@ -355,10 +441,11 @@ def markdown(res: dict) -> str:
         graph = "" if t["graph"] is None else f"{t['graph']:.3f}"
         lines.append(f"| {t['target']} | {t['eager']:.3f} | {graph} | {t['met']} |")
     lines += ["", "## Agreement vs float64 (calls: Triton's path / the cached compiled kernel / the launcher)", "",
-              "| scenario | ok | out rel err | lse rel err | splits |", "|---|---|---|---|---|"]
+              "| scenario | ok | out rel err | lse rel err | splits | tile |", "|---|---|---|---|---|---|"]
     for a in res["agreement"]:
         lines.append(f"| {a['scenario']} | {a['ok']} | {' / '.join(f'{e:.2e}' for e in a['out_err'])} | "
-                     f"{' / '.join(f'{e:.2e}' for e in a['lse_err'])} | {a['splits']} |")
+                     f"{' / '.join(f'{e:.2e}' for e in a['lse_err'])} | {a['splits']} | "
+                     f"{a.get('error') or a.get('tile', '')} |")
     lines += ["", "## Host time per eager launch (tiny decode, back-to-back)", "", "| path | us per launch |",
               "|---|---|"] + [f"| {h['path']} | {h['us_per_launch']:.1f} |" for h in res["host"]]
     lines += ["", "## RoPE, fp8 KV and the plain path (bf16 q, 32/8 heads, d128, pages of 16)", "",
@@ -367,7 +454,7 @@ def markdown(res: dict) -> str:
         if "skipped" in r:
             lines.append(f"| {r['case']} | skipped ({r['skipped']}) |||||||")
             continue
-        lines.append(f"| {r['case']} | {r['tile']} | {r['eager_ms']:.3f} | {r['graph_ms']:.3f} | {r['eager_rate']:.2f}"
+        lines.append(f"| {r['case']}{' (WRONG: failed its fp64 check)' * bool(r.get('wrong'))} | {r['tile']} | {r['eager_ms']:.3f} | {r['graph_ms']:.3f} | {r['eager_rate']:.2f}"
                      f" | {r['graph_rate']:.2f} | {r['unit']} | {r['splits']} |")
     if not res["decode_grid"]:
         return "\n".join(lines) + "\n"
@@ -387,14 +474,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for the JSON and Markdown")
     parser.add_argument("--grid", action="store_true", help="also the decode split grid (about 2 more minutes)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also issue 11's candidate kernels and tiles, each checked against float64 first")
     args = parser.parse_args()
     start = time.time()
     torch.manual_seed(0)
-    res = {"environment": environment(), "command": "python tools/native_h100.py" + " --grid" * args.grid}
+    res = {"environment": environment(),
+           "command": "python tools/native_h100.py" + " --grid" * args.grid + " --variants" * args.variants}
     res["agreement"] = [check(name, *spec) for name, spec in AGREEMENT.items()]
+    res["agreement"] += variant_checks() if args.variants else []
+    wrong = frozenset(a["scenario"] for a in res["agreement"] if not a["ok"])
     res["host"] = [host_us_per_launch(path) for path in ("launcher", "run", "triton")]
     res["copy_tb_s"] = copy_ceiling_tb_s()
-    res["features"] = feature_rows(start)
+    res["features"] = feature_rows(start, args.variants, wrong)
     res["decode_grid"] = decode_grid_rows(start) if args.grid else []
     res["summary"] = summary(res)
     res["seconds"] = time.time() - start
@@ -404,7 +496,7 @@ def main() -> int:
     text = markdown(res)
     (out / "native-h100.md").write_text(text)
     print(text)
-    return 0 if all(a["ok"] for a in res["agreement"]) else 1
+    return 0 if all(a["ok"] for a in res["agreement"] if not a["scenario"].startswith("variant: ")) else 1
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@ class TileConfig:
     heads_per_program: int  # HPP: query heads of one KV group packed into the M dimension
     num_warps: int
     num_stages: int
+    # Issue 11 candidates, off by default (tools/native_h100.py times them beside the defaults):
+    kernel: str = "general"  # "plain": triton_plain._attn_fwd_plain, for problems plain_reasons accepts
+    kv_tma: bool = False  # plain kernel, ragged/dense K/V: tiles read by TMA descriptors
+    persistent: bool = False  # plain kernel: about one wave of programs, longest query blocks first
 
 
 @dataclass
@@ -70,6 +74,7 @@ class TritonPlan:
     rope_freq: Optional[torch.Tensor] = None  # (2, BLOCK_HALF) fp32: frequency hi and lo parts
     attention: Optional[KernelLaunch] = None
     merge: Optional[KernelLaunch] = None
+    pointer_attention: Optional[KernelLaunch] = None  # kv_tma plans: calls whose K/V a TMA cannot read
     fixed_ints: tuple = ()  # the kernel's integer arguments the plan fixes (see _attention_ints)
 
 
@@ -116,7 +121,10 @@ class NativeTritonBackend(Backend):
         group, hpp = problem.gqa_group, cfg.heads_per_program
         if group % hpp:
             raise ValueError(f"config.heads_per_program={hpp} must divide the GQA group {group}")
+        _check_plain_config(problem, cfg, num_splits)
         m_blocks = max(1, math.ceil(max(batch.max_q_len, 1) * hpp / cfg.block_m))
+        if cfg.kernel == "plain":
+            return _plain_plan(problem, batch, cfg, m_blocks, device)
         if num_splits:
             splits, chunk = splits_of_chunk(batch.max_kv_len, chunk_keys(batch.max_kv_len, num_splits, cfg.block_n))
         else:
@@ -178,8 +186,23 @@ def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
         raise ValueError("has_sinks=True needs sinks (Hq,) float32; got None")
 
 
+# The one-line switch to the plain-path kernel for prefill (issue 11): None keeps the general kernel;
+# e.g. dict(kernel="plain", kv_tma=True, persistent=True) after tools/native_h100.py measured it best.
+# choose_config applies it to every prefill tile of a problem plain_reasons accepts (kv_tma: ragged only).
+PLAIN_PREFILL: Optional[dict] = None
+
+
 def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.device) -> TileConfig:
     """Tile shapes by phase and head dim (measured on H100: tools/NOTES-native.md)."""
+    cfg = _general_config(problem, max_q_len)
+    if PLAIN_PREFILL and problem.phase == "prefill" and not plain_reasons(problem):
+        plain = dict(PLAIN_PREFILL)
+        plain["kv_tma"] = plain.get("kv_tma", False) and problem.kv_storage != "paged"
+        cfg = replace(cfg, **plain)
+    return cfg
+
+
+def _general_config(problem: AttentionProblem, max_q_len: int) -> TileConfig:
     group = problem.gqa_group
     dmax = max(_pow2(problem.head_dim_qk), _pow2(problem.head_dim_vo))
     rows = max(max_q_len, 1) * group
@@ -313,6 +336,108 @@ def splits_of_chunk(kv_len: int, chunk: int) -> tuple[int, int]:
     return max(1, math.ceil(max(kv_len, 1) / chunk)), chunk
 
 
+# ---------------------------------------------------------------------------
+# the plain-path kernel (issue 11 candidates; backends/native/triton_plain.py)
+# ---------------------------------------------------------------------------
+def plain_reasons(problem: AttentionProblem) -> list[str]:
+    """Why the plain-path kernel cannot serve ``problem`` (empty: it can): it has no feature code."""
+    checks = [
+        (problem.q_dtype in ("float16", "bfloat16"), f"q_dtype {problem.q_dtype} (float16, bfloat16)"),
+        (problem.kv_dtype == problem.q_dtype, f"kv_dtype {problem.kv_dtype} (q's, {problem.q_dtype})"),
+        (problem.head_dim_qk == problem.head_dim_vo in (64, 128),
+         f"head dims {problem.head_dim_qk}/{problem.head_dim_vo} (equal, 64 or 128)"),
+        (problem.mask == "none", f"mask {problem.mask} (none)"),
+        (problem.window_left < 0, f"window_left {problem.window_left} (-1)"),
+        (problem.logits_soft_cap <= 0, f"logits_soft_cap {problem.logits_soft_cap} (0)"),
+        (problem.pos_encoding == "NONE", f"pos_encoding {problem.pos_encoding} (NONE)"),
+        (not problem.has_sinks, "has_sinks True (False)"),
+    ]
+    return [why for ok, why in checks if not ok]
+
+
+def _check_plain_config(problem: AttentionProblem, cfg: TileConfig, num_splits: Optional[int]) -> None:
+    """An explicit plain-kernel config the problem cannot take is an error (named), never a silent swap."""
+    if cfg.kernel == "general":
+        if cfg.kv_tma or cfg.persistent:
+            raise ValueError("config.kv_tma / config.persistent need config.kernel='plain'")
+        return
+    if cfg.kernel != "plain":
+        raise ValueError(f"config.kernel={cfg.kernel!r}; allowed: 'general', 'plain'")
+    reasons = plain_reasons(problem)
+    if cfg.kv_tma and problem.kv_storage == "paged":
+        reasons.append("kv_tma with paged K/V (ragged or dense only: Hopper's TMA has no row gather)")
+    if num_splits not in (None, 1):
+        reasons.append(f"num_splits {num_splits} (1)")
+    if reasons:
+        raise ValueError("config.kernel='plain' cannot serve this problem: " + "; ".join(reasons))
+
+
+def _plain_plan(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
+                device: torch.device) -> TritonPlan:
+    """A plan on the plain-path kernel: one split; a grid of (query blocks, requests x head groups), or
+    with ``persistent`` about one wave of programs (the SMs times the programs one holds)."""
+    from . import triton_plain
+
+    bh = batch.batch_size * problem.num_kv_heads * (problem.gqa_group // cfg.heads_per_program)
+    grid = (m_blocks, bh, 1)
+    if cfg.persistent:  # the interpreter: 3 programs, so that each takes several tiles (as on a GPU)
+        wave = _sm_count(device) * programs_per_sm(problem, cfg, device) if device.type == "cuda" else 3
+        grid = (max(1, min(m_blocks * bh, wave)), 1, 1)
+    chunk = max(cfg.block_n, chunk_keys(batch.max_kv_len, 1, cfg.block_n))
+    plan = TritonPlan(problem, cfg, grid, 1, chunk, batch.total_q, _plain_constexprs(problem, cfg),
+                      device_key(device))
+    direct = device.type == "cuda" and not _interpreting()
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    kernel = triton_plain._attn_fwd_plain
+    _check_parameter_order(kernel, plan.constexprs)
+    plan.attention = KernelLaunch(kernel, grid, tuple(plan.constexprs.values()), options, device, direct)
+    if cfg.kv_tma:
+        _set_tma_allocator(device)
+        pointer = tuple({**plan.constexprs, "KV_TMA": False}.values())
+        plan.pointer_attention = KernelLaunch(kernel, grid, pointer, options, device, direct)
+    plan.fixed_ints = ((m_blocks, batch.batch_size, problem.num_kv_heads), (0,) * 5)
+    return plan
+
+
+def _plain_constexprs(problem: AttentionProblem, cfg: TileConfig) -> dict:
+    """triton_plain._attn_fwd_plain's plan-fixed constexprs, in its parameter order."""
+    return dict(
+        GROUP=problem.gqa_group, HPP=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        HEAD_D=problem.head_dim_qk, PAGED=problem.kv_storage == "paged", PAGE_SIZE=max(problem.page_size, 1),
+        CAUSAL=problem.causal, DOT_F32=_interpreting(),  # the interpreter's bf16 dot is wrong (Triton 3.9)
+        KV_TMA=cfg.kv_tma, PERSISTENT=cfg.persistent,
+    )
+
+
+def _tma_ready(plan: TritonPlan, batch: AttentionBatch) -> bool:
+    """Whether this call's K and V can be read through the (rows, kv heads x head dim) descriptors: a
+    16-byte aligned base and row stride, heads packed in a row, the head dim contiguous."""
+    d = plan.problem.head_dim_qk
+    for x in (batch.k, batch.v):
+        stride = x.stride()
+        if stride[-1] != 1 or stride[-2] != d or (x.data_ptr() | stride[0] * x.element_size()) & 15:
+            return False
+    return True
+
+
+_TMA_ALLOCATOR: list = []
+
+
+def _set_tma_allocator(device: torch.device) -> None:
+    """Device-side tensor descriptors need global scratch per launch, which Triton asks of the allocator
+    set by ``triton.set_allocator`` (none by default: the launch would raise). Ours takes it from
+    torch's caching allocator on the launch's stream (graph-capture safe). Set once per process."""
+    if _TMA_ALLOCATOR or device.type != "cuda":
+        return
+    import triton
+
+    def scratch(size: int, alignment: int, stream: Optional[int]) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(scratch)
+    _TMA_ALLOCATOR.append(scratch)
+
+
 def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict:
     """The attention kernel's plan-fixed constexprs, in its parameter order (see _plan_launches)."""
     mask_mode = {"none": 0, "custom": 1, "spec_bits": 2}[problem.mask]
@@ -392,7 +517,10 @@ def _kv_strides(x: torch.Tensor, paged: bool) -> tuple[int, int, int, int]:
 
 def _launch(plan: TritonPlan, batch: AttentionBatch) -> None:
     head, ints, flags = _attention_args(plan, batch)
-    plan.attention(head, ints, flags)
+    if plan.pointer_attention is not None and not _tma_ready(plan, batch):
+        plan.pointer_attention(head, ints, flags)
+    else:
+        plan.attention(head, ints, flags)
     if plan.merge is not None:
         plan.merge(*_merge_args(plan, batch))
 
@@ -446,6 +574,8 @@ def _repeat(launch: KernelLaunch, fields: tuple, head: tuple, ints: tuple, flags
 
 def _launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[AttentionBatch], None]:
     """run's launches for exact repeats of ``batch``: everything but the tensors' addresses fixed now."""
+    if plan.pointer_attention is not None:
+        return _tma_launcher(plan, batch)
     attention, get = _repeat(plan.attention, _ATTENTION_FIELDS, *_attention_args(plan, batch))
     if plan.merge is None:
         def launch(b: AttentionBatch) -> None:
@@ -460,6 +590,21 @@ def _launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[AttentionBat
         merge(get_m(b))
 
     return launch_and_merge
+
+
+def _tma_launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[AttentionBatch], None]:
+    """Exact repeats of a kv_tma plan: the strides are fixed, so only K's and V's addresses decide per
+    call between the TMA kernel and its pointer twin (a descriptor needs a 16-byte aligned base)."""
+    args = _attention_args(plan, batch)
+    tma, get = _repeat(plan.attention, _ATTENTION_FIELDS, *args)
+    pointer, _ = _repeat(plan.pointer_attention, _ATTENTION_FIELDS, *args)
+    if not _tma_ready(plan, batch):
+        tma = pointer
+
+    def launch(b: AttentionBatch) -> None:
+        (pointer if (b.k.data_ptr() | b.v.data_ptr()) & 15 else tma)(get(b))
+
+    return launch
 
 
 def _attention_ints(plan: TritonPlan, batch: AttentionBatch, spec: Optional[torch.Tensor]) -> tuple:

@@ -1,0 +1,127 @@
+"""The plain-path kernel (backends/native/triton_plain.py, issue 11 candidates) against the fp64 oracle.
+
+Runs under the interpreter on a CPU (tests/conftest.py), TMA descriptors included, on small tiles
+(16 x 16, so interior, diagonal and ragged-end tiles all occur) with every candidate switch: paged
+gather or ragged/dense K/V by TMA or pointers, persistent or one program per query block. On a GPU
+host the same file runs compiled.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from backends.native import triton_backend as tb
+from backends.native.triton_backend import TileConfig
+from dispatch.lab_native import BACKEND, DEVICE, Case, build, problem_of, run_case
+from dispatch.problem import AttentionBatch
+
+CASES = {
+    "ragged_causal_gqa4_bf16": Case(storage="ragged", hq=8, hkv=2, dtype="bfloat16", q_lens=(20, 5, 1),
+                                    kv_lens=(40, 37, 16)),
+    "ragged_noncausal_q_gt_kv": Case(storage="ragged", causal=False, q_lens=(9, 17), kv_lens=(3, 50)),
+    "ragged_causal_fully_masked_rows": Case(storage="ragged", q_lens=(6, 2), kv_lens=(3, 7)),
+    "dense_causal_d128": Case(storage="dense", q_lens=(18,), kv_lens=(33,), dqk=128, dvo=128, hq=2, hkv=1),
+    "paged16_causal_gqa4": Case(page_size=16, hq=8, hkv=2, q_lens=(21, 4), kv_lens=(50, 33)),
+    "paged_hnd_page5_bf16": Case(layout="HND", page_size=5, dtype="bfloat16", q_lens=(7, 12), kv_lens=(30, 12)),
+    "tensor_scales_strided_q_out_no_lse": Case(storage="ragged", tensor_scales=True, strided_q=True, lse=False,
+                                               q_lens=(5, 19), kv_lens=(24, 40)),
+}
+SWITCHES = {"pointer": {}, "tma": dict(kv_tma=True), "persistent": dict(persistent=True),
+            "tma_persistent": dict(kv_tma=True, persistent=True)}
+
+
+def _config(c: Case, **switches) -> TileConfig:
+    return TileConfig(16, 16, 2 if c.hq // c.hkv % 2 == 0 else 1, num_warps=4, num_stages=1, kernel="plain",
+                      **switches)
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+@pytest.mark.parametrize("name", list(CASES))
+def test_plain_kernel_matches_fp64(name, switch):
+    c = CASES[name]
+    switches = SWITCHES[switch]
+    if c.storage == "paged" and switches.get("kv_tma"):
+        pytest.skip("paged K/V take the per-key gather (no TMA row gather on Hopper)")
+    plan, _, _ = run_case(c, config=_config(c, **switches))
+    assert plan.attention.kernel.fn.__name__ == "_attn_fwd_plain"
+    assert (plan.pointer_attention is not None) == bool(switches.get("kv_tma"))
+    if switches.get("persistent"):
+        assert plan.grid[1:] == (1, 1) and plan.grid[0] <= 3  # 3 programs take every tile in turn
+
+
+def _ragged_batch(c: Case, k_width: int):
+    """A batch whose K is a column slice (heads not packed in a row when k_width > head dim)."""
+    kw, dense_k, dense_v = build(c)
+    wide = torch.zeros((kw["k"].shape[0], c.hkv, k_width), dtype=kw["k"].dtype, device=DEVICE)
+    wide[..., : c.dqk] = kw["k"]
+    kw["k"] = wide[..., : c.dqk]
+    out = torch.full((sum(c.q_lens), c.hq, c.dvo), float("nan"), dtype=torch.float16, device=DEVICE)
+    lse = torch.full((sum(c.q_lens), c.hq), float("nan"), device=DEVICE)
+    return AttentionBatch(out=out, lse=lse, sm_scale=0.2, out_scale=1.0, **kw), dense_k, dense_v
+
+
+def test_tma_plan_takes_the_pointer_twin_when_k_is_not_tma_ready(monkeypatch):
+    """K whose heads are not packed in a row cannot be read through the (rows, heads x dim) descriptor:
+    run (and the launcher) take the plan's pointer twin, and the answer still matches (the TMA kernel
+    would read the wrong columns)."""
+    import oracle
+
+    c = CASES["ragged_causal_gqa4_bf16"]
+    c = replace(c, dtype="float16")
+    batch, dense_k, dense_v = _ragged_batch(c, c.dqk + 16)
+    plan = BACKEND.plan(problem_of(c), batch, config=_config(c, kv_tma=True))
+    assert not tb._tma_ready(plan, batch)
+    calls = []
+    for launch in (plan.attention, plan.pointer_attention):
+        monkeypatch.setattr(launch, "kernel", _Recording(launch.kernel, calls, launch is plan.attention))
+    launcher = BACKEND.launcher(plan, batch)
+    for call in (lambda: BACKEND.run(plan, batch), lambda: launcher(batch)):
+        batch.out.fill_(float("nan"))
+        call()
+        starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
+        ref_out, _ = oracle.batch_attention_fp64([batch.q[a:b] for a, b in zip(starts[:-1], starts[1:])],
+                                                 dense_k, dense_v, sm_scale=0.2, causal=True)
+        assert (batch.out.double() - ref_out).abs().max() < 1e-2
+    assert calls == ["pointer", "pointer"]
+
+
+class _Recording:
+    """A kernel stand-in that records which twin launched, then launches the real kernel."""
+
+    def __init__(self, kernel, calls: list, is_tma: bool):
+        self.kernel, self.calls, self.is_tma = kernel, calls, is_tma
+
+    def __getitem__(self, grid):
+        self.calls.append("tma" if self.is_tma else "pointer")
+        return self.kernel[grid]
+
+
+def test_plain_config_refuses_what_it_cannot_serve():
+    with pytest.raises(ValueError, match="soft_cap"):
+        BACKEND.plan(problem_of(Case(soft_cap=2.0)), _batch(Case()), config=TileConfig(16, 16, 1, 4, 1, "plain"))
+    with pytest.raises(ValueError, match="kv_tma with paged"):
+        BACKEND.plan(problem_of(Case()), _batch(Case()), config=TileConfig(16, 16, 1, 4, 1, "plain", kv_tma=True))
+    with pytest.raises(ValueError, match="kernel='plain'"):
+        BACKEND.plan(problem_of(Case()), _batch(Case()), config=TileConfig(16, 16, 1, 4, 1, persistent=True))
+
+
+def _batch(c: Case) -> AttentionBatch:
+    kw, _, _ = build(c)
+    out = torch.empty((sum(c.q_lens), c.hq, c.dvo), dtype=torch.float16, device=DEVICE)
+    return AttentionBatch(out=out, **kw)
+
+
+def test_plain_prefill_switch_is_off_by_default_and_one_line(monkeypatch):
+    """PLAIN_PREFILL (triton_backend.py) is the default switch: None keeps the general kernel; set, every
+    prefill problem plain_reasons accepts plans on the plain kernel (kv_tma dropped for paged K/V)."""
+    cuda = torch.device("cuda", 0)
+    ragged = problem_of(Case(storage="ragged", dtype="bfloat16", hq=32, hkv=8, dqk=128, dvo=128))
+    assert tb.PLAIN_PREFILL is None and tb.choose_config(ragged, 2048, cuda).kernel == "general"
+    monkeypatch.setattr(tb, "PLAIN_PREFILL", dict(kernel="plain", kv_tma=True, persistent=True))
+    assert tb.choose_config(ragged, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain", True, True)
+    paged = replace(ragged, kv_storage="paged", page_size=16)
+    assert tb.choose_config(paged, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain", False, True)
+    assert tb.choose_config(replace(ragged, logits_soft_cap=5.0), 2048, cuda).kernel == "general"
+    assert tb.choose_config(replace(ragged, phase="decode"), 1, cuda).kernel == "general"
