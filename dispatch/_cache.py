@@ -16,6 +16,8 @@ class BoundedCache:
         self.refresh = refresh
         self._data: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        if not refresh:
+            self.get = self._data.get  # type: ignore[method-assign]  # a hit is one C-level dict read
 
     def get(self, key: Hashable) -> Any:
         value = self._data.get(key)

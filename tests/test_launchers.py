@@ -392,3 +392,25 @@ def _paged_decode_fp64(c: dict) -> torch.Tensor:
         vs.append(pages[:, 1].flatten(0, 1)[:n])
     qs = list(c["q"].split(c["q_lens"]))
     return batch_attention_fp64(qs, ks, vs, sm_scale=c["head_dim"] ** -0.5, causal=True)[0]
+
+
+def test_single_prefill_default_option_repeats_skip_the_full_lane_key(gpu_like, monkeypatch):
+    """A single prefill with default options (causal, window and sm_scale may vary: they are in
+    the short key) finds its lane without the full key; a soft cap still builds it; results equal
+    the checked path's and the float64 oracle's."""
+    from dispatch.bench.oracle import attention_fp64
+    r = ragged(q_lens=(5,), kv_lens=(9,))
+    first = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True).clone()
+    windowed = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, window_left=2).clone()
+    real = _base.lane_key
+    monkeypatch.setattr(_base, "lane_key", lambda *a, **k: pytest.fail("the full lane key was built"))
+    assert torch.equal(dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True), first)
+    assert torch.equal(dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, window_left=2),
+                       windowed)
+    monkeypatch.setattr(_base, "lane_key", real)
+    capped = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, logits_soft_cap=1.0)
+    assert not torch.equal(capped, first)
+    for got, window in ((first, -1), (windowed, 2)):
+        want, _ = attention_fp64(r["q"], r["k"], r["v"], sm_scale=r["head_dim"] ** -0.5, causal=True,
+                                 window_left=window)
+        assert (got.double() - want).abs().max() < 1e-5

@@ -389,6 +389,8 @@ def paged_kv(kv_cache, layout: str) -> tuple:
     """The logical NHD (k, v) views of a paged cache that passed the checks (as the specs make)."""
     if type(kv_cache) is _TENSOR and kv_cache.dim() == 5 and kv_cache.shape[1] == 2:
         return cache_halves(kv_cache, layout)  # the common cache
+    if type(kv_cache) is tuple and layout == "NHD":
+        return kv_cache  # a checked (k, v) pair of 4-D NHD pages: the logical views already
     k, v, squeezed = split_kv(kv_cache, "kv_cache", False)
     return paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
 

@@ -66,15 +66,14 @@ def single_prefill_with_kv_cache(
         custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
     elif isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1:
         custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
-    key = B.lane_key(ENTRY, (q, k, v), (scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
-                                        kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
-                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
-    lane = B.lane(key, SinglePrefillSpec, lambda: dict(
-        q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype, custom_mask=custom_mask,
-        packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
-        sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
-        rope_theta=rope_theta, return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale),
-        _call_key, _problem, _sizes, explicit)
+    hot = _hot_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+                   window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v,
+                   o_dtype, kv_cache_sf, k_scale, v_scale, explicit)
+    lane = B.HOT_LANES.get(hot) if hot is not None else None
+    if lane is None:
+        lane = _lane(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
+                     window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v,
+                     o_dtype, kv_cache_sf, k_scale, v_scale, explicit, hot)
     z = lane.sizes
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
@@ -94,6 +93,44 @@ B.seed_signature(single_prefill_with_kv_cache, {"allow_fp16_qk_reduction": False
                                                 "use_fp16_qk_reduction": None})
 ops.register_eager("single_prefill_with_kv_cache", single_prefill_with_kv_cache)
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
+
+
+def _hot_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
+             logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v, o_dtype, kv_cache_sf,
+             k_scale, v_scale, explicit) -> Optional[tuple]:
+    """The short key of a default-option call (no mask, scales, soft cap or RoPE; a float or no
+    sm_scale), or None: each value it holds is of a fixed type, so it maps to one full key."""
+    if not (custom_mask is None and packed_custom_mask is None and scale_q is None and scale_k is None
+            and scale_v is None and o_dtype is None and kv_cache_sf is None and k_scale is None and v_scale is None
+            and logits_soft_cap is None and rope_scale is None and rope_theta is None and pos_encoding_mode == "NONE"
+            and (sm_scale is None or type(sm_scale) is float) and type(window_left) is int and type(causal) is bool
+            and type(return_lse) is bool and type(kv_layout) is str and type(q) is _T and type(k) is _T
+            and type(v) is _T and B.lanes_open(q)):
+        return None
+    return (ENTRY, explicit, policy.strict_mode(), causal, kv_layout, sm_scale, window_left, return_lse,
+            q.dtype, q.device, q.shape, q.stride(), k.dtype, k.device, k.shape, k.stride(),
+            v.dtype, v.device, v.shape, v.stride())
+
+
+_T = torch.Tensor
+
+
+def _lane(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
+          logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v, o_dtype, kv_cache_sf,
+          k_scale, v_scale, explicit, hot) -> B.Lane:
+    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
+    key = B.lane_key(ENTRY, (q, k, v), (scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+                                        kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
+                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
+    lane = B.lane(key, SinglePrefillSpec, lambda: dict(
+        q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype, custom_mask=custom_mask,
+        packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
+        sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
+        rope_theta=rope_theta, return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale),
+        _call_key, _problem, _sizes, explicit)
+    if hot is not None and key is not None:
+        B.HOT_LANES.put(hot, lane)
+    return lane
 
 
 def _unflatten_mask(mask: torch.Tensor, q, k, kv_layout) -> torch.Tensor:

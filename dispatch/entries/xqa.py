@@ -54,7 +54,9 @@ def xqa_batch_decode_with_kv_cache(
                              max_seq_len, b1, b1_t, b2, b2_t, window_left, B.sinks_tensor(sinks, query), kv_layout,
                              q_len_per_req, o_scale, mask, q_cu_seq_lens)
         return ops.fill(res, out)
-    seq_lens, sinks = B.int32_lengths(seq_lens), B.sinks_tensor(sinks, query)
+    seq_lens = B.int32_lengths(seq_lens)
+    if sinks is not None:
+        sinks = B.sinks_tensor(sinks, query)
     explicit = policy.explicit_choice()
     hot = _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
                    window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
