@@ -272,3 +272,30 @@ def test_negative_scale_is_computed_on_the_gpu(entry):
         want = call("cpu").float()
     got = call("cuda").float().cpu()
     assert torch.isfinite(got).all() and (got - want).abs().max().item() < 3e-2
+
+
+@pytest.mark.parametrize("backend", ["xqa", "native-triton", "cudnn"])
+def test_decode_reads_a_sliced_page_table_and_strided_lengths(backend):
+    """A page table sliced from a wider one and every-other lengths (a kernel that takes only their
+    data pointers would read the wrong entries) give what their contiguous copies give, for XQA
+    and every backend that serves the call; the first call and the launcher's repeat alike."""
+    saved = _api_cases.P, _api_cases.D
+    _api_cases.P, _api_cases.D = P, D
+    try:
+        pc = paged(kv_lens=(40, 17, 70), dtype=DT)
+        args, kw = xqa_args(pc)
+    finally:
+        _api_cases.P, _api_cases.D = saved
+    with dispatch.use_backend("reference"):
+        want = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw).float()
+    gargs, gkw = to_cuda(args), to_cuda(kw)
+    table, lens = gargs[3], gargs[4]
+    # valid but wrong fillers: a wrong read shows as a wrong answer, not as a crash of the run
+    wide = torch.cat([table, torch.zeros_like(table)], dim=1)
+    pairs = torch.stack([lens, torch.ones_like(lens)], dim=1)
+    gargs[3], gargs[4] = wide[:, :table.shape[1]], pairs[:, 0]
+    assert not gargs[3].is_contiguous() and not gargs[4].is_contiguous()
+    for _ in range(3):  # the checked call, the lane's first run, the launcher
+        got = forced(backend, lambda: dispatch.xqa_batch_decode_with_kv_cache(*gargs, **gkw)).float().cpu()
+        assert dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen == backend
+        assert (got - want).abs().max().item() < 3e-2
