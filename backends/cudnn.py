@@ -409,11 +409,20 @@ def _operand_uids(key: GraphKey) -> tuple:
     return (UID_Q, UID_K, UID_V, UID_O) + ((UID_STATS,) if key.lse_strides is not None else ())
 
 
-def _operand_getter(key: GraphKey, pool_views: bool):
-    """batch -> its operands in ``_operand_uids`` order (one attrgetter call)."""
+def _operand_getter(key: GraphKey, pool_views: bool, given: dict):
+    """batch -> its operands in ``_operand_uids`` order (one attrgetter call). ``given``: the first
+    batch's caller buffers (a repeat's have the same keys): the entry's own pool tensors, already
+    the (pages, Hkv, P, D) views cuDNN reads, save a view per pool per call."""
     get = operator.attrgetter(*("q", "k", "v", "out") + (("lse",) if key.lse_strides is not None else ()))
     if key.kv_storage != "paged" or not pool_views:
         return get
+    if "pool_k" in given:
+        def with_caller_pools(batch) -> tuple:
+            q, _, _, *rest = get(batch)
+            pools = batch.extras["cudnn"]
+            return (q, pools["pool_k"], pools["pool_v"], *rest)
+
+        return with_caller_pools
 
     def with_pool_views(batch) -> tuple:
         q, k, v, *rest = get(batch)
@@ -753,7 +762,7 @@ class CudnnBackend(Backend):
             else:
                 for u in uids:
                     template[slot[u]] = value  # kept alive by the closure as long as the launch
-        operands = _operand_getter(key, entry.pool_views)
+        operands = _operand_getter(key, entry.pool_views, batch.extras.get("cudnn", _NONE_GIVEN))
         operand_slots = tuple(slot[u] for u in _operand_uids(key))
         handle_now, execute = self._handle_on_stream(cudnn, device), entry.execute
         lse = key.lse_strides is not None

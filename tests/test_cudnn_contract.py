@@ -534,6 +534,25 @@ def test_a_wrapper_repeat_binds_its_static_buffers_once(fake):
         assert rel_error(again.out, ref_out) < 1e-5 and rel_error(again.lse, ref_lse) < 1e-5
 
 
+def test_a_repeat_binds_the_entrys_own_pools(fake):
+    # The cuDNN entry hands its caller's (pages, Hkv, P, D) pools in extras: a repeat binds them
+    # (no view back from the logical pages per call) and still computes the oracle's answer.
+    backend = adapter.CudnnBackend()
+    case = fp32_case("p")
+    plan, first = _planned_and_run(backend, case)
+    pools = {"pool_k": first.k.permute(0, 2, 1, 3).clone(), "pool_v": first.v.permute(0, 2, 1, 3).clone()}
+    first.extras = {"cudnn": pools}
+    launch = backend.launcher(plan, first)
+    again = make_batch(case, CPU, seed=8)
+    again.extras = {"cudnn": {"pool_k": again.k.permute(0, 2, 1, 3).clone(),
+                              "pool_v": again.v.permute(0, 2, 1, 3).clone()}}
+    launch(again)
+    pack = fake.executions[-1]
+    assert pack[adapter.UID_K] == again.extras["cudnn"]["pool_k"].data_ptr()
+    assert pack[adapter.UID_V] == again.extras["cudnn"]["pool_v"].data_ptr()
+    assert rel_error(again.out, oracle(case.problem, again)[0]) < 1e-5
+
+
 def test_a_repeat_applies_a_float_out_scale(fake):
     backend = adapter.CudnnBackend()
     case = replace(fp32_case("s"), out_scale=0.5)

@@ -414,3 +414,38 @@ def test_single_prefill_default_option_repeats_skip_the_full_lane_key(gpu_like, 
         want, _ = attention_fp64(r["q"], r["k"], r["v"], sm_scale=r["head_dim"] ** -0.5, causal=True,
                                  window_left=window)
         assert (got.double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["native-triton", "reference"])
+def test_decode_with_a_sliced_page_table_and_strided_lengths(gpu_like, backend):
+    """A page table sliced from a wider one and every-other lengths give the float64 oracle's
+    answer on the first call, the lane's run and the launcher (native-triton read the lengths
+    at unit stride: a wrong answer, seen on the H100)."""
+    c = paged(q_lens=(1, 1, 1))
+    args, kw = xqa_args(c)
+    wide = torch.cat([c["table"], torch.zeros_like(c["table"])], dim=1)  # valid but wrong filler pages
+    pairs = torch.stack([c["seq"], torch.ones_like(c["seq"])], dim=1)
+    args[3], args[4] = wide[:, :c["table"].shape[1]], pairs[:, 0]
+    want = _paged_decode_fp64(c)
+    with dispatch.use_backend(backend):
+        for _ in range(3):
+            got = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+            assert dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen == backend
+            assert (got.double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("tuple_cache", [False, True])
+def test_trtllm_default_option_repeats_skip_the_full_lane_key(gpu_like, monkeypatch, tuple_cache):
+    """A trtllm context call with default options finds its lane by a short key (a 5-D cache or a
+    (k, v) pair); sinks still build the full key; results equal the checked path's."""
+    c = paged()
+    args, kw = trtllm_args(c)
+    if tuple_cache:
+        args[1] = (c["cache"][:, 0], c["cache"][:, 1])
+    first = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw).clone()
+    real = _base.lane_key
+    monkeypatch.setattr(_base, "lane_key", lambda *a, **k: pytest.fail("the full lane key was built"))
+    assert torch.equal(dispatch.trtllm_batch_context_with_kv_cache(*args, **kw), first)
+    monkeypatch.setattr(_base, "lane_key", real)
+    sunk = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw, sinks=torch.randn(c["num_qo_heads"]))
+    assert not torch.equal(sunk, first)

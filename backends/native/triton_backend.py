@@ -162,8 +162,9 @@ class NativeTritonBackend(Backend):
         """Exact repeats of ``batch`` (Backend.launcher): what run checks and derives per call (capacity,
         device, scale kinds, strides, the split-buffer and merge arguments, the specialization key) is
         fixed now; a call reads the tensors' addresses and calls the compiled kernels (one or two launches)."""
-        if batch.total_q > plan.total_q_capacity or plan.device is None or device_key(batch.q.device) != plan.device:
-            return None
+        if (batch.total_q > plan.total_q_capacity or plan.device is None
+                or device_key(batch.q.device) != plan.device or _readable_indices(batch) is not batch):
+            return None  # an index tensor needs a copy per call: run makes it
         return on_device_launch(plan.device, _launcher(plan, batch))
 
 
@@ -515,7 +516,25 @@ def _kv_strides(x: torch.Tensor, paged: bool) -> tuple[int, int, int, int]:
     return (0, *x.stride())
 
 
+# Index tensors the kernel reads at unit stride (no stride argument): a strided one (every other
+# length, a column of a wider tensor) would be read wrong, so it goes over as a row-major copy.
+_UNIT_STRIDE_INDICES = ("qo_indptr", "kv_lens", "kv_indptr", "mask_indptr")
+
+
+def _readable_indices(batch: AttentionBatch) -> AttentionBatch:
+    """``batch``, or a copy with row-major copies of the index tensors the kernel cannot read as
+    they are: the unit-stride ones, and a page table whose rows are not unit-stride (its row
+    stride is an argument, so a table sliced from a wider one goes as it is)."""
+    fixed = {name: t.contiguous() for name in _UNIT_STRIDE_INDICES
+             if (t := getattr(batch, name)) is not None and not t.is_contiguous()}
+    table = batch.block_table
+    if table is not None and table.dim() == 2 and table.shape[1] > 1 and table.stride(1) != 1:
+        fixed["block_table"] = table.contiguous()
+    return replace(batch, **fixed) if fixed else batch
+
+
 def _launch(plan: TritonPlan, batch: AttentionBatch) -> None:
+    batch = _readable_indices(batch)
     head, ints, flags = _attention_args(plan, batch)
     if plan.pointer_attention is not None and not _tma_ready(plan, batch):
         plan.pointer_attention(head, ints, flags)

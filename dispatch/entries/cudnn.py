@@ -143,7 +143,7 @@ def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, se
         k, v = k_cache, v_cache
     qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, seq_q, seq_kv, offsets_q, offsets_k)
     out = out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
-    given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o)
+    given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache)
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     return AttentionBatch(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
                           block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None,
@@ -193,10 +193,10 @@ def _sizes(args: dict, d) -> SimpleNamespace:
     return z
 
 
-def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o):
+def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache):
     """The caller's buffers already in cuDNN's convention (int32 query lengths; element offsets
-    that match packed Q / O rows), for the cuDNN backend to use as they are (batch.extras; it
-    binds their pointers, whatever their shape: no view is made here)."""
+    that match packed Q / O rows; the paged pools as declared), for the cuDNN backend to use as
+    they are (batch.extras; it binds their pointers, whatever their shape: no view is made here)."""
     given = {}
     if seq_q is not None and seq_q.dtype is torch.int32:
         given["seq_q"] = seq_q
@@ -209,6 +209,8 @@ def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, o
             given["off_q"] = offsets_q
         if offsets_o is not None and offsets_o.dtype is torch.int32 and out.stride(0) == row_o:
             given["off_o"] = offsets_o
+    if z.paged:  # the caller's pools are the (pages, Hkv, P, D) views cuDNN reads: no view back per call
+        given["pool_k"], given["pool_v"] = k_cache, v_cache
     return {"cudnn": given} if given else B.NO_EXTRAS
 
 

@@ -58,18 +58,18 @@ def trtllm_batch_context_with_kv_cache(
         return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
                          bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
                          causal, lse, return_lse)
-    seq_lens, sinks = B.int32_lengths(seq_lens), B.sinks_tensor(sinks, query)
+    seq_lens = B.int32_lengths(seq_lens)
+    if sinks is not None:
+        sinks = B.sinks_tensor(sinks, query)
     explicit = policy.explicit_choice()
-    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + B.kv_parts(kv_cache),
-                     (max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, window_left, out, out_dtype, o_sf_scale,
-                      o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse), explicit)
-    lane = B.lane(key, TrtllmContextSpec, lambda: dict(
-        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
-        seq_lens=seq_lens, max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-        batch_size=batch_size, cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out, out_dtype=out_dtype,
-        o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_layout=kv_layout, sinks=sinks,
-        kv_cache_sf=block_scales, uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, causal=causal, lse=lse,
-        return_lse=return_lse), _call_key, _problem, _sizes, explicit)
+    hot = _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
+                   bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
+                   kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse, explicit)
+    lane = B.HOT_LANES.get(hot) if hot is not None else None
+    if lane is None:
+        lane = _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
+                     bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
+                     kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse, explicit, hot)
     k, v = B.paged_kv(kv_cache, kv_layout)
     z = lane.sizes
     device = query.device
@@ -82,6 +82,55 @@ def trtllm_batch_context_with_kv_cache(
                            bmm2_scale, None, block_tables, lse, sinks, None, None, None, B.NO_EXTRAS)
     B.remember(trtllm_batch_context_with_kv_cache, lane.launch(batch))
     return (out, lse) if return_lse else out
+
+
+def _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
+             bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size, kv_layout,
+             sinks, block_scales, uses_shared, causal, lse, return_lse, explicit) -> Optional[tuple]:
+    """The short key of a default-option call (float scales, a 5-D cache or a (k, v) pair; no out,
+    lse, sinks or NVFP4), or None: each value it holds is of a fixed type, so it maps to one full key."""
+    if not (out is None and out_dtype is None and o_sf_scale is None and o_sf_vec_size is None and sinks is None
+            and block_scales is None and lse is None and type(return_lse) is bool and type(causal) is bool
+            and type(window_left) is int and type(kv_layout) is str and type(uses_shared) is bool
+            and type(bmm1_scale) is float and type(bmm2_scale) is float and type(max_q_len) is int
+            and type(max_kv_len) is int and type(batch_size) is int and type(query) is _T
+            and type(workspace_buffer) is _T and type(block_tables) is _T and type(seq_lens) is _T
+            and type(cum_seq_lens_q) is _T and B.lanes_open(query)):
+        return None
+    if type(kv_cache) is _T:
+        kv = (kv_cache,)
+    elif type(kv_cache) is tuple and len(kv_cache) == 2 and type(kv_cache[0]) is _T and type(kv_cache[1]) is _T:
+        kv = kv_cache
+    else:
+        return None
+    key = [ENTRY, explicit, policy.strict_mode(), max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size,
+           window_left, kv_layout, uses_shared, causal, return_lse, len(kv)]
+    for t in (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + kv:
+        key += (t.dtype, t.device, t.shape, t.stride())
+    return tuple(key)
+
+
+_T = torch.Tensor
+
+
+def _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
+          batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size, kv_layout, sinks,
+          block_scales, uses_shared, causal, lse, return_lse, explicit, hot) -> B.Lane:
+    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
+    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + B.kv_parts(kv_cache),
+                     (max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, window_left, out, out_dtype,
+                      o_sf_scale, o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared, causal, lse, return_lse),
+                     explicit)
+    lane = B.lane(key, TrtllmContextSpec, lambda: dict(
+        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
+        seq_lens=seq_lens, max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
+        batch_size=batch_size, cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out, out_dtype=out_dtype,
+        o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_layout=kv_layout, sinks=sinks,
+        kv_cache_sf=block_scales, uses_shared_paged_kv_idx=uses_shared, causal=causal, lse=lse,
+        return_lse=return_lse), _call_key, _problem, _sizes, explicit)
+    if hot is not None and key is not None:
+        B.HOT_LANES.put(hot, lane)
+    return lane
 
 
 def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
