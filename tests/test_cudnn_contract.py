@@ -198,7 +198,26 @@ class FakeOrderedGraph(FakeGraph):
         self._run({uid: t.data_ptr() for uid, t in zip(tensor_uids, pack)}, "ordered")
 
 
-FRONTENDS = {"map": FakeGraph, "pointers": FakePointerGraph, "ordered": FakeOrderedGraph}
+class FakeRawGraph(FakeOrderedGraph):
+    """cudnn-frontend 1.32's internals: a lowered C++ graph whose ``_execute_with_raw_ptrs`` takes a
+    ``void*[]`` in ascending uid order (what ``execute`` ends in for the cuDNN backend)."""
+
+    selected_engine, _plans, _plan_index = None, [], 0
+
+    def __init__(self, module, **kw):
+        super().__init__(module, **kw)
+        self._lowered_graph = types.SimpleNamespace(_execute_with_raw_ptrs=self._raw)
+
+    def _variant_pack_uids(self):
+        return self.user_uids()
+
+    def _raw(self, address, count, workspace, backend_handle, index):
+        assert type(workspace) is int and workspace != 0 and backend_handle == 7 and index == -1
+        pointers = (ctypes.c_void_p * count).from_address(address)
+        self._run(dict(zip(self.user_uids(), (p or 0 for p in pointers))), "raw")
+
+
+FRONTENDS = {"map": FakeGraph, "pointers": FakePointerGraph, "ordered": FakeOrderedGraph, "raw": FakeRawGraph}
 
 
 def make_fake_cudnn(backend_version=91900, refuse=False, frontend="ordered") -> types.ModuleType:
@@ -211,9 +230,9 @@ def make_fake_cudnn(backend_version=91900, refuse=False, frontend="ordered") -> 
     m.pygraph = lambda **kw: FRONTENDS[frontend](m, **kw)
     m.backend_version = lambda: backend_version
     m.backend_version_string = lambda: str(backend_version)
-    m.create_handle = lambda: object()
+    m.create_handle = lambda: types.SimpleNamespace(backend_handle=7)
     m.set_stream = lambda handle, stream: m.streams.append((handle, stream))
-    m.__version__ = "fake"
+    m.__version__ = "1.32.0" if frontend == "raw" else "fake"
     return m
 
 
