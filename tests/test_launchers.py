@@ -6,6 +6,7 @@ path driven with CPU tensors: ``gpu_like``); the vendor launchers against fake v
 that record their arguments, beside the same call through ``run``."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -421,6 +422,9 @@ def test_decode_with_a_sliced_page_table_and_strided_lengths(gpu_like, backend):
     """A page table sliced from a wider one and every-other lengths give the float64 oracle's
     answer on the first call, the lane's run and the launcher (native-triton read the lengths
     at unit stride: a wrong answer, seen on the H100)."""
+    if backend == "native-triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("native-triton takes CPU tensors only in Triton's interpreter; on a GPU host "
+                    "test_gpu_entries.py::test_decode_reads_a_sliced_page_table_and_strided_lengths checks it")
     c = paged(q_lens=(1, 1, 1))
     args, kw = xqa_args(c)
     wide = torch.cat([c["table"], torch.zeros_like(c["table"])], dim=1)  # valid but wrong filler pages

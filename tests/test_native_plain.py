@@ -47,8 +47,11 @@ def test_plain_kernel_matches_fp64(name, switch):
     plan, _, _ = run_case(c, config=_config(c, **switches))
     assert plan.attention.kernel.fn.__name__ == "_attn_fwd_plain"
     assert (plan.pointer_attention is not None) == bool(switches.get("kv_tma"))
-    if switches.get("persistent"):
-        assert plan.grid[1:] == (1, 1) and plan.grid[0] <= 3  # 3 programs take every tile in turn
+    if switches.get("persistent"):  # about one wave of programs take every tile in turn
+        device = torch.device(DEVICE)
+        wave = (tb._sm_count(device) * tb.programs_per_sm(plan.problem, plan.config, device)
+                if device.type == "cuda" else 3)  # the interpreter: 3, so each program takes several tiles
+        assert plan.grid[1:] == (1, 1) and 1 <= plan.grid[0] <= wave
 
 
 def _ragged_batch(c: Case, k_width: int):
@@ -84,7 +87,9 @@ def test_tma_plan_takes_the_pointer_twin_when_k_is_not_tma_ready(monkeypatch):
         ref_out, _ = oracle.batch_attention_fp64([batch.q[a:b] for a, b in zip(starts[:-1], starts[1:])],
                                                  dense_k, dense_v, sm_scale=0.2, causal=True)
         assert (batch.out.double() - ref_out).abs().max() < 1e-2
-    assert calls == ["pointer", "pointer"]
+    # run launched the pointer twin; the launcher's compiled call (on a GPU) bypasses kernel[grid], so
+    # there only its answer above says it did not take the TMA kernel
+    assert calls[0] == "pointer" and "tma" not in calls
 
 
 class _Recording:
