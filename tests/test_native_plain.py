@@ -118,15 +118,20 @@ def _batch(c: Case) -> AttentionBatch:
     return AttentionBatch(out=out, **kw)
 
 
-def test_plain_prefill_switch_is_off_by_default_and_one_line(monkeypatch):
-    """PLAIN_PREFILL (triton_backend.py) is the default switch: None keeps the general kernel; set, every
-    prefill problem plain_reasons accepts plans on the plain kernel (kv_tma dropped for paged K/V)."""
+def test_plain_prefill_switch_serves_large_paged_prefill_tiles(monkeypatch):
+    """PLAIN_PREFILL (triton_backend.py) is the one-line switch: by default the large prefill tiles of
+    paged problems plain_reasons accepts plan on the plain kernel with 4 stages (measured best on the
+    H100), ragged ones and small tiles keep the general kernel; set otherwise, it applies as set
+    (kv_tma dropped for paged K/V)."""
     cuda = torch.device("cuda", 0)
     ragged = problem_of(Case(storage="ragged", dtype="bfloat16", hq=32, hkv=8, dqk=128, dvo=128))
-    assert tb.PLAIN_PREFILL is None and tb.choose_config(ragged, 2048, cuda).kernel == "general"
+    paged = replace(ragged, kv_storage="paged", page_size=16)
+    assert tb.choose_config(ragged, 2048, cuda).kernel == "general"
+    assert tb.choose_config(paged, 2048, cuda) == TileConfig(256, 64, 4, 8, 4, "plain")
+    assert tb.choose_config(paged, 4, cuda).kernel == "general"  # a decode-like tile
+    monkeypatch.setattr(tb, "PLAIN_PREFILL_STORAGE", ("paged", "ragged"))
     monkeypatch.setattr(tb, "PLAIN_PREFILL", dict(kernel="plain", kv_tma=True, persistent=True))
     assert tb.choose_config(ragged, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain", True, True)
-    paged = replace(ragged, kv_storage="paged", page_size=16)
     assert tb.choose_config(paged, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain", False, True)
     assert tb.choose_config(replace(ragged, logits_soft_cap=5.0), 2048, cuda).kernel == "general"
     assert tb.choose_config(replace(ragged, phase="decode"), 1, cuda).kernel == "general"

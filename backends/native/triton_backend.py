@@ -187,16 +187,21 @@ def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
         raise ValueError("has_sinks=True needs sinks (Hq,) float32; got None")
 
 
-# The one-line switch to the plain-path kernel for prefill (issue 11): None keeps the general kernel;
-# e.g. dict(kernel="plain", kv_tma=True, persistent=True) after tools/native_h100.py measured it best.
-# choose_config applies it to every prefill tile of a problem plain_reasons accepts (kv_tma: ragged only).
-PLAIN_PREFILL: Optional[dict] = None
+# The one-line switch to the plain-path kernel for prefill (issue 11): None keeps the general kernel.
+# choose_config applies it to the large prefill tiles (M >= 128) of the KV storages named, for a problem
+# plain_reasons accepts (kv_tma: ragged only). Measured on the H100 (tools/results/native-h100-r5.md,
+# causal 8 x 2048, bf16, 32/8 heads, d128): paged, plain with 4 stages 276 TFLOP/s eager / 285 in a CUDA
+# graph against the general kernel's 260 / 266; ragged, plain 314 / 321 against 316 / 333, and neither
+# TMA descriptors nor the persistent schedule gained (Triton 3.6 on sm_90): the general kernel keeps it.
+PLAIN_PREFILL: Optional[dict] = dict(kernel="plain", num_stages=4)
+PLAIN_PREFILL_STORAGE = ("paged",)
 
 
 def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.device) -> TileConfig:
     """Tile shapes by phase and head dim (measured on H100: tools/NOTES-native.md)."""
     cfg = _general_config(problem, max_q_len)
-    if PLAIN_PREFILL and problem.phase == "prefill" and not plain_reasons(problem):
+    if (PLAIN_PREFILL and problem.phase == "prefill" and problem.kv_storage in PLAIN_PREFILL_STORAGE
+            and cfg.block_m >= 128 and not plain_reasons(problem)):
         plain = dict(PLAIN_PREFILL)
         plain["kv_tma"] = plain.get("kv_tma", False) and problem.kv_storage != "paged"
         cfg = replace(cfg, **plain)
