@@ -64,7 +64,8 @@ def cudnn_batch_prefill_with_kv_cache(
             batch_offsets_k, batch_offsets_v, is_cuda_graph_compatible, backend, batch_offsets_units, o_data_type)
         return ops.fill(res, out), (ops.fill(res_lse, lse) if return_lse else None)
     explicit = policy.explicit_choice(backend)
-    actual_seq_lens_q, actual_seq_lens_kv = _on_device(actual_seq_lens_q, q), _on_device(actual_seq_lens_kv, q)
+    if isinstance(q, torch.Tensor) and not q.is_cpu:  # lengths may come on the CPU (the seed's example)
+        actual_seq_lens_q, actual_seq_lens_kv = _on_device(actual_seq_lens_q, q), _on_device(actual_seq_lens_kv, q)
     hot = _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
                    actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
                    batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
@@ -104,7 +105,7 @@ def _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q,
             and B.lanes_open(q)):
         return None
     key = [ENTRY, explicit, policy.strict_mode(), scale, max_q, max_kv, causal, return_lse, cuda_graph]
-    for t in (q, k_cache, v_cache, workspace_buffer, seq_q, seq_kv):
+    for t in (q, k_cache, v_cache, seq_q, seq_kv):  # the workspace: its type only (nothing reads it)
         key += (t.dtype, t.device, t.shape, t.stride())
     if block_tables is not None:
         key += (block_tables.dtype, block_tables.device, block_tables.shape, block_tables.stride())

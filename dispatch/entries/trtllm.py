@@ -105,7 +105,7 @@ def _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_le
         return None
     key = [ENTRY, explicit, policy.strict_mode(), max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size,
            window_left, kv_layout, uses_shared, causal, return_lse, len(kv)]
-    for t in (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + kv:
+    for t in (query, block_tables, seq_lens, cum_seq_lens_q) + kv:  # the workspace: its type only (unread)
         key += (t.dtype, t.device, t.shape, t.stride())
     return tuple(key)
 

@@ -97,7 +97,7 @@ def _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_
     else:
         return None
     key = [explicit, policy.strict_mode(), max_seq_len, bmm1_scale, bmm2_scale, o_scale, enable_pdl, len(kv)]
-    for t in (query, workspace_buffer, block_tables, seq_lens) + kv:
+    for t in (query, block_tables, seq_lens) + kv:  # the workspace: its type only (nothing reads it)
         key += (t.dtype, t.device, t.shape, t.stride())
     return tuple(key)
 
