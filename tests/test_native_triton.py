@@ -187,7 +187,9 @@ def test_split_count_fills_two_waves_on_an_h100():
     assert split_kv(4, 8, 65536, **h100) == (8, 8192)  # measured best: 8 splits 2.85 TB/s (4: 2.57, 16: 2.62)
     assert split_kv(1, 8, 131072, **h100) == (32, 4096)  # 33 wanted, whole tiles make it 32 (measured best)
     assert split_kv(1, 8, 32768, **h100) == (32, 1024)  # measured: 32 1.94 TB/s, 16 1.89, 64 1.78
-    assert split_kv(1, 8, 2048, **h100) == (4, 512)  # short keys: at least 4 tiles of 128 per split
+    assert split_kv(1, 8, 2048, **h100) == (8, 256)  # short keys: at least 2 tiles of 128 per split
+    assert split_kv(1, 8, 512, **h100) == (2, 256)  # measured best at 512 keys (tools/results/native-h100.md)
+    assert split_kv(1, 8, 4096, **h100) == (16, 256)
     assert split_kv(1, 8, 511, **h100) == (1, 512)
     assert split_kv(1, 1, 10 ** 6, **h100) == (64, 15744)  # never more than the merge's 64 partials
     # Query blocks and head groups are programs too (spec decode, partial GQA packing).

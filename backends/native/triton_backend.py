@@ -312,7 +312,10 @@ def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileCon
 
 
 MAX_SPLITS = 64  # the merge kernel reduces up to this many partials per row in one tile
-MIN_TILES_PER_SPLIT = 4  # below this a split is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost 8%)
+# At least this many key tiles per split: fewer is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost
+# 8%). 2, not 4: the decode grid of tools/results/native-h100.md found twice the splits of 4's rule best at
+# short keys (b1/b4/b16 x 512: 2 splits, 1.08-1.45x; b1 x 4096: 16 splits, 1.27x); longer keys are unchanged.
+MIN_TILES_PER_SPLIT = 2
 
 
 def split_kv(batch_size: int, kv_heads: int, kv_len: int, sms: int, *, head_groups: int = 1, m_blocks: int = 1,
