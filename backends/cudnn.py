@@ -552,7 +552,7 @@ def _raw_pointer_call(graph, uids: tuple, workspace: torch.Tensor):
             return None
         order = tuple(int(u) for u in graph._variant_pack_uids())
         plan = graph._materialize_backend_plan(graph._plan_index) if graph._plans else None
-    except (ImportError, AttributeError, TypeError, ValueError, IndexError):
+    except (AttributeError, TypeError, ValueError, IndexError):
         return None
     if sorted(order) != sorted(uids):
         return None

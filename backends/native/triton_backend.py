@@ -52,7 +52,7 @@ class TileConfig:
     heads_per_program: int  # HPP: query heads of one KV group packed into the M dimension
     num_warps: int
     num_stages: int
-    # Issue 11 candidates, off by default (tools/native_h100.py times them beside the defaults):
+    # Issue 11's plain-path kernel (PLAIN_PREFILL: paged prefill's large tiles) and its candidates:
     kernel: str = "general"  # "plain": triton_plain._attn_fwd_plain, for problems plain_reasons accepts
     kv_tma: bool = False  # plain kernel, ragged/dense K/V: tiles read by TMA descriptors
     persistent: bool = False  # plain kernel: about one wave of programs, longest query blocks first
