@@ -72,8 +72,10 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
     key = (id(t), what)
     facts = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
     entry = _KEPT_VIEWS.get(key)
-    if entry is not None and entry[0] == facts:
-        return entry[2]
+    if entry is not None:
+        if entry[0] == facts:
+            return entry[2]
+        del _KEPT_VIEWS[key]  # changed in place: its old views must not keep the old memory alive
     views = make(t)
     seen = _SEEN.pop(key, None)
     if seen is None or seen() is not t:

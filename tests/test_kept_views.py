@@ -54,9 +54,13 @@ def test_a_cache_changed_in_place_gets_new_views():
     cache = torch.randn(6, 2, 4, 3, 8)
     for _ in range(2):
         k, v = cache_halves(cache, "NHD")
+    old = _device.weakref.ref(k)
+    del k, v
     other = torch.randn(5, 2, 4, 3, 8)
     cache.set_(other)  # the same object, another memory and shape
     k2, v2 = cache_halves(cache, "NHD")
+    gc.collect()
+    assert old() is None  # the old views (and through them the old memory) are let go at once
     assert k2.shape[0] == 5 and torch.equal(k2, other[:, 0]) and torch.equal(v2, other[:, 1])
     hnd_k, _ = cache_halves(cache, "HND")
     assert torch.equal(hnd_k, other[:, 0].permute(0, 2, 1, 3))
