@@ -75,7 +75,7 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
     if entry is not None:
         if entry[0] == facts:
             return entry[2]
-        del _KEPT_VIEWS[key]  # changed in place: its old views must not keep the old memory alive
+        _KEPT_VIEWS.pop(key, None)  # changed in place: its old views must not keep the old memory alive
     views = make(t)
     seen = _SEEN.pop(key, None)
     if seen is None or seen() is not t:
@@ -87,7 +87,7 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
 
     def forget(ref, key=key) -> None:
         if _KEPT_VIEWS.get(key, (None, None))[1] is ref:
-            del _KEPT_VIEWS[key]
+            _KEPT_VIEWS.pop(key, None)  # pop: another thread may have replaced or dropped it meanwhile
     _KEPT_VIEWS[key] = (facts, weakref.ref(t, forget), views)
     return views
 
