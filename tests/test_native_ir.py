@@ -238,16 +238,18 @@ def test_ir_check_catches_the_pre_fix_rope_compile_error(frontend, monkeypatch):
 
 
 @compiles
-@pytest.mark.parametrize("storage,switches", [("paged", {}), ("paged", dict(persistent=True)),
-                                              ("ragged", dict(kv_tma=True)),
-                                              ("ragged", dict(kv_tma=True, persistent=True)), ("dense", {})])
-def test_plain_kernel_builds_ir_for_sm90(frontend, monkeypatch, storage, switches):
-    """The plain-path kernel (backends/native/triton_plain.py) on the H100's prefill tile, each switch;
-    its module is imported compiled here (this test runs in a session that compiles)."""
+@pytest.mark.parametrize("storage,switches,pos", [("paged", {}, "NONE"), ("paged", dict(persistent=True), "NONE"),
+                                                  ("ragged", dict(kv_tma=True), "NONE"),
+                                                  ("ragged", dict(kv_tma=True, persistent=True), "NONE"),
+                                                  ("dense", {}, "NONE"), ("paged", {}, "ROPE_LLAMA"),
+                                                  ("ragged", {}, "ROPE_LLAMA")])
+def test_plain_kernel_builds_ir_for_sm90(frontend, monkeypatch, storage, switches, pos):
+    """The plain-path kernel (backends/native/triton_plain.py) on the H100's prefill tile, each switch and
+    RoPE; its module is imported compiled here (this test runs in a session that compiles)."""
     from backends.native import triton_plain
 
     c = Case(storage=storage, dtype="bfloat16", hq=8, hkv=2, dqk=128, dvo=128, page_size=16, q_lens=(300, 40),
-             kv_lens=(300, 40))
+             kv_lens=(300, 40), pos=pos)
     _, calls = _launches(monkeypatch, c, config=TileConfig(256, 64, 4, 8, 3, "plain", **switches))
     assert [n for n, _, _ in calls] == ["_attn_fwd_plain"]
     for name, args, options in calls:

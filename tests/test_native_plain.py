@@ -27,6 +27,12 @@ CASES = {
     "paged_hnd_page5_bf16": Case(layout="HND", page_size=5, dtype="bfloat16", q_lens=(7, 12), kv_lens=(30, 12)),
     "tensor_scales_strided_q_out_no_lse": Case(storage="ragged", tensor_scales=True, strided_q=True, lse=False,
                                                q_lens=(5, 19), kv_lens=(24, 40)),
+    # RoPE rotated inside the kernel (q at its positions, each K tile's halves at the keys')
+    "rope_ragged_causal_gqa4_bf16": Case(storage="ragged", hq=8, hkv=2, dtype="bfloat16", pos="ROPE_LLAMA",
+                                         q_lens=(20, 5, 1), kv_lens=(40, 37, 16)),
+    "rope_paged16_causal_gqa4": Case(page_size=16, hq=8, hkv=2, pos="ROPE_LLAMA", q_lens=(21, 4), kv_lens=(50, 33)),
+    "rope_paged_hnd_page5_noncausal": Case(layout="HND", page_size=5, dtype="bfloat16", causal=False,
+                                           pos="ROPE_LLAMA", q_lens=(7, 12), kv_lens=(30, 12)),
 }
 SWITCHES = {"pointer": {}, "tma": dict(kv_tma=True), "persistent": dict(persistent=True),
             "tma_persistent": dict(kv_tma=True, persistent=True)}

@@ -289,21 +289,14 @@ def _plain(m: int = 256, n: int = 64, warps: int = 8, stages: int = 3, **kw) -> 
     return {"config": TileConfig(m, n, 4, num_warps=warps, num_stages=stages, **PLAIN, **kw)}
 
 
+PRE8_ROPE, RAG8_ROPE = replace(PRE8, **ROPE), replace(RAG8, **ROPE)
+# Round 7: RoPE on the plain kernel (round 5's candidates, measured, are in native-h100-r5.md).
 VARIANT_ROWS = [
-    ("prefill causal 8 x 2048, plain", PRE8, "flops", _plain()),
-    ("prefill causal 8 x 2048, plain persistent", PRE8, "flops", _plain(persistent=True)),
-    ("prefill causal 8 x 2048, plain s4", PRE8, "flops", _plain(stages=4)),
-    ("prefill causal 8 x 2048, plain M128 N128 s2", PRE8, "flops", _plain(128, 128, stages=2)),
-    ("prefill causal 8 x 2048 ragged, plain", RAG8, "flops", _plain()),
-    ("prefill causal 8 x 2048 ragged, plain TMA", RAG8, "flops", _plain(kv_tma=True)),
-    ("prefill causal 8 x 2048 ragged, plain TMA persistent", RAG8, "flops", _plain(kv_tma=True, persistent=True)),
-    ("prefill causal 8 x 2048 ragged, plain TMA s4", RAG8, "flops", _plain(kv_tma=True, stages=4)),
-    ("prefill causal 8 x 2048 ragged, plain TMA M128 N128 s2", RAG8, "flops", _plain(128, 128, stages=2, kv_tma=True)),
-    ("decode b64 x 4096 fp8 KV, N128 s3 2 splits", FP8, "kv", {**_tile(16, 128, 4, 4, 3), "num_splits": 2}),
-    ("decode b64 x 4096 fp8 KV, N128 s3 4 splits", FP8, "kv", {**_tile(16, 128, 4, 4, 3), "num_splits": 4}),
-    ("decode b64 x 4096 fp8 KV, N128 w8 s3", FP8, "kv", _tile(16, 128, 4, 8, 3)),
-    ("decode b64 x 4096 fp8 KV, N256 w8 s3", FP8, "kv", _tile(16, 256, 4, 8, 3)),
-    ("decode b64 x 4096 fp8 KV, N256 w8 s3 2 splits", FP8, "kv", {**_tile(16, 256, 4, 8, 3), "num_splits": 2}),
+    ("prefill causal 8 x 2048 RoPE, plain s4", PRE8_ROPE, "flops", _plain(stages=4)),
+    ("prefill causal 8 x 2048 RoPE, plain s3", PRE8_ROPE, "flops", _plain(stages=3)),
+    ("prefill causal 8 x 2048 RoPE, plain M128 N64 s4", PRE8_ROPE, "flops", _plain(128, 64, stages=4)),
+    ("prefill causal 8 x 2048 ragged RoPE, plain s3", RAG8_ROPE, "flops", _plain(stages=3)),
+    ("prefill causal 8 x 2048 ragged RoPE, plain s4", RAG8_ROPE, "flops", _plain(stages=4)),
 ]
 _CHECK_PRE = Case(q_lens=(600, 40), kv_lens=(800, 600), **BIG)  # 10 query blocks of M256: interior + diagonal
 _CHECK_FP8 = Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 4, kv_lens=(20000, 4096, 33, 700), **BIG, **DEC)
@@ -311,7 +304,7 @@ _CHECK_FP8 = Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 4, kv_lens=(20000, 409
 
 def _check_case(c: Case) -> Case:
     """The variant's agreement shape: its storage and dtypes at a size the fp64 oracle runs quickly."""
-    return replace(_CHECK_FP8 if c.phase == "decode" else _CHECK_PRE, storage=c.storage)
+    return replace(_CHECK_FP8 if c.phase == "decode" else _CHECK_PRE, storage=c.storage, pos=c.pos)
 
 
 def variant_checks() -> list:
@@ -349,7 +342,8 @@ def decode_grid_rows(start: float) -> list:
 # The defaults the variants are compared with: with --variants they run first, then the variants, then the
 # other feature rows (measured in earlier rounds), so a deadline cuts what is already known.
 BASELINES = ("decode b64 x 4096", "decode b64 x 4096 fp8 KV", "decode b64 x 4096 fp8 KV, N128 s3",
-             "prefill causal 8 x 2048", "prefill causal 8 x 2048 ragged")
+             "prefill causal 8 x 2048", "prefill causal 8 x 2048 ragged", "prefill causal 8 x 2048 RoPE",
+             "prefill causal 8 x 2048 ragged RoPE")
 
 
 def _row_order(variants: bool) -> list:
@@ -418,6 +412,9 @@ def summary(res: dict) -> list:
     for name, c, metric, _ in VARIANT_ROWS:
         if metric == "kv":
             ratio(f"{name[len('decode b64 x 4096 '):]} / bf16 (bytes read per s)", name, "decode b64 x 4096", 0.90)
+    for name, c, metric, _ in VARIANT_ROWS:
+        if metric == "flops" and c.pos == "ROPE_LLAMA":
+            ratio(f"(variant) {name} / paged plain", name, "prefill causal 8 x 2048", 0.85)
     for name in ["prefill causal 8 x 2048", "prefill causal 8 x 2048 ragged"] + [
             n for n, _, metric, _ in VARIANT_ROWS if metric == "flops"]:
         r = _row(res, name)

@@ -195,13 +195,14 @@ def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
 # TMA descriptors nor the persistent schedule gained (Triton 3.6 on sm_90): the general kernel keeps it.
 PLAIN_PREFILL: Optional[dict] = dict(kernel="plain", num_stages=4)
 PLAIN_PREFILL_STORAGE = ("paged",)
+PLAIN_PREFILL_POS = ("NONE",)  # RoPE on the plain kernel: measured by tools/native_h100.py --variants
 
 
 def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.device) -> TileConfig:
     """Tile shapes by phase and head dim (measured on H100: tools/NOTES-native.md)."""
     cfg = _general_config(problem, max_q_len)
     if (PLAIN_PREFILL and problem.phase == "prefill" and problem.kv_storage in PLAIN_PREFILL_STORAGE
-            and cfg.block_m >= 128 and not plain_reasons(problem)):
+            and problem.pos_encoding in PLAIN_PREFILL_POS and cfg.block_m >= 128 and not plain_reasons(problem)):
         plain = dict(PLAIN_PREFILL)
         plain["kv_tma"] = plain.get("kv_tma", False) and problem.kv_storage != "paged"
         cfg = replace(cfg, **plain)
@@ -358,7 +359,7 @@ def plain_reasons(problem: AttentionProblem) -> list[str]:
         (problem.mask == "none", f"mask {problem.mask} (none)"),
         (problem.window_left < 0, f"window_left {problem.window_left} (-1)"),
         (problem.logits_soft_cap <= 0, f"logits_soft_cap {problem.logits_soft_cap} (0)"),
-        (problem.pos_encoding == "NONE", f"pos_encoding {problem.pos_encoding} (NONE)"),
+        (problem.pos_encoding in ("NONE", "ROPE_LLAMA"), f"pos_encoding {problem.pos_encoding} (NONE, ROPE_LLAMA)"),
         (not problem.has_sinks, "has_sinks True (False)"),
     ]
     return [why for ok, why in checks if not ok]
@@ -405,6 +406,8 @@ def _plain_plan(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfi
         pointer = tuple({**plan.constexprs, "KV_TMA": False}.values())
         plan.pointer_attention = KernelLaunch(kernel, grid, pointer, options, device, direct)
     plan.fixed_ints = ((m_blocks, batch.batch_size, problem.num_kv_heads), (0,) * 5)
+    if problem.pos_encoding == "ROPE_LLAMA":
+        plan.rope_freq = rope_frequencies(problem, problem.head_dim_qk // 2).to(device)
     return plan
 
 
@@ -414,7 +417,7 @@ def _plain_constexprs(problem: AttentionProblem, cfg: TileConfig) -> dict:
         GROUP=problem.gqa_group, HPP=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HEAD_D=problem.head_dim_qk, PAGED=problem.kv_storage == "paged", PAGE_SIZE=max(problem.page_size, 1),
         CAUSAL=problem.causal, DOT_F32=_interpreting(),  # the interpreter's bf16 dot is wrong (Triton 3.9)
-        KV_TMA=cfg.kv_tma, PERSISTENT=cfg.persistent,
+        KV_TMA=cfg.kv_tma, PERSISTENT=cfg.persistent, ROPE=problem.pos_encoding == "ROPE_LLAMA",
     )
 
 

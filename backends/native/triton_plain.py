@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_kernels import LOG2E, _finish_rows, _load_q
+from .triton_kernels import LOG2E, _finish_rows, _load_q, _qk
 
 
 @triton.jit
@@ -67,14 +67,19 @@ def _plain_kv(K, V, k_desc, v_desc, b, kvh, kv_start, start, hi, BlockTable, str
 
 
 @triton.jit
-def _plain_step(q, m_i, l_i, acc, kt, v, start, hi, pos, row_ok, c, BLOCK_N: tl.constexpr,
-                CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
-    """One key tile folded into the online softmax, log2 domain; c = scale * log2(e) >= 0 is applied
-    inside one FMA per element (s * c - m) on unmasked tiles."""
+def _plain_scores(q, kt, DOT_F32: tl.constexpr):
     if DOT_F32:
         s = tl.dot(q, kt.to(tl.float32), input_precision="ieee")
     else:
         s = tl.dot(q, kt)
+    return s
+
+
+@triton.jit
+def _plain_step(q, m_i, l_i, acc, s, v, start, hi, pos, row_ok, c, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+    """One key tile's scores s folded into the online softmax, log2 domain; c = scale * log2(e) >= 0 is
+    applied inside one FMA per element (s * c - m) on unmasked tiles."""
     if MASKED:
         n = start + tl.arange(0, BLOCK_N)
         keep = row_ok[:, None] & (n < hi)[None, :]
@@ -96,15 +101,63 @@ def _plain_step(q, m_i, l_i, acc, kt, v, start, hi, pos, row_ok, c, BLOCK_N: tl.
 
 
 @triton.jit
-def _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, BlockTable, sm_scale, out_scale,
+def _plain_rope_tile(q, q2, K, V, f_hi, f_lo, b, kvh, kv_start, start, hi, BlockTable, stride_bt, stride_kp,
+                     stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd,
+                     BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                     DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+    """(scores, V tile) of keys start + j with RoPE: K's halves rotated at the key positions inside the
+    general kernel's _qk (q, q2: the rotated query halves); V by the same per-key offsets."""
+    n = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_D)
+    n_ok = n < hi
+    if PAGED:
+        page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        slot = n % PAGE_SIZE
+        k_off = page * stride_kp + slot * stride_kt
+        v_off = page * stride_vp + slot * stride_vt
+    else:
+        k_off = (kv_start + n).to(tl.int64) * stride_kt
+        v_off = (kv_start + n).to(tl.int64) * stride_vt
+    s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo, HEAD_D, HEAD_D, HEAD_D // 2,
+            BLOCK_N, True, MASKED, DOT_F32)
+    v_ptr = V + v_off[:, None] + kvh * stride_vh + d[None, :] * stride_vd
+    if MASKED:
+        v = tl.load(v_ptr, mask=n_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptr)
+    return s, v
+
+
+@triton.jit
+def _plain_tile(q, q2, K, V, k_desc, v_desc, f_hi, f_lo, b, kvh, kv_start, start, hi, BlockTable, stride_bt,
+                stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd,
+                BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                KV_TMA: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+    """(scores, V tile) of keys start + j (one return at the end: see _qk on constexpr branches)."""
+    if ROPE:
+        s, v = _plain_rope_tile(q, q2, K, V, f_hi, f_lo, b, kvh, kv_start, start, hi, BlockTable, stride_bt,
+                                stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh,
+                                stride_vd, BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, DOT_F32, MASKED)
+    else:
+        kt, v = _plain_kv(K, V, k_desc, v_desc, b, kvh, kv_start, start, hi, BlockTable, stride_bt, stride_kp,
+                          stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, BLOCK_N,
+                          HEAD_D, PAGED, PAGE_SIZE, KV_TMA, MASKED)
+        s = _plain_scores(q, kt, DOT_F32)
+    return s, v
+
+
+@triton.jit
+def _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, BlockTable, RopeFreq, sm_scale,
+                 out_scale,
                  pid_m, pid_bh, num_kv_heads, stride_qt, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh,
                  stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_lt,
                  stride_lh, stride_bt, GROUP: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, KV_TMA: tl.constexpr, WRITE_LSE: tl.constexpr,
-                 SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr):
+                 CAUSAL: tl.constexpr, DOT_F32: tl.constexpr, KV_TMA: tl.constexpr, ROPE: tl.constexpr,
+                 WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr):
     """Query block pid_m (BLOCK_M rows = tokens x HPP heads of one KV group) of request/head pid_bh:
-    the unmasked interior keys, then the causal diagonal and the request's end, then the output."""
+    the unmasked interior keys, then the causal diagonal and the request's end, then the output.
+    ROPE: q's and each K tile's halves rotated at their positions (no rotated copies)."""
     HGROUPS: tl.constexpr = GROUP // HPP
     b = pid_bh // (num_kv_heads * HGROUPS)
     kvh = (pid_bh // HGROUPS) % num_kv_heads
@@ -134,24 +187,25 @@ def _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, 
             scale = tl.load(sm_scale).to(tl.float32)
         else:
             scale = sm_scale
-        q, q2, f_hi, f_lo, q_inv = _load_q(Q, Q, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, HEAD_D,
-                                           HEAD_D, HEAD_D, False, DOT_F32, False)
+        q, q2, f_hi, f_lo, q_inv = _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd,
+                                           HEAD_D, HEAD_D, HEAD_D // 2, ROPE, DOT_F32, False)
         q = tl.where(scale < 0, -q, q)  # softmax(s * c) for c < 0 is softmax(|c| * (-q).k): exact
+        q2 = tl.where(scale < 0, -q2, q2)
         c = tl.abs(scale) * LOG2E
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
         for start in range(0, hi_full, BLOCK_N):  # interior: every row sees every key
-            kt, v = _plain_kv(K, V, k_desc, v_desc, b, kvh, kv_start, start, hi, BlockTable, stride_bt, stride_kp,
-                              stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, BLOCK_N,
-                              HEAD_D, PAGED, PAGE_SIZE, KV_TMA, False)
-            m_i, l_i, acc = _plain_step(q, m_i, l_i, acc, kt, v, start, hi, pos, row_ok, c, BLOCK_N, CAUSAL,
+            s, v = _plain_tile(q, q2, K, V, k_desc, v_desc, f_hi, f_lo, b, kvh, kv_start, start, hi, BlockTable,
+                               stride_bt, stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh,
+                               stride_vd, BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, KV_TMA, ROPE, DOT_F32, False)
+            m_i, l_i, acc = _plain_step(q, m_i, l_i, acc, s, v, start, hi, pos, row_ok, c, BLOCK_N, CAUSAL,
                                         DOT_F32, False)
         for start in range(hi_full, hi, BLOCK_N):  # causal diagonal and the request's end
-            kt, v = _plain_kv(K, V, k_desc, v_desc, b, kvh, kv_start, start, hi, BlockTable, stride_bt, stride_kp,
-                              stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, BLOCK_N,
-                              HEAD_D, PAGED, PAGE_SIZE, KV_TMA, True)
-            m_i, l_i, acc = _plain_step(q, m_i, l_i, acc, kt, v, start, hi, pos, row_ok, c, BLOCK_N, CAUSAL,
+            s, v = _plain_tile(q, q2, K, V, k_desc, v_desc, f_hi, f_lo, b, kvh, kv_start, start, hi, BlockTable,
+                               stride_bt, stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh,
+                               stride_vd, BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, KV_TMA, ROPE, DOT_F32, True)
+            m_i, l_i, acc = _plain_step(q, m_i, l_i, acc, s, v, start, hi, pos, row_ok, c, BLOCK_N, CAUSAL,
                                         DOT_F32, True)
         _finish_rows(acc, m_i, l_i, h, tok, row_ok, tl.arange(0, HEAD_D), Out, Lse, Lse, out_scale,
                      stride_ot, stride_oh, stride_od, stride_lt, stride_lh, HEAD_D, False, WRITE_LSE, OUT_SCALE_PTR)
@@ -189,7 +243,7 @@ def _attn_fwd_plain(
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
     GROUP: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr,
-    KV_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+    KV_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     k_desc, v_desc = _kv_descriptors(K, V, KvIndptr, batch_size, num_kv_heads, stride_kt, stride_vt, BLOCK_N,
@@ -200,19 +254,19 @@ def _attn_fwd_plain(
         bh_count = batch_size * num_kv_heads * (GROUP // HPP)
         for tile in range(tl.program_id(0), m_blocks * bh_count, tl.num_programs(0)):
             pid_m = m_blocks - 1 - tile // bh_count
-            _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, BlockTable, sm_scale,
+            _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, BlockTable, RopeFreq, sm_scale,
                          out_scale, pid_m, tile % bh_count, num_kv_heads, stride_qt, stride_qh, stride_qd,
                          stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd,
                          stride_ot, stride_oh, stride_od, stride_lt, stride_lh, stride_bt, GROUP, HPP, BLOCK_M,
-                         BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, CAUSAL, DOT_F32, KV_TMA, WRITE_LSE, SCALE_PTR,
+                         BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, CAUSAL, DOT_F32, KV_TMA, ROPE, WRITE_LSE, SCALE_PTR,
                          OUT_SCALE_PTR)
     else:
         pid_m = tl.program_id(0)
         if CAUSAL:  # the last query blocks see the most keys: launch them first
             pid_m = tl.num_programs(0) - 1 - pid_m
-        _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, BlockTable, sm_scale,
+        _plain_block(Q, K, V, Out, Lse, k_desc, v_desc, QoIndptr, KvLens, KvIndptr, BlockTable, RopeFreq, sm_scale,
                      out_scale, pid_m, tl.program_id(1), num_kv_heads, stride_qt, stride_qh, stride_qd,
                      stride_kp, stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd,
                      stride_ot, stride_oh, stride_od, stride_lt, stride_lh, stride_bt, GROUP, HPP, BLOCK_M,
-                     BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, CAUSAL, DOT_F32, KV_TMA, WRITE_LSE, SCALE_PTR,
+                     BLOCK_N, HEAD_D, PAGED, PAGE_SIZE, CAUSAL, DOT_F32, KV_TMA, ROPE, WRITE_LSE, SCALE_PTR,
                      OUT_SCALE_PTR)
