@@ -135,6 +135,8 @@ def test_plain_prefill_switch_serves_large_paged_prefill_tiles(monkeypatch):
     assert tb.choose_config(ragged, 2048, cuda).kernel == "general"
     assert tb.choose_config(paged, 2048, cuda) == TileConfig(256, 64, 4, 8, 4, "plain")
     assert tb.choose_config(paged, 4, cuda).kernel == "general"  # a decode-like tile
+    rope = replace(paged, pos_encoding="ROPE_LLAMA")
+    assert tb.choose_config(rope, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain")
     monkeypatch.setattr(tb, "PLAIN_PREFILL_STORAGE", ("paged", "ragged"))
     monkeypatch.setattr(tb, "PLAIN_PREFILL", dict(kernel="plain", kv_tma=True, persistent=True))
     assert tb.choose_config(ragged, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain", True, True)

@@ -218,18 +218,19 @@ def test_decode_tile_is_n128_s3_for_fp8_and_bf16(monkeypatch, kv_dtype, storage,
     assert tb.programs_per_sm(problem_of(c), cfg, cuda) == 1
 
 
-@pytest.mark.parametrize("pos,storage,stages", [("ROPE_LLAMA", "paged", 5), ("ROPE_LLAMA", "ragged", 3),
+@pytest.mark.parametrize("pos,storage,stages", [("ROPE_LLAMA", "paged", 3), ("ROPE_LLAMA", "ragged", 3),
                                                 ("NONE", "paged", 4)])
 def test_paged_rope_prefill_gets_the_ragged_prefetch_depth(monkeypatch, pos, storage, stages):
-    """d128 causal prefill of 2048 tokens: RoPE on paged K/V takes 5 stages, the K/V buffers of ragged
-    at 3 (sm_90: 2 per K half, 3 for V) in 164 KB; without RoPE paged K/V take the plain kernel with
-    4 stages (PLAIN_PREFILL), 2 K/V buffers."""
+    """d128 causal prefill of 2048 tokens: ragged RoPE takes the general kernel's K/V buffers at 3
+    stages (sm_90: 2 per K half, 3 for V) in 164 KB; paged K/V take the plain kernel (PLAIN_PREFILL),
+    with 3 stages for RoPE and 4 without, 2 K/V buffers."""
     monkeypatch.setattr(tb, "_smem_limit", lambda device: 0.9 * H100_SMEM_OPTIN)
     c = Case(storage=storage, page_size=16, hq=32, hkv=8, dqk=128, dvo=128, dtype="bfloat16", pos=pos)
     cuda = torch.device("cuda", 0)
     cfg = tb.fit_shared_memory(problem_of(c), tb.choose_config(problem_of(c), 2048, cuda), cuda)
     assert (cfg.block_m, cfg.block_n, cfg.heads_per_program, cfg.num_stages) == (256, 64, 4, stages)
-    assert tb._kv_buffers(problem_of(c), cfg) == (2 if pos == "NONE" else 3)
+    assert cfg.kernel == ("plain" if storage == "paged" else "general")
+    assert tb._kv_buffers(problem_of(c), cfg) == (2 if storage == "paged" else 3)
     assert tb._smem_bytes(problem_of(c), cfg) <= 0.9 * H100_SMEM_OPTIN
 
 # ---------------------------------------------------------------------------

@@ -195,15 +195,19 @@ def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
 # TMA descriptors nor the persistent schedule gained (Triton 3.6 on sm_90): the general kernel keeps it.
 PLAIN_PREFILL: Optional[dict] = dict(kernel="plain", num_stages=4)
 PLAIN_PREFILL_STORAGE = ("paged",)
-PLAIN_PREFILL_POS = ("NONE",)  # RoPE on the plain kernel: measured by tools/native_h100.py --variants
+# RoPE on the plain kernel (its K halves rotated per tile) with 3 stages: paged RoPE 248 TFLOP/s eager /
+# 259 graph against the general kernel's 228 / 242 (4 stages: 242 / 253; native-h100-r7.md).
+PLAIN_PREFILL_ROPE_STAGES = 3
 
 
 def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.device) -> TileConfig:
     """Tile shapes by phase and head dim (measured on H100: tools/NOTES-native.md)."""
     cfg = _general_config(problem, max_q_len)
     if (PLAIN_PREFILL and problem.phase == "prefill" and problem.kv_storage in PLAIN_PREFILL_STORAGE
-            and problem.pos_encoding in PLAIN_PREFILL_POS and cfg.block_m >= 128 and not plain_reasons(problem)):
+            and cfg.block_m >= 128 and not plain_reasons(problem)):
         plain = dict(PLAIN_PREFILL)
+        if problem.pos_encoding == "ROPE_LLAMA":
+            plain["num_stages"] = PLAIN_PREFILL_ROPE_STAGES
         plain["kv_tma"] = plain.get("kv_tma", False) and problem.kv_storage != "paged"
         cfg = replace(cfg, **plain)
     return cfg
