@@ -30,6 +30,36 @@ from .triton_kernels import LOG2E, _finish_rows, _load_q, _qk
 
 
 @triton.jit
+def _key_offsets(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_kp, stride_kt, stride_vp, stride_vt,
+                 PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """(K, V) element offsets of keys n: through the page table when paged (its entry read unmasked on
+    interior tiles), else rows kv_start + n."""
+    if PAGED:
+        if MASKED:
+            page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        else:
+            page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE).to(tl.int64)
+        slot = n % PAGE_SIZE
+        k_off = page * stride_kp + slot * stride_kt
+        v_off = page * stride_vp + slot * stride_vt
+    else:
+        k_off = (kv_start + n).to(tl.int64) * stride_kt
+        v_off = (kv_start + n).to(tl.int64) * stride_vt
+    return k_off, v_off
+
+
+@triton.jit
+def _v_tile(V, v_off, kvh, stride_vh, stride_vd, d, n_ok, MASKED: tl.constexpr):
+    """The V tile (BLOCK_N, D) at the keys' offsets; MASKED: keys past the end read as 0."""
+    v_ptr = V + v_off[:, None] + kvh * stride_vh + d[None, :] * stride_vd
+    if MASKED:
+        v = tl.load(v_ptr, mask=n_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptr)
+    return v
+
+
+@triton.jit
 def _plain_kv(K, V, k_desc, v_desc, b, kvh, kv_start, start, hi, BlockTable, stride_bt, stride_kp, stride_kt,
               stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, BLOCK_N: tl.constexpr,
               HEAD_D: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_TMA: tl.constexpr,
@@ -44,25 +74,14 @@ def _plain_kv(K, V, k_desc, v_desc, b, kvh, kv_start, start, hi, BlockTable, str
         if MASKED:  # rows of the next request (or zeros past the tensor): never let them reach acc
             v = tl.where(n_ok[:, None], v, 0.0)
     else:
-        if PAGED:
-            if MASKED:
-                page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            else:
-                page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE).to(tl.int64)
-            slot = n % PAGE_SIZE
-            k_off = page * stride_kp + slot * stride_kt
-            v_off = page * stride_vp + slot * stride_vt
-        else:
-            k_off = (kv_start + n).to(tl.int64) * stride_kt
-            v_off = (kv_start + n).to(tl.int64) * stride_vt
+        k_off, v_off = _key_offsets(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_kp, stride_kt, stride_vp,
+                                    stride_vt, PAGED, PAGE_SIZE, MASKED)
         k_ptr = K + k_off[None, :] + kvh * stride_kh + d[:, None] * stride_kd
-        v_ptr = V + v_off[:, None] + kvh * stride_vh + d[None, :] * stride_vd
         if MASKED:
             kt = tl.load(k_ptr, mask=n_ok[None, :], other=0.0)
-            v = tl.load(v_ptr, mask=n_ok[:, None], other=0.0)
         else:
             kt = tl.load(k_ptr)
-            v = tl.load(v_ptr)
+        v = _v_tile(V, v_off, kvh, stride_vh, stride_vd, d, n_ok, MASKED)
     return kt, v
 
 
@@ -110,21 +129,11 @@ def _plain_rope_tile(q, q2, K, V, f_hi, f_lo, b, kvh, kv_start, start, hi, Block
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, HEAD_D)
     n_ok = n < hi
-    if PAGED:
-        page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        slot = n % PAGE_SIZE
-        k_off = page * stride_kp + slot * stride_kt
-        v_off = page * stride_vp + slot * stride_vt
-    else:
-        k_off = (kv_start + n).to(tl.int64) * stride_kt
-        v_off = (kv_start + n).to(tl.int64) * stride_vt
+    k_off, v_off = _key_offsets(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_kp, stride_kt, stride_vp,
+                                stride_vt, PAGED, PAGE_SIZE, MASKED)
     s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo, HEAD_D, HEAD_D, HEAD_D // 2,
             BLOCK_N, True, MASKED, DOT_F32)
-    v_ptr = V + v_off[:, None] + kvh * stride_vh + d[None, :] * stride_vd
-    if MASKED:
-        v = tl.load(v_ptr, mask=n_ok[:, None], other=0.0)
-    else:
-        v = tl.load(v_ptr)
+    v = _v_tile(V, v_off, kvh, stride_vh, stride_vd, d, n_ok, MASKED)
     return s, v
 
 
