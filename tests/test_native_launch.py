@@ -192,7 +192,7 @@ LAUNCHER_CASES = {
 }
 
 
-@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("split", [None, "fused merge", "merge kernel"])
 @pytest.mark.parametrize("name", list(LAUNCHER_CASES))
 def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
     from backends.native.triton_backend import TileConfig
@@ -202,11 +202,12 @@ def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
     c = Case(**LAUNCHER_CASES[name])
     first, *_ = _fresh_batch(c, 1)
     hpp = c.hq // c.hkv if c.phase != "prefill" else 1
-    cfg = TileConfig(16, 16, hpp, num_warps=4, num_stages=1) if split else None
+    cfg = TileConfig(16, 16, hpp, num_warps=4, num_stages=1, fused_merge=split == "fused merge") if split else None
     plan = BACKEND.plan(problem_of(c), first, config=cfg, num_splits=3 if split else None)
     BACKEND.run(plan, first)
     launch = BACKEND.launcher(plan, first)
-    assert launch is not None and (plan.merge is not None) == split
+    assert launch is not None and (plan.merge is not None) == (split == "merge kernel")
+    assert (plan.split_count is not None) == (split == "fused merge")
     batch, kw, dense_k, dense_v = _fresh_batch(c, 2)  # new tensors, same shapes and strides, poisoned out
     launch(batch)
     got, got_lse = batch.out.clone(), batch.lse.clone()
@@ -217,6 +218,8 @@ def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
     batch.lse.fill_(float("nan"))
     BACKEND.run(plan, batch)
     assert torch.equal(batch.out, got) and torch.equal(batch.lse, got_lse)
+    if plan.split_count is not None:  # each launch leaves the arrival counters as the plan made them
+        assert not plan.split_count.any()
 
 
 def test_backend_launcher_refuses_what_run_would_refuse():

@@ -71,11 +71,24 @@ def test_scenario_matches_fp64(name):
     ("spec_decode", Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(2, 2), kv_lens=(60, 9),
                          q_len_per_req=2, tensor_scales=True)),
 ])
-def test_split_kv_merge_matches_fp64(name, case):
+@pytest.mark.parametrize("fused_merge", [True, False])
+def test_split_kv_merge_matches_fp64(name, case, fused_merge):
+    """Both merges: the last split program's (one launch) and the merge kernel's."""
     hpp = case.hq // case.hkv if case.phase != "prefill" else 1
-    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=hpp, num_warps=4, num_stages=1)
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=hpp, num_warps=4, num_stages=1,
+                     fused_merge=fused_merge)
     plan, _, _ = run_case(case, num_splits=3, config=cfg)
     assert plan.num_splits > 1 and plan.grid[2] == plan.num_splits, "the split-KV path was not exercised"
+    assert (plan.merge is None) == fused_merge and (plan.split_count is not None) == fused_merge
+    if fused_merge:
+        assert not plan.split_count.any(), "the arrival counters were not left at zero"
+
+
+def test_prefill_tiles_keep_the_merge_kernel():
+    """The fused merge unrolls a loop over the tile's rows: tiles taller than 16 rows use the kernel."""
+    cfg = TileConfig(block_m=32, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
+    plan, _, _ = run_case(Case(q_lens=(20, 6), kv_lens=(40, 25)), num_splits=2, config=cfg)
+    assert plan.merge is not None and plan.split_count is None
 
 
 def test_partial_group_packing_and_small_tiles():
@@ -160,6 +173,44 @@ def test_cuda_graph_replay_equals_eager():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused merge's cross-program ordering needs a GPU")
+def test_fused_merge_equals_the_merge_kernel_under_back_to_back_launches():
+    """The last split program merges after an acq_rel counter (triton_kernels._merge_if_last). On a GPU,
+    64 splits per row block and launches queued back to back (eager and graph replays) must give what
+    the merge kernel gives, bit for bit (both merge through _merge_row): a program that merged before
+    every partial was visible, or a counter left non-zero, would show as a different output."""
+    c = Case(dtype="bfloat16", hq=32, hkv=8, dqk=128, dvo=128, page_size=16, phase="decode",
+             q_lens=(1,) * 4, kv_lens=(16384, 9000, 16384, 300), causal=True)
+    kw, _, _ = build(c)
+    outs = {}
+    for fused in (False, True):
+        cfg = TileConfig(16, 128, 4, num_warps=4, num_stages=3, fused_merge=fused)
+        batch = AttentionBatch(out=torch.full((4, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=torch.bfloat16),
+                               lse=torch.empty((4, c.hq), device=DEVICE), sm_scale=0.088, **kw)
+        plan = BACKEND.plan(problem_of(c), batch, config=cfg, num_splits=64)
+        assert plan.num_splits == 64 and (plan.merge is None) == fused
+        BACKEND.run(plan, batch)
+        outs[fused] = (batch, plan)
+    (ref, _), (batch, plan) = outs[False], outs[True]
+    assert torch.equal(batch.out, ref.out) and torch.equal(batch.lse, ref.lse)
+    many = [replace(batch, out=torch.full_like(batch.out, float("nan")), lse=torch.empty_like(batch.lse))
+            for _ in range(30)]
+    for b in many:  # queued without a synchronization between them
+        BACKEND.run(plan, b)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for b in many[:5]:
+            BACKEND.run(plan, b)
+    for b in many[:5]:
+        b.out.fill_(float("nan"))
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    for b in many:
+        assert torch.equal(b.out, ref.out) and torch.equal(b.lse, ref.lse)
+    assert not plan.split_count.any()
 
 
 SMALL_TILE_CASES = {  # long enough that 16-key tiles hit the unmasked interior loop

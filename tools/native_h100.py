@@ -12,9 +12,10 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
 3. timing with CUDA events (dispatch/timing.py: median, warm-up excluded), K/V rotated over
    copies together larger than 3 x the 50 MB L2: one call at a time (launch included) and replayed
    in a CUDA graph: RoPE decode 64 x 4096 and causal prefill 8 x 2048 against the same workload
-   without RoPE, fp8 KV decode against bf16 (bytes read), a device copy for the bandwidth ceiling;
-   beside each default, the tiles and stage counts round 4 chose between (tools/NOTES-native.md), so
-   one run decides; the targets of issue 11 are checked in the summary ("(info)" rows compare variants);
+   without RoPE, fp8 KV decode against bf16 (bytes read), the feature paths (window, soft cap, sinks,
+   xqa's spec mask, a custom mask) against the plain path per key read, short decodes with the fused
+   split merge against the merge kernel, a device copy for the bandwidth ceiling; the targets of
+   issue 11 are checked in the summary ("(info)" rows compare variants);
 4. with --grid: the decode grid (batch 1..256 x keys 512..128k) at the rule's split count and at
    half and twice it, so the rule's distance to the best of the three is measured;
 5. with --variants (issue 11, Hopper at vendor speed): the plain-path prefill kernel (paged gather,
@@ -40,7 +41,7 @@ from pathlib import Path
 import torch
 
 from _gpu_common import time_ms  # noqa: F401  (puts the repository root on sys.path)
-from backends.native.triton_backend import NativeTritonBackend, TileConfig
+from backends.native.triton_backend import NativeTritonBackend, TileConfig, choose_config, fit_shared_memory
 from dispatch.bench.oracle import batch_attention_fp64
 from dispatch.lab_native import Case, build, problem_of, rel_err
 from dispatch.problem import NAME_DTYPES, AttentionBatch
@@ -51,7 +52,7 @@ L2_BYTES = 50 << 20
 BIG = dict(hq=HQ, hkv=HKV, dqk=D, dvo=D, page_size=PAGE, dtype="bfloat16")
 DEC = dict(phase="decode", causal=True)
 ROPE = dict(pos="ROPE_LLAMA")
-DEADLINE_S = 200  # timing stops here so the whole run stays under 4 minutes (--grid: 330)
+DEADLINE_S = 300  # timing stops here so the whole run stays under 6 minutes (--grid: 430)
 VARIANTS_EXTRA_S = 70  # --variants: 14 more checks and timed rows (~8 s each with compilation); < 5 minutes
 
 
@@ -196,6 +197,12 @@ def _timing_inputs(c: Case) -> dict:
         shape = (sum(c.kv_lens), c.hkv, c.dqk)
     kw["k"] = torch.randn(shape, device="cuda").to(dt)
     kw["v"] = torch.randn(shape, device="cuda").to(dt)
+    if c.mask == "custom":  # FlashInfer's flattened bool mask, about 60% of the pairs kept
+        sizes = torch.tensor([ql * kl for ql, kl in zip(c.q_lens, c.kv_lens)])
+        kw["custom_mask"] = torch.rand(int(sizes.sum()), device="cuda") > 0.4
+        kw["mask_indptr"] = torch.tensor([0, *sizes.cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    if c.mask == "spec_bits":
+        kw["spec_mask"] = _spec_mask(c)[1]
     return kw
 
 
@@ -210,9 +217,13 @@ def _batches(c: Case) -> list:
     return [base] + [replace(base, k=kw["k"].clone(), v=kw["v"].clone()) for _ in range(n - 1)]
 
 
-def time_case(c: Case, num_splits=None, config=None) -> dict:
+def time_case(c: Case, num_splits=None, config=None, merge_kernel=False) -> dict:
+    """``merge_kernel``: the default tile, its split merge as a second launch (the fused merge's baseline)."""
     problem = replace(problem_of(c), device_type="cuda")
     batches = _batches(c)
+    if merge_kernel:
+        chosen = choose_config(problem, max(c.q_lens), batches[0].q.device)
+        config = replace(fit_shared_memory(problem, chosen, batches[0].q.device), fused_merge=False)
     plan = BACKEND.plan(problem, batches[0], num_splits=num_splits, config=config)
     turn = [0]
 
@@ -231,13 +242,23 @@ def time_case(c: Case, num_splits=None, config=None) -> dict:
 
 
 def kv_tb_s(c: Case, ms: float) -> float:
+    """Bytes of K and V read (a window reads its last window_left + 1 keys) per second."""
     elem = 1 if (c.kv_dtype or "").startswith("float8") else 2
-    return 2 * sum(c.kv_lens) * c.hkv * c.dqk * elem / (ms * 1e-3) / 1e12
+    keys = sum(min(n, c.window_left + 1) if c.window_left >= 0 else n for n in c.kv_lens)
+    return 2 * keys * c.hkv * c.dqk * elem / (ms * 1e-3) / 1e12
 
 
 def causal_tflop_s(c: Case, ms: float) -> float:
     flops = sum(4.0 * c.hq * c.dqk * (q * k - q * (q - 1) / 2) for q, k in zip(c.q_lens, c.kv_lens))
     return flops / (ms * 1e-3) / 1e12
+
+
+def dense_tflop_s(c: Case, ms: float) -> float:
+    """Every (query, key) pair visited: a custom mask's kernel reads every key, as a non-causal one."""
+    return sum(4.0 * c.hq * c.dqk * q * k for q, k in zip(c.q_lens, c.kv_lens)) / (ms * 1e-3) / 1e12
+
+
+RATES = {"kv": (kv_tb_s, "TB/s"), "flops": (causal_tflop_s, "TFLOP/s"), "dense": (dense_tflop_s, "TFLOP/s")}
 
 
 def copy_ceiling_tb_s() -> float:
@@ -252,27 +273,43 @@ DECODE_GRID = [(b, n) for b in (1, 4, 16, 64, 256) for n in (512, 4096, 32768, 1
 DEC64 = Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **BIG, **DEC)
 FP8 = replace(DEC64, kv_dtype="float8_e4m3fn")
 PRE8 = Case(q_lens=(2048,) * 8, kv_lens=(2048,) * 8, **BIG)
+# The feature paths of issue 11 (within 15% of the plain path per key read): window, soft cap, sinks at 64 x 4096;
+# xqa's speculative bit mask (4 drafts per request) against the same queries unmasked; a custom mask on
+# prefill against the non-causal plain prefill (a custom mask visits every key).
+SPEC4 = Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(4,) * 64, kv_lens=(4096,) * 64,
+             q_len_per_req=4, **BIG)
+Q4 = replace(SPEC4, phase="prefill", mask="none", q_len_per_req=0)
+PRE8_FULL = replace(PRE8, causal=False)
+# Short decodes, where the split merge's second launch was most of the time (fused merge vs merge kernel).
+SHORT_DECODES = [(b, n) for b, n in ((1, 512), (1, 4096), (8, 512), (1, 32768))]
 
 
 def _tile(m: int, n: int, hpp: int, warps: int, stages: int) -> dict:
     return {"config": TileConfig(m, n, hpp, num_warps=warps, num_stages=stages)}
 
 
-# name, case, metric, plan overrides. The rows after each default ask what round 4 changed (NOTES-native.md):
-# paged tiles at 5 stages (two tiles prefetched, the ragged depth) or 3 (one), fp8 at N64 or N128.
+# name, case, metric (RATES), plan overrides (time_case's keywords). Earlier rounds' tile rows (5 stages,
+# fp8 at N32/N64/N128) are in tools/results/native-h100-r4..r9.md.
 FEATURE_ROWS = [
     ("decode b64 x 4096", DEC64, "kv", {}),
-    ("decode b64 x 4096, N64 s5", DEC64, "kv", _tile(16, 64, 4, 4, 5)),
     ("decode b64 x 4096 RoPE", replace(DEC64, **ROPE), "kv", {}),
     ("decode b64 x 4096 fp8 KV", FP8, "kv", {}),
-    ("decode b64 x 4096 fp8 KV, N128 s3", FP8, "kv", _tile(16, 128, 4, 4, 3)),
-    ("decode b64 x 4096 fp8 KV, N128 s5", FP8, "kv", _tile(16, 128, 4, 4, 5)),
-    ("decode b64 x 4096 fp8 KV, N32 s5", FP8, "kv", _tile(16, 32, 4, 4, 5)),
     ("decode b64 x 4096 fp8 KV, 2 splits", FP8, "kv", {"num_splits": 2}),
+    ("decode b64 x 4096 window 1023", replace(DEC64, window_left=1023), "kv", {}),
+    ("decode b64 x 4096 soft cap", replace(DEC64, soft_cap=30.0), "kv", {}),
+    ("decode b64 x 4096 sinks", replace(DEC64, sinks=True), "kv", {}),
+    ("decode b64 x 4096 window 1023 + soft cap + sinks", replace(DEC64, window_left=1023, soft_cap=30.0, sinks=True),
+     "kv", {}),
+    ("decode b64 x 4096 q4, spec mask", SPEC4, "kv", {}),
+    ("decode b64 x 4096 q4", Q4, "kv", {}),
+    ("prefill 8 x 2048 custom mask", replace(PRE8, causal=False, mask="custom"), "dense", {}),
+    ("prefill 8 x 2048 non-causal", PRE8_FULL, "dense", {}),
+    *[row for b, n in SHORT_DECODES for row in (
+        (f"decode b{b} x {n}", Case(q_lens=(1,) * b, kv_lens=(n,) * b, **BIG, **DEC), "kv", {}),
+        (f"decode b{b} x {n}, merge kernel", Case(q_lens=(1,) * b, kv_lens=(n,) * b, **BIG, **DEC), "kv",
+         {"merge_kernel": True}))],
     ("prefill causal 8 x 2048", PRE8, "flops", {}),
-    ("prefill causal 8 x 2048, s5", PRE8, "flops", _tile(256, 64, 4, 8, 5)),
     ("prefill causal 8 x 2048 RoPE", replace(PRE8, **ROPE), "flops", {}),
-    ("prefill causal 8 x 2048 RoPE, s3", replace(PRE8, **ROPE), "flops", _tile(256, 64, 4, 8, 3)),
     ("prefill causal 8 x 2048 ragged", replace(PRE8, storage="ragged"), "flops", {}),
     ("prefill causal 8 x 2048 ragged RoPE", replace(PRE8, storage="ragged", **ROPE), "flops", {}),
 ]
@@ -366,8 +403,8 @@ def feature_rows(start: float, variants: bool = False, wrong: frozenset = frozen
         except Exception as exc:  # noqa: BLE001
             rows.append({"case": name, "skipped": f"{type(exc).__name__}: {str(exc)[:120]}"})
             continue
-        rate = kv_tb_s if metric == "kv" else causal_tflop_s
-        rows.append({"case": name, **r, "unit": "TB/s" if metric == "kv" else "TFLOP/s",
+        rate, unit = RATES[metric]
+        rows.append({"case": name, **r, "unit": unit,
                      "eager_rate": rate(c, r["eager_ms"]), "graph_rate": rate(c, r["graph_ms"]),
                      "wrong": f"variant: {name}" in wrong})
     return rows
@@ -405,10 +442,19 @@ def summary(res: dict) -> list:
     ratio("(info) RoPE prefill 8x2048 / plain s5", "prefill causal 8 x 2048 RoPE", "prefill causal 8 x 2048, s5", 0.85)
     ratio("(info) ragged RoPE / ragged plain", "prefill causal 8 x 2048 ragged RoPE", "prefill causal 8 x 2048 ragged",
           0.85)
-    for tile in ("", ", N128 s3", ", N128 s5", ", N32 s5", ", 2 splits"):
+    for tile in ("", ", 2 splits"):
         ratio(f"fp8 KV decode{tile} / bf16 (bytes read per s)", f"decode b64 x 4096 fp8 KV{tile}", "decode b64 x 4096",
               0.90)
     ratio("(info) fp8 KV decode / bf16 N64 s5", "decode b64 x 4096 fp8 KV", "decode b64 x 4096, N64 s5", 0.90)
+    for feature in ("window 1023", "soft cap", "sinks", "window 1023 + soft cap + sinks"):
+        ratio(f"{feature} decode 64x4096 / plain (per key read)", f"decode b64 x 4096 {feature}", "decode b64 x 4096",
+              0.85)
+    ratio("spec mask decode 64x4096 q4 / unmasked q4", "decode b64 x 4096 q4, spec mask", "decode b64 x 4096 q4", 0.85)
+    ratio("custom mask prefill 8x2048 / non-causal plain", "prefill 8 x 2048 custom mask",
+          "prefill 8 x 2048 non-causal", 0.85)
+    for b, n in SHORT_DECODES:
+        ratio(f"(info) decode b{b} x {n}, fused merge / merge kernel", f"decode b{b} x {n}",
+              f"decode b{b} x {n}, merge kernel", 1.0)
     for name, c, metric, _ in VARIANT_ROWS:
         if metric == "kv":
             ratio(f"{name[len('decode b64 x 4096 '):]} / bf16 (bytes read per s)", name, "decode b64 x 4096", 0.90)

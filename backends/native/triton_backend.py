@@ -56,6 +56,9 @@ class TileConfig:
     kernel: str = "general"  # "plain": triton_plain._attn_fwd_plain, for problems plain_reasons accepts
     kv_tma: bool = False  # plain kernel, ragged/dense K/V: tiles read by TMA descriptors
     persistent: bool = False  # plain kernel: about one wave of programs, longest query blocks first
+    # Split decode tiles (block_m <= MAX_FUSED_MERGE_ROWS): the last split program merges (one launch);
+    # False: the merge kernel runs as a second launch (as prefill tiles always do).
+    fused_merge: bool = True
 
 
 @dataclass
@@ -70,6 +73,7 @@ class TritonPlan:
     device: Optional[torch.device] = None  # where the scratch buffers live (with its index)
     part_o: Optional[torch.Tensor] = None  # (splits, total_q, Hq, Dvo) fp32
     part_lse: Optional[torch.Tensor] = None  # (splits, total_q, Hq) fp32
+    split_count: Optional[torch.Tensor] = None  # fused merge: (row blocks,) int32 zeros, left at zero by each launch
     alibi: Optional[torch.Tensor] = None  # (Hq,) fp32 slopes
     rope_freq: Optional[torch.Tensor] = None  # (2, BLOCK_HALF) fp32: frequency hi and lo parts
     attention: Optional[KernelLaunch] = None
@@ -137,6 +141,8 @@ class NativeTritonBackend(Backend):
                                       dtype=torch.float32, device=device)
             plan.part_lse = torch.empty((splits, batch.total_q, problem.num_qo_heads), dtype=torch.float32,
                                         device=device)
+        if plan.constexprs["MERGE_BLOCK_S"]:
+            plan.split_count = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=device)
         if problem.pos_encoding == "ALIBI":
             plan.alibi = torch.tensor(alibi_slopes(problem.num_qo_heads), dtype=torch.float32, device=device)
         if problem.pos_encoding == "ROPE_LLAMA":
@@ -316,7 +322,8 @@ def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileCon
                     per_sm=programs_per_sm(problem, cfg, device), block_n=cfg.block_n)
 
 
-MAX_SPLITS = 64  # the merge kernel reduces up to this many partials per row in one tile
+MAX_SPLITS = 64  # the merge reduces up to this many partials per row in one tile
+MAX_FUSED_MERGE_ROWS = 16  # the fused merge unrolls a loop over the tile's rows: decode tiles only
 # At least this many key tiles per split: fewer is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost
 # 8%). 2, not 4: the decode grid of tools/results/native-h100.md found twice the splits of 4's rule best at
 # short keys (b1/b4/b16 x 512: 2 splits, 1.08-1.45x; b1 x 4096: 16 splits, 1.27x); longer keys are unchanged.
@@ -471,8 +478,16 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
         HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
         DOT_F32=problem.q_dtype == "float32" or (_interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
-        F16_DOTS=f16_dots,
+        F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits),
     )
+
+
+def _fused_merge_splits(cfg: TileConfig, splits: int) -> int:
+    """The fused merge's tile of partials (a power of two >= splits), or 0: no split, a prefill tile,
+    or a config that asks for the merge kernel."""
+    if splits < 2 or not cfg.fused_merge or cfg.block_m > MAX_FUSED_MERGE_ROWS:
+        return 0
+    return max(2, _pow2(splits))
 
 
 def rope_frequencies(problem: AttentionProblem, block_half: int) -> torch.Tensor:
@@ -498,6 +513,7 @@ def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
     part_strides = (0,) * 5
     if plan.num_splits > 1:
         part_strides = (*plan.part_o.stride()[:3], *plan.part_lse.stride()[:2])
+    if plan.num_splits > 1 and not plan.constexprs["MERGE_BLOCK_S"]:
         merge_consts = (p.head_dim_vo, plan.constexprs["BLOCK_DV"], max(2, _pow2(plan.num_splits)), p.has_sinks)
         plan.merge = KernelLaunch(tk._merge_splits, (plan.total_q_capacity, p.num_qo_heads), merge_consts,
                                   dict(num_warps=4), device, direct)
@@ -572,9 +588,9 @@ def _attention_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tup
         spec = batch.spec_mask.view(torch.int16)
     elif p.mask == "custom":
         custom = batch.custom_mask.view(torch.uint8)
-    head = (batch.q, batch.k, batch.v, batch.out, batch.lse, plan.part_o, plan.part_lse, batch.qo_indptr,
-            batch.kv_lens, batch.kv_indptr, batch.block_table, batch.sinks, custom, batch.mask_indptr, spec,
-            plan.alibi, plan.rope_freq, sm_scale, out_scale, float(p.logits_soft_cap))
+    head = (batch.q, batch.k, batch.v, batch.out, batch.lse, plan.part_o, plan.part_lse, plan.split_count,
+            batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table, batch.sinks, custom,
+            batch.mask_indptr, spec, plan.alibi, plan.rope_freq, sm_scale, out_scale, float(p.logits_soft_cap))
     return head, _attention_ints(plan, batch, spec), (batch.lse is not None, scale_ptr, out_scale_ptr)
 
 
@@ -589,8 +605,9 @@ def _merge_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tuple, 
 
 
 # The batch fields the attention kernel's head takes per call, by position (None: plan-held or a float).
-_ATTENTION_FIELDS = ("q", "k", "v", "out", "lse", None, None, "qo_indptr", "kv_lens", "kv_indptr", "block_table",
-                     "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None, "sm_scale", "out_scale", None)
+_ATTENTION_FIELDS = ("q", "k", "v", "out", "lse", None, None, None, "qo_indptr", "kv_lens", "kv_indptr",
+                     "block_table", "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None, "sm_scale",
+                     "out_scale", None)
 _MERGE_FIELDS = (None, None, "out", "lse", "sinks", "out_scale")
 
 

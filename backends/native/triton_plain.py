@@ -240,7 +240,7 @@ def _kv_descriptors(K, V, KvIndptr, batch_size, num_kv_heads, stride_kt, stride_
 
 @triton.jit
 def _attn_fwd_plain(
-    Q, K, V, Out, Lse, PartO, PartLse,
+    Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
     QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
     sm_scale, out_scale, soft_cap,
     m_blocks, batch_size, num_kv_heads,
