@@ -153,8 +153,9 @@ def test_rope_angles_reduced_to_a_turn_match_fp64_at_long_positions():
     problem = replace(problem_of(Case(dqk=64, **ROPE)), rope_scale=1.0, rope_theta=5e5)
     table = rope_frequencies(problem, 32)
     pos = torch.cat([torch.randint(0, 1 << 20, (30,)), torch.tensor([0, (1 << 20) - 1])]).to(torch.int32)
-    c, s = torch.empty(32, 32), torch.empty(32, 32)
-    _angles[(1,)](pos.to(DEVICE), table.to(DEVICE), c.to(DEVICE), s.to(DEVICE), N=32, H=32)
+    c, s = (torch.full((32, 32), float("nan"), device=DEVICE) for _ in range(2))  # the kernel writes these
+    _angles[(1,)](pos.to(DEVICE), table.to(DEVICE), c, s, N=32, H=32)
+    c, s = c.cpu(), s.cpu()
     freq = table[0].double() + table[1].double()
     want = pos.double()[:, None] * freq[None, :]
     assert (c.double() - want.cos()).abs().max().item() < 2e-6
@@ -180,8 +181,9 @@ def test_rope_tile_angles_match_fp64_at_long_positions(rope_scale):
     problem = replace(problem_of(Case(dqk=64, **ROPE)), rope_scale=rope_scale, rope_theta=5e5)
     table = rope_frequencies(problem, 32)
     starts = torch.cat([torch.randint(0, 1 << 20, (6,)), torch.tensor([0, (1 << 20) - 128])]).to(torch.int32)
-    c, s = torch.empty(8, 32, 128), torch.empty(8, 32, 128)
-    _tile_angles[(8,)](starts.to(DEVICE), table.to(DEVICE), c.to(DEVICE), s.to(DEVICE), N=128, H=32)
+    c, s = (torch.full((8, 32, 128), float("nan"), device=DEVICE) for _ in range(2))  # the kernel writes these
+    _tile_angles[(8,)](starts.to(DEVICE), table.to(DEVICE), c, s, N=128, H=32)
+    c, s = c.cpu(), s.cpu()
     freq = table[0].double() + table[1].double()
     want = (starts.double()[:, None, None] + torch.arange(128).double()[None, None, :]) * freq[None, :, None]
     assert (c.double() - want.cos()).abs().max().item() < 3e-5

@@ -210,8 +210,10 @@ def _batches(c: Case) -> list:
     """The batch, and copies with their own K/V (together > 3 x L2) sharing its plan's shapes."""
     kw = _timing_inputs(c)
     total_q = sum(c.q_lens)
+    sinks = torch.randn(c.hq, device="cuda") if c.sinks else None
     base = AttentionBatch(out=torch.empty((total_q, c.hq, c.dvo), device="cuda", dtype=torch.bfloat16),
-                          lse=torch.empty((total_q, c.hq), device="cuda"), sm_scale=1 / math.sqrt(c.dqk), **kw)
+                          lse=torch.empty((total_q, c.hq), device="cuda"), sm_scale=1 / math.sqrt(c.dqk), sinks=sinks,
+                          **kw)
     kv_bytes = kw["k"].numel() * kw["k"].element_size() * 2
     n = min(16, max(1, math.ceil(3 * L2_BYTES / kv_bytes)))
     return [base] + [replace(base, k=kw["k"].clone(), v=kw["v"].clone()) for _ in range(n - 1)]
@@ -280,6 +282,7 @@ SPEC4 = Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(4,) * 
              q_len_per_req=4, **BIG)
 Q4 = replace(SPEC4, phase="prefill", mask="none", q_len_per_req=0)
 PRE8_FULL = replace(PRE8, causal=False)
+PRE8_512 = Case(q_lens=(512,) * 8, kv_lens=(512,) * 8, causal=False, **BIG)
 # Short decodes, where the split merge's second launch was most of the time (fused merge vs merge kernel).
 SHORT_DECODES = [(b, n) for b, n in ((1, 512), (1, 4096), (8, 512), (1, 32768))]
 
@@ -304,6 +307,12 @@ FEATURE_ROWS = [
     ("decode b64 x 4096 q4", Q4, "kv", {}),
     ("prefill 8 x 2048 custom mask", replace(PRE8, causal=False, mask="custom"), "dense", {}),
     ("prefill 8 x 2048 non-causal", PRE8_FULL, "dense", {}),
+    ("prefill 8 x 512 custom mask", replace(PRE8_512, mask="custom"), "dense", {}),
+    ("prefill 8 x 512 non-causal", PRE8_512, "dense", {}),
+    ("prefill 8 x 512 custom mask, one head per row", replace(PRE8_512, mask="custom"), "dense",
+     _tile(64, 32, 1, 4, 3)),
+    ("prefill 8 x 512 custom mask, M128 one head per row", replace(PRE8_512, mask="custom"), "dense",
+     _tile(128, 64, 1, 4, 3)),
     *[row for b, n in SHORT_DECODES for row in (
         (f"decode b{b} x {n}", Case(q_lens=(1,) * b, kv_lens=(n,) * b, **BIG, **DEC), "kv", {}),
         (f"decode b{b} x {n}, merge kernel", Case(q_lens=(1,) * b, kv_lens=(n,) * b, **BIG, **DEC), "kv",
@@ -450,8 +459,12 @@ def summary(res: dict) -> list:
         ratio(f"{feature} decode 64x4096 / plain (per key read)", f"decode b64 x 4096 {feature}", "decode b64 x 4096",
               0.85)
     ratio("spec mask decode 64x4096 q4 / unmasked q4", "decode b64 x 4096 q4, spec mask", "decode b64 x 4096 q4", 0.85)
-    ratio("custom mask prefill 8x2048 / non-causal plain", "prefill 8 x 2048 custom mask",
-          "prefill 8 x 2048 non-causal", 0.85)
+    for shape in ("8 x 2048", "8 x 512"):
+        ratio(f"custom mask prefill {shape} / non-causal plain", f"prefill {shape} custom mask",
+              f"prefill {shape} non-causal", 0.85)
+    for tile in ("one head per row", "M128 one head per row"):
+        ratio(f"(info) custom mask prefill 8 x 512, {tile} / non-causal", f"prefill 8 x 512 custom mask, {tile}",
+              "prefill 8 x 512 non-causal", 0.85)
     for b, n in SHORT_DECODES:
         ratio(f"(info) decode b{b} x {n}, fused merge / merge kernel", f"decode b{b} x {n}",
               f"decode b{b} x {n}, merge kernel", 1.0)

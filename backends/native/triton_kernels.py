@@ -50,9 +50,10 @@ def _tanh(x):
 
 
 @triton.jit
-def _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
+def _keep_mask(n, n_ok, t, t_first, row_ok, pos, b, q_start, q_len, kv_len, window_left,
                CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
-               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_MODE: tl.constexpr):
+               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_MODE: tl.constexpr,
+               BLOCK_M: tl.constexpr, HPP: tl.constexpr, BLOCK_N: tl.constexpr):
     """Which (row, key) pairs are visible. MASK_MODE 0 none, 1 custom bool, 2 xqa bits."""
     keep = row_ok[:, None] & n_ok[None, :]
     if CAUSAL:
@@ -60,9 +61,21 @@ def _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
     if HAS_WINDOW:
         keep = keep & (n[None, :] >= pos[:, None] - window_left)
     if MASK_MODE == 1:
-        base = tl.load(MaskIndptr + b).to(tl.int64)
-        offs = base + t[:, None].to(tl.int64) * kv_len + n[None, :]
-        keep = keep & (tl.load(CustomMask + offs, mask=keep, other=0) != 0)
+        row_start = MaskIndptr + b
+        mask_row = CustomMask + tl.load(row_start).to(tl.int64)
+        if HPP > 1 and BLOCK_M % HPP == 0:
+            # One load per token, broadcast to its HPP heads' rows (row r is token r // HPP). Why: the
+            # bool mask's rows start anywhere (q x kv bytes each), so its loads are single bytes with a
+            # 64-bit address each; per row that was 128 registers per thread at M256 and spilled
+            # 4.4 KB (H100 custom-mask prefill 8 x 2048: 15 TFLOP/s against 318 unmasked).
+            TOKENS: tl.constexpr = BLOCK_M // HPP
+            tt = t_first + tl.arange(0, TOKENS)
+            per_token = tl.load(mask_row + tt[:, None].to(tl.int64) * kv_len + n[None, :],
+                                mask=(tt < q_len)[:, None] & n_ok[None, :], other=0)
+            kept = tl.reshape(tl.broadcast_to(per_token[:, None, :], (TOKENS, HPP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        else:
+            kept = tl.load(mask_row + t[:, None].to(tl.int64) * kv_len + n[None, :], mask=keep, other=0)
+        keep = keep & (kept != 0)
     if MASK_MODE == 2:
         # Drafts are the last q_len keys; the prefix before them is always visible.
         j = n - (kv_len - q_len)
@@ -203,14 +216,14 @@ def _v_to_dot(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+def _tile(q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
           scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh,
           stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
           stride_spec, spec_ragged, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
           BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr,
           PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
           MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
-          MASKED: tl.constexpr):
+          MASKED: tl.constexpr, BLOCK_M: tl.constexpr, HPP: tl.constexpr):
     """One BLOCK_N tile of keys folded into the online softmax (m_i, l_i, acc), log2 domain.
     MASKED=False: the caller guarantees every key is < hi and visible to every row."""
     n = start + tl.arange(0, BLOCK_N)
@@ -248,9 +261,9 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_le
         c = 1.0
         s = _scores(s, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP)
     if MASKED:
-        keep = _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
+        keep = _keep_mask(n, n_ok, t, t_first, row_ok, pos, b, q_start, q_len, kv_len, window_left,
                           CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
-                          CAUSAL, HAS_WINDOW, MASK_MODE)
+                          CAUSAL, HAS_WINDOW, MASK_MODE, BLOCK_M, HPP, BLOCK_N)
         if PLAIN:  # scale before masking: (-inf) * 0 is NaN when sm_scale is 0
             s = s * c
             c = 1.0
@@ -419,25 +432,28 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start in range(lo, lo_full, BLOCK_N):  # window edge (or everything under a custom mask)
         m_i, l_i, acc = _tile(
-            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
             stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
-            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True)
+            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
+            BLOCK_M, HPP)
     for start in range(lo_full, hi_full, BLOCK_N):  # interior: no mask arithmetic
         m_i, l_i, acc = _tile(
-            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
             stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
-            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, False)
+            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, False,
+            BLOCK_M, HPP)
     for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
         m_i, l_i, acc = _tile(
-            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
             stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
-            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True)
+            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
+            BLOCK_M, HPP)
 
     if SPLIT:
         # Normalized partial + its log2-sum-exp; empty splits give 0 / -inf.
@@ -499,53 +515,37 @@ def _merge_if_last(PartO, PartLse, SplitCount, Out, Lse, Sinks, out_scale, group
     Ordering: the barrier puts every thread's partial stores before the counter's acq_rel atomic (one
     thread's, cumulative over what the barrier ordered), so the program that sees ``splits - 1`` reads
     every split's partials; it reads them from L2 (.cg: another SM wrote them). It then sets the
-    counter back to 0, so every launch (a CUDA-graph replay too) starts from the plan's zeros."""
+    counter back to 0, so every launch (a CUDA-graph replay too) starts from the plan's zeros.
+    The merge is on the call's critical path, so it has no dependent chain per split: all rows at
+    once, the splits' loads unrolled (independent, in flight together), one reduction at the end."""
     tl.debug_barrier()
     arrived = tl.atomic_add(SplitCount + group, 1, sem="acq_rel", scope="gpu")
     if arrived == tl.num_programs(2) - 1:
-        if OUT_SCALE_PTR:
-            o_scale = tl.load(out_scale).to(tl.float32)
-        else:
-            o_scale = out_scale
-        for r in tl.static_range(BLOCK_M):  # decode tiles only (BLOCK_M <= 16): unrolled, loads in flight
-            t = (row0 + r) // HPP
-            _merge_row(PartO, PartLse, Out, Lse, Sinks, o_scale, tl.num_programs(2), (q_start + t).to(tl.int64),
-                       head0 + (row0 + r) % HPP, t < q_len, stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
-                       stride_ot, stride_oh, stride_od, stride_lt, stride_lh, HEAD_DV, BLOCK_DV, BLOCK_S, HAS_SINKS,
-                       WRITE_LSE)
+        rows = row0 + tl.arange(0, BLOCK_M)
+        t = rows // HPP
+        h = head0 + rows % HPP
+        tok = (q_start + t).to(tl.int64)
+        dv = tl.arange(0, BLOCK_DV)
+        splits = tl.num_programs(2)
+        sp = tl.arange(0, BLOCK_S)
+        lse_row = PartLse + tok * stride_lst + h
+        lse = tl.load(lse_row[:, None] + sp[None, :] * stride_ls, mask=t[:, None] < tl.where(sp < splits, q_len, 0)[None, :],
+                      other=float("-inf"), cache_modifier=".cg")
+        m = tl.max(lse, 1)
+        m_safe = tl.where(m > float("-inf"), m, 0.0)
+        denom = tl.sum(tl.exp2(lse - m_safe[:, None]), 1)
+        o_row = PartO + tok * stride_pt + h * stride_ph
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+        for s in tl.static_range(BLOCK_S):
+            ok = t < tl.where(s < splits, q_len, 0)
+            w = tl.exp2(tl.load(lse_row + s * stride_ls, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_safe)
+            part = tl.load(o_row[:, None] + s * stride_ps + dv[None, :], mask=ok[:, None] & (dv[None, :] < HEAD_DV),
+                           other=0.0, cache_modifier=".cg")
+            acc += part * w[:, None]
+        _finish_rows(acc, m, denom, h, tok, t < q_len, dv, Out, Lse, Sinks, out_scale,
+                     stride_ot, stride_oh, stride_od, stride_lt, stride_lh, HEAD_DV, HAS_SINKS, WRITE_LSE,
+                     OUT_SCALE_PTR)
         tl.store(SplitCount + group, 0)
-
-
-@triton.jit
-def _merge_row(PartO, PartLse, Out, Lse, Sinks, o_scale, num_splits, tok, h, ok,
-               stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
-               stride_ot, stride_oh, stride_od, stride_lt, stride_lh,
-               HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
-               WRITE_LSE: tl.constexpr):
-    """Row (tok, h) of the output (if ``ok``): the softmax-weighted sum of its split partials."""
-    sp = tl.arange(0, BLOCK_S)
-    dv = tl.arange(0, BLOCK_DV)
-    s_ok = sp < tl.where(ok, num_splits, 0)  # (not "& ok": the interpreter refuses that mask's dtype)
-    lse = tl.load(PartLse + sp * stride_ls + tok * stride_lst + h, mask=s_ok, other=float("-inf"),
-                  cache_modifier=".cg")
-    m = tl.max(lse, 0)
-    any_key = m > float("-inf")
-    m_safe = tl.where(any_key, m, 0.0)
-    w = tl.exp2(lse - m_safe)
-    denom = tl.sum(w, 0)
-    if HAS_SINKS:  # counted once, here; exp2 may overflow only if the sink exceeds the keys by >127
-        denom += tl.exp2(tl.load(Sinks + h) * LOG2E - m_safe)  # h is a real head even where not ok
-    parts = tl.load(PartO + sp[:, None] * stride_ps + tok * stride_pt + h * stride_ph + dv[None, :],
-                    mask=s_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0, cache_modifier=".cg")
-    denom_safe = tl.where(any_key, denom, 1.0)
-    out = tl.sum(parts * w[:, None], 0) * (o_scale / denom_safe)
-    out = tl.where(any_key, out, 0.0)
-    tl.store(Out + tok * stride_ot + h * stride_oh + dv * stride_od, out.to(Out.dtype.element_ty),
-             mask=dv < tl.where(ok, HEAD_DV, 0))
-    if WRITE_LSE:  # the whole denominator's, the sink's term included
-        has_sum = denom > 0
-        tl.store(Lse + tok * stride_lt + h * stride_lh,
-                 tl.where(has_sum, m_safe + tl.log2(tl.where(has_sum, denom, 1.0)), float("-inf")), mask=ok)
 
 
 @triton.jit
@@ -556,12 +556,33 @@ def _merge_splits(
     HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
-    """The split merge as its own launch (prefill tiles): one program per (token, head)."""
+    """One program per (token, head): softmax-weighted sum of the split partials."""
+    tok = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    dv = tl.arange(0, BLOCK_DV)
+    s_ok = sp < num_splits
+    lse = tl.load(PartLse + sp * stride_ls + tok * stride_lst + h, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    any_key = m > float("-inf")
+    m_safe = tl.where(any_key, m, 0.0)
+    w = tl.exp2(lse - m_safe)
+    keys_sum = tl.sum(w, 0)
+    denom = keys_sum
+    if HAS_SINKS:  # counted once, here; exp2 may overflow only if the sink exceeds the keys by >127
+        denom += tl.exp2(tl.load(Sinks + h) * LOG2E - m_safe)
+    parts = tl.load(PartO + sp[:, None] * stride_ps + tok * stride_pt + h * stride_ph + dv[None, :],
+                    mask=s_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     if OUT_SCALE_PTR:
         o_scale = tl.load(out_scale).to(tl.float32)
     else:
         o_scale = out_scale
-    _merge_row(PartO, PartLse, Out, Lse, Sinks, o_scale, num_splits, tl.program_id(0).to(tl.int64),
-               tl.program_id(1), True, stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
-               stride_ot, stride_oh, stride_od, stride_lt, stride_lh, HEAD_DV, BLOCK_DV, BLOCK_S, HAS_SINKS,
-               WRITE_LSE)
+    denom_safe = tl.where(any_key, denom, 1.0)
+    out = tl.sum(parts * w[:, None], 0) * (o_scale / denom_safe)
+    out = tl.where(any_key, out, 0.0)
+    tl.store(Out + tok * stride_ot + h * stride_oh + dv * stride_od, out.to(Out.dtype.element_ty),
+             mask=dv < HEAD_DV)
+    if WRITE_LSE:  # the whole denominator's, the sink's term included
+        has_sum = denom > 0
+        tl.store(Lse + tok * stride_lt + h * stride_lh,
+                 tl.where(has_sum, m_safe + tl.log2(tl.where(has_sum, denom, 1.0)), float("-inf")))
