@@ -176,8 +176,11 @@ def _tile_angles(Start, Freq, Cos, Sin, N: tl.constexpr, H: tl.constexpr):
 @pytest.mark.parametrize("rope_scale", [1.0, 0.5])
 def test_rope_tile_angles_match_fp64_at_long_positions(rope_scale):
     """_rope_cos_sin_tile (16-bit dots: the tile start's angle reduced once, each key adding j * f) at
-    key tiles of 128 starting up to ~2^20, LLaMA frequencies up to 1 / rope_scale: within 3e-5 of fp64
-    (the fp32 rounding of angles up to pi + 127 * f is ~1e-5); the keys of one tile each differ."""
+    key tiles of 128 starting up to ~2^20, LLaMA frequencies up to 1 / rope_scale: within 3e-5 / rope_scale
+    of fp64. The band is the fp32 rounding of angles up to pi + 127 * f, which grows with f: ~1e-5 at
+    f = 1; at f = 2 the angles reach 257 rad (ulp 2^-15), 4.1e-5 measured on the H100 (cos.approx of the
+    unreduced sum; tools/results/gpu-native-h100-r11.md), far below a 16-bit dot's 2^-11 relative
+    rounding. The keys of one tile each differ."""
     problem = replace(problem_of(Case(dqk=64, **ROPE)), rope_scale=rope_scale, rope_theta=5e5)
     table = rope_frequencies(problem, 32)
     starts = torch.cat([torch.randint(0, 1 << 20, (6,)), torch.tensor([0, (1 << 20) - 128])]).to(torch.int32)
@@ -186,5 +189,6 @@ def test_rope_tile_angles_match_fp64_at_long_positions(rope_scale):
     c, s = c.cpu(), s.cpu()
     freq = table[0].double() + table[1].double()
     want = (starts.double()[:, None, None] + torch.arange(128).double()[None, None, :]) * freq[None, :, None]
-    assert (c.double() - want.cos()).abs().max().item() < 3e-5
-    assert (s.double() - want.sin()).abs().max().item() < 3e-5
+    band = 3e-5 / rope_scale
+    assert (c.double() - want.cos()).abs().max().item() < band
+    assert (s.double() - want.sin()).abs().max().item() < band

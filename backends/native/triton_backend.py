@@ -56,8 +56,8 @@ class TileConfig:
     kernel: str = "general"  # "plain": triton_plain._attn_fwd_plain, for problems plain_reasons accepts
     kv_tma: bool = False  # plain kernel, ragged/dense K/V: tiles read by TMA descriptors
     persistent: bool = False  # plain kernel: about one wave of programs, longest query blocks first
-    # Split decode tiles (block_m <= MAX_FUSED_MERGE_ROWS): the last split program merges (one launch);
-    # False: the merge kernel runs as a second launch (as prefill tiles always do).
+    # Split decode tiles (block_m <= MAX_FUSED_MERGE_ROWS, splits <= MAX_FUSED_MERGE_SPLITS): the last split
+    # program merges (one launch); False: the merge kernel runs as a second launch (as other plans always do).
     fused_merge: bool = True
 
 
@@ -337,7 +337,13 @@ def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileCon
 
 
 MAX_SPLITS = 64  # the merge reduces up to this many partials per row in one tile
-MAX_FUSED_MERGE_ROWS = 16  # the fused merge unrolls a loop over the tile's rows: decode tiles only
+# The fused merge (the last split program merges; one launch): decode tiles only, and at most 4 splits. H100,
+# 1 x 512 and 8 x 512 (2 splits): the same GPU time as the merge kernel's second launch (0.011 / 0.016 ms
+# in a CUDA graph), one launch less of host time; 16 and 32 splits (1 x 4096, 1 x 32768): 0.018 vs 0.016 and
+# 0.064 vs 0.058 ms, the merge then on the call's critical path in one program per row block where the
+# merge kernel spreads it (tools/results/native-h100-r11.md).
+MAX_FUSED_MERGE_ROWS = 16
+MAX_FUSED_MERGE_SPLITS = 4
 # At least this many key tiles per split: fewer is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost
 # 8%). 2, not 4: the decode grid of tools/results/native-h100.md found twice the splits of 4's rule best at
 # short keys (b1/b4/b16 x 512: 2 splits, 1.08-1.45x; b1 x 4096: 16 splits, 1.27x); longer keys are unchanged.
@@ -497,9 +503,9 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict
 
 
 def _fused_merge_splits(cfg: TileConfig, splits: int) -> int:
-    """The fused merge's tile of partials (a power of two >= splits), or 0: no split, a prefill tile,
-    or a config that asks for the merge kernel."""
-    if splits < 2 or not cfg.fused_merge or cfg.block_m > MAX_FUSED_MERGE_ROWS:
+    """The fused merge's tile of partials (a power of two >= splits), or 0: no split, more splits than
+    MAX_FUSED_MERGE_SPLITS, a prefill tile, or a config that asks for the merge kernel."""
+    if not 2 <= splits <= MAX_FUSED_MERGE_SPLITS or not cfg.fused_merge or cfg.block_m > MAX_FUSED_MERGE_ROWS:
         return 0
     return max(2, _pow2(splits))
 
