@@ -201,14 +201,15 @@ def test_kernel_builds_ir_for_sm90(frontend, monkeypatch, name):
 @pytest.mark.parametrize("pos", ["ROPE_LLAMA", "NONE"])
 def test_rope_and_plain_variants_build_ir(frontend, monkeypatch, dtype, dot_f32, pos):
     """RoPE and plain, each dtype with DOT_F32 on and off, split-KV (prefill: the merge kernel; decode:
-    the merge fused into the attention kernel), on the H100's prefill and decode tile shapes."""
+    the merge fused into the attention kernel, TileConfig.fused_merge), on the H100's prefill and decode
+    tile shapes."""
     long = replace(Case(dtype=dtype, pos=pos), q_lens=(3, 2), kv_lens=(300, 40))
     _, calls = _check(frontend, monkeypatch, long, flip_dot_f32=dot_f32 == "flipped", num_splits=2,
                       config=TileConfig(256, 64, 1, num_warps=8, num_stages=3))
     assert [n for n, _, _ in calls] == ["_attn_fwd", "_merge_splits"]
     decode = replace(long, phase="decode", q_lens=(1, 1), hq=8, hkv=2, dqk=96, dvo=96)
     _, calls = _check(frontend, monkeypatch, decode, flip_dot_f32=dot_f32 == "flipped", num_splits=2,
-                      config=TileConfig(16, 128, 4, num_warps=4, num_stages=3))
+                      config=TileConfig(16, 128, 4, num_warps=4, num_stages=3, fused_merge=True))
     assert [n for n, _, _ in calls] == ["_attn_fwd"]
 
 

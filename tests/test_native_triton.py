@@ -89,15 +89,18 @@ def test_split_kv_merge_matches_fp64(name, case, fused_merge):
         assert not plan.split_count.any(), "the arrival counters were not left at zero"
 
 
-def test_prefill_tiles_and_many_splits_keep_the_merge_kernel():
-    """The fused merge serves decode tiles (<= 16 rows) with at most 4 splits; the rest use the kernel."""
-    cfg = TileConfig(block_m=32, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
+def test_the_merge_kernel_serves_what_the_fused_merge_does_not():
+    """The fused merge, when asked for, serves decode tiles (<= 16 rows) with at most 4 splits; prefill
+    tiles, more splits and the default config use the merge kernel."""
+    cfg = TileConfig(block_m=32, block_n=16, heads_per_program=1, num_warps=4, num_stages=1, fused_merge=True)
     plan, _, _ = run_case(Case(q_lens=(20, 6), kv_lens=(40, 25)), num_splits=2, config=cfg)
     assert plan.merge is not None and plan.split_count is None
     decode = Case(page_size=16, hq=8, hkv=2, **LONG_DECODE)
-    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=4, num_warps=4, num_stages=1)
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=4, num_warps=4, num_stages=1, fused_merge=True)
     plan, _, _ = run_case(decode, num_splits=5, config=cfg)
     assert plan.num_splits == 5 and plan.merge is not None and plan.split_count is None
+    plan, _, _ = run_case(decode, num_splits=3, config=replace(cfg, fused_merge=False))  # the default
+    assert plan.merge is not None and plan.split_count is None
 
 
 def test_custom_mask_prefill_tiles():

@@ -56,9 +56,10 @@ class TileConfig:
     kernel: str = "general"  # "plain": triton_plain._attn_fwd_plain, for problems plain_reasons accepts
     kv_tma: bool = False  # plain kernel, ragged/dense K/V: tiles read by TMA descriptors
     persistent: bool = False  # plain kernel: about one wave of programs, longest query blocks first
-    # Split decode tiles (block_m <= MAX_FUSED_MERGE_ROWS, splits <= MAX_FUSED_MERGE_SPLITS): the last split
-    # program merges (one launch); False: the merge kernel runs as a second launch (as other plans always do).
-    fused_merge: bool = True
+    # True: split decode tiles (block_m <= MAX_FUSED_MERGE_ROWS, splits <= MAX_FUSED_MERGE_SPLITS) merge in
+    # the last split program (one launch). Off by default: on the H100 it was no faster than the merge
+    # kernel's second launch (see MAX_FUSED_MERGE_SPLITS); kept, tested, for the tool's comparison rows.
+    fused_merge: bool = False
 
 
 @dataclass
@@ -337,11 +338,11 @@ def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileCon
 
 
 MAX_SPLITS = 64  # the merge reduces up to this many partials per row in one tile
-# The fused merge (the last split program merges; one launch): decode tiles only, and at most 4 splits. H100,
-# 1 x 512 and 8 x 512 (2 splits): the same GPU time as the merge kernel's second launch (0.011 / 0.016 ms
-# in a CUDA graph), one launch less of host time; 16 and 32 splits (1 x 4096, 1 x 32768): 0.018 vs 0.016 and
-# 0.064 vs 0.058 ms, the merge then on the call's critical path in one program per row block where the
-# merge kernel spreads it (tools/results/native-h100-r11.md).
+# The fused merge (TileConfig.fused_merge: the last split program merges, one launch): decode tiles only, at
+# most 4 splits. H100 (tools/results/native-h100-r11.md, -r12.md), in a CUDA graph: 16 and 32 splits
+# (1 x 4096, 1 x 32768) 0.018 vs 0.016 and 0.064 vs 0.058 ms against the merge kernel, the merge then on the
+# call's critical path in one program per row block where the merge kernel spreads it; 2 splits (1 x 512,
+# 8 x 512) 0.95-1.00x, one launch fewer but no measurable gain eager either (0.83-1.08x). So not the default.
 MAX_FUSED_MERGE_ROWS = 16
 MAX_FUSED_MERGE_SPLITS = 4
 # At least this many key tiles per split: fewer is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost
