@@ -310,6 +310,9 @@ FEATURE_ROWS = [
     ("decode b64 x 4096 q4", Q4, "kv", {}),
     ("prefill 8 x 2048 custom mask", replace(PRE8, causal=False, mask="custom"), "dense", {}),
     ("prefill 8 x 2048 non-causal", PRE8_FULL, "dense", {}),
+    ("prefill 8 x 2048 custom mask, M128", replace(PRE8, causal=False, mask="custom"), "dense", _tile(128, 64, 4, 8, 3)),
+    ("prefill 8 x 2048 custom mask, M256 N32", replace(PRE8, causal=False, mask="custom"), "dense",
+     _tile(256, 32, 4, 8, 3)),
     ("prefill 8 x 512 custom mask", replace(PRE8_512, mask="custom"), "dense", {}),
     ("prefill 8 x 512 non-causal", PRE8_512, "dense", {}),
     ("prefill 8 x 512 custom mask, one head per row", replace(PRE8_512, mask="custom"), "dense",
@@ -470,6 +473,9 @@ def summary(res: dict) -> list:
     for tile in ("one head per row",):
         ratio(f"(info) custom mask prefill 8 x 512, {tile} / non-causal", f"prefill 8 x 512 custom mask, {tile}",
               "prefill 8 x 512 non-causal", 0.85)
+    for tile in ("M128", "M256 N32"):
+        ratio(f"(info) custom mask prefill 8 x 2048, {tile} / non-causal", f"prefill 8 x 2048 custom mask, {tile}",
+              "prefill 8 x 2048 non-causal", 0.85)
     for b, n in SHORT_DECODES:
         ratio(f"(info) decode b{b} x {n}, fused merge / merge kernel", f"decode b{b} x {n}, fused merge",
               f"decode b{b} x {n}", 1.0)

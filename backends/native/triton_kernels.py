@@ -50,31 +50,42 @@ def _tanh(x):
 
 
 @triton.jit
-def _keep_mask(n, n_ok, t, t_first, row_ok, pos, b, q_start, q_len, kv_len, window_left,
-               CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
+def _custom_mask_tile(CustomMask, MaskIndptr, b, t, t_first, q_len, kv_len, start, hi,
+                      BLOCK_M: tl.constexpr, HPP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The custom bool mask's bytes for key tile ``start``: a row per token when the tile's rows are whole
+    tokens of HPP heads (row r is token r // HPP; _keep_mask broadcasts it), else a row per row.
+
+    Why per token: the mask's rows start at any byte (q x kv bytes per request), so each element is a byte
+    load with its own 64-bit address; per row that was 128 registers per thread at M256 and spilled
+    4.4 KB (H100 custom-mask prefill 8 x 2048: 15 TFLOP/s against 318 unmasked)."""
+    n = start + tl.arange(0, BLOCK_N)
+    mask_row = CustomMask + tl.load(MaskIndptr + b).to(tl.int64)
+    if BLOCK_M % HPP == 0:
+        tt = t_first + tl.arange(0, BLOCK_M // HPP)
+    else:
+        tt = t
+    return tl.load(mask_row + tt[:, None].to(tl.int64) * kv_len + n[None, :],
+                   mask=(tt < q_len)[:, None] & (n < hi)[None, :], other=0)
+
+
+@triton.jit
+def _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
+               mask_tile, SpecMask, stride_spec_b, stride_spec, spec_ragged,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, MASK_MODE: tl.constexpr,
                BLOCK_M: tl.constexpr, HPP: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Which (row, key) pairs are visible. MASK_MODE 0 none, 1 custom bool, 2 xqa bits."""
+    """Which (row, key) pairs are visible. MASK_MODE 0 none, 1 custom bool (``mask_tile``, loaded by
+    _custom_mask_tile), 2 xqa bits."""
     keep = row_ok[:, None] & n_ok[None, :]
     if CAUSAL:
         keep = keep & (n[None, :] <= pos[:, None])
     if HAS_WINDOW:
         keep = keep & (n[None, :] >= pos[:, None] - window_left)
     if MASK_MODE == 1:
-        row_start = MaskIndptr + b
-        mask_row = CustomMask + tl.load(row_start).to(tl.int64)
-        if HPP > 1 and BLOCK_M % HPP == 0:
-            # One load per token, broadcast to its HPP heads' rows (row r is token r // HPP). Why: the
-            # bool mask's rows start anywhere (q x kv bytes each), so its loads are single bytes with a
-            # 64-bit address each; per row that was 128 registers per thread at M256 and spilled
-            # 4.4 KB (H100 custom-mask prefill 8 x 2048: 15 TFLOP/s against 318 unmasked).
-            TOKENS: tl.constexpr = BLOCK_M // HPP
-            tt = t_first + tl.arange(0, TOKENS)
-            per_token = tl.load(mask_row + tt[:, None].to(tl.int64) * kv_len + n[None, :],
-                                mask=(tt < q_len)[:, None] & n_ok[None, :], other=0)
-            kept = tl.reshape(tl.broadcast_to(per_token[:, None, :], (TOKENS, HPP, BLOCK_N)), (BLOCK_M, BLOCK_N))
+        if HPP > 1 and BLOCK_M % HPP == 0:  # a row per token: each token's row serves its HPP heads
+            kept = tl.reshape(tl.broadcast_to(mask_tile[:, None, :], (BLOCK_M // HPP, HPP, BLOCK_N)),
+                              (BLOCK_M, BLOCK_N))
         else:
-            kept = tl.load(mask_row + t[:, None].to(tl.int64) * kv_len + n[None, :], mask=keep, other=0)
+            kept = mask_tile
         keep = keep & (kept != 0)
     if MASK_MODE == 2:
         # Drafts are the last q_len keys; the prefix before them is always visible.
@@ -216,9 +227,9 @@ def _v_to_dot(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
+def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
           scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh,
-          stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask, stride_spec_b,
+          stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask, stride_spec_b,
           stride_spec, spec_ragged, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
           BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr,
           PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
@@ -261,8 +272,8 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_st
         c = 1.0
         s = _scores(s, n, t, scale, soft_cap, slope, HAS_ALIBI, SOFT_CAP)
     if MASKED:
-        keep = _keep_mask(n, n_ok, t, t_first, row_ok, pos, b, q_start, q_len, kv_len, window_left,
-                          CustomMask, MaskIndptr, SpecMask, stride_spec_b, stride_spec, spec_ragged,
+        keep = _keep_mask(n, n_ok, t, row_ok, pos, b, q_start, q_len, kv_len, window_left,
+                          mask_tile, SpecMask, stride_spec_b, stride_spec, spec_ragged,
                           CAUSAL, HAS_WINDOW, MASK_MODE, BLOCK_M, HPP, BLOCK_N)
         if PLAIN:  # scale before masking: (-inf) * 0 is NaN when sm_scale is 0
             s = s * c
@@ -430,30 +441,43 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    # A custom mask's tiles are loaded one iteration ahead (Triton 3.6 pipelines only the loads feeding
+    # dots: the mask's was a synchronous load per tile). Only this loop runs under a mask (lo_full = hi
+    # above): the other two pass no mask tile (MASKED=False, or empty).
+    mask_tile = 0
+    if MASK_MODE == 1:
+        mask_tile = _custom_mask_tile(CustomMask, MaskIndptr, b, t, t_first, q_len, kv_len, lo, hi, BLOCK_M, HPP,
+                                      BLOCK_N)
     for start in range(lo, lo_full, BLOCK_N):  # window edge (or everything under a custom mask)
+        if MASK_MODE == 1:
+            next_mask_tile = _custom_mask_tile(CustomMask, MaskIndptr, b, t, t_first, q_len, kv_len, start + BLOCK_N,
+                                               hi, BLOCK_M, HPP, BLOCK_N)
         m_i, l_i, acc = _tile(
-            q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
-            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
+            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
             PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
             BLOCK_M, HPP)
+        if MASK_MODE == 1:
+            mask_tile = next_mask_tile
     for start in range(lo_full, hi_full, BLOCK_N):  # interior: no mask arithmetic
         m_i, l_i, acc = _tile(
-            q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+            q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
-            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
+            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
             PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, False,
             BLOCK_M, HPP)
-    for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
-        m_i, l_i, acc = _tile(
-            q, q2, m_i, l_i, acc, start, hi, t, t_first, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
-            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
-            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, CustomMask, MaskIndptr, SpecMask,
-            stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
-            PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
-            BLOCK_M, HPP)
+    if MASK_MODE != 1:  # empty under a mask (lo_full = hi); without this guard it would see no mask tile
+        for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
+            m_i, l_i, acc = _tile(
+                q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
+                window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
+                stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
+                stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+                PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
+                BLOCK_M, HPP)
 
     if SPLIT:
         # Normalized partial + its log2-sum-exp; empty splits give 0 / -inf.
