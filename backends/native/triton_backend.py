@@ -234,7 +234,7 @@ def _general_config(problem: AttentionProblem, max_q_len: int) -> TileConfig:
         block_n = 128 if dmax <= 128 else 64
         return TileConfig(block_m, block_n, group, num_warps=4, num_stages=3)
     if dmax <= 128 and problem.mask == "custom":
-        return _custom_mask_config(group, max_q_len)
+        return _custom_mask_config(group)
     if dmax <= 128:  # H100 d128 causal 8x2048: M256/8 warps, 4 heads of a group per tile: 301 TFLOP/s
         if max_q_len >= 1024:  # (M256 one head 282, M128 one head 268: tools/NOTES-native.md)
             hpp = max(d for d in (1, 2, 4) if group % d == 0)
@@ -245,16 +245,18 @@ def _general_config(problem: AttentionProblem, max_q_len: int) -> TileConfig:
     return TileConfig(64, 32, 1, num_warps=4, num_stages=2)
 
 
-def _custom_mask_config(group: int, max_q_len: int) -> TileConfig:
+def _custom_mask_config(group: int) -> TileConfig:
     """Prefill tiles under a custom bool mask. Its rows start at any byte, so each mask element is a byte
-    load with its own 64-bit address; the tiles are those whose mask addresses fit the registers
-    (sm_90a, Triton 3.6, ptxas): per token, broadcast to a KV group's heads (M256 x 4 heads: 176 B of
-    spills, where per-row loads spilled 4.4 KB and ran at 15 TFLOP/s on the H100; M128 x 4 heads, 8
-    warps: none); with one head per row only M64 N32 is free of spills (M128 N64: 4 KB)."""
+    load with its own 64-bit address, and the tile's mask is held a key tile ahead (the prefetch in
+    _attn_fwd). The tiles are those whose mask addresses fit the registers (sm_90a, Triton 3.6, ptxas)
+    and measured fastest on the H100 (tools/results/native-h100-r13.md, 8 x 2048 non-causal, 32/8 heads):
+    per token, broadcast to a KV group's 4 heads, M128 with 8 warps, no spills: 183 TFLOP/s (M256 spills
+    280 B: 150; M256 N32: 172); with one head per row M64 N32, the only spill-free tile there (8 x 512:
+    108 TFLOP/s; M128 N64 spilled 4 KB: 12)."""
     hpp = max(d for d in (1, 2, 4) if group % d == 0)
     if hpp == 1:
         return TileConfig(64, 32, 1, num_warps=4, num_stages=3)
-    return TileConfig(256 if max_q_len >= 1024 else 128, 64, hpp, num_warps=8, num_stages=3)
+    return TileConfig(128, 64, hpp, num_warps=8, num_stages=3)
 
 
 def _paged_stages(problem: AttentionProblem, stages: int) -> int:
