@@ -9,9 +9,9 @@ out what a problem does not use, so each configuration gets a lean specializatio
   is tall enough for tensor cores; with HPP = 1 (prefill) rows are tokens.
 * Scores live in the log2 domain (exp2 is one MUFU op): s2 = s * log2(e).
 * Split-KV (flash-decoding): program z handles keys [z*kv_chunk, (z+1)*kv_chunk)
-  and writes a normalized partial output + its log2-sum-exp; they are combined (and the
-  sinks added, which must be counted once) by the last program of the row block to finish
-  (MERGE_BLOCK_S > 0, decode tiles: one launch, ``_merge_if_last``) or by ``_merge_splits``.
+  and writes a normalized partial output + its log2-sum-exp; ``_merge_splits`` (a second
+  launch) combines them (and adds the sinks, which must be counted once), or, where the plan
+  asks (MERGE_BLOCK_S > 0: TileConfig.fused_merge, decode tiles), the row block's last program.
 * ROPE: LLaMA rotate-half applied in registers, q once per program and each K tile as it is
   loaded: the dot runs as two half-width dots (first halves, then second halves), so K is read
   once and nothing rotated is written. Angles are formed in double-float (fp32 hi + lo parts of
@@ -533,8 +533,9 @@ def _merge_if_last(PartO, PartLse, SplitCount, Out, Lse, Sinks, out_scale, group
                    BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr, WRITE_LSE: tl.constexpr,
                    OUT_SCALE_PTR: tl.constexpr):
     """The split merge in the same launch: the last of a row block's split programs to finish merges
-    its rows. Why: a second launch costs a decode call its launch and the gap between the kernels,
-    most of the time of a short one (H100 1 x 512: 12.5 us against fa2's 8.0).
+    its rows. Why try: a second launch costs a decode call its launch and the gap between the kernels,
+    much of a short one (H100 1 x 512: 12.5 us against fa2's 8.0). Measured no faster on the H100, so
+    off by default (triton_backend.MAX_FUSED_MERGE_SPLITS).
 
     Ordering: the barrier puts every thread's partial stores before the counter's acq_rel atomic (one
     thread's, cumulative over what the barrier ordered), so the program that sees ``splits - 1`` reads
@@ -553,7 +554,8 @@ def _merge_if_last(PartO, PartLse, SplitCount, Out, Lse, Sinks, out_scale, group
         splits = tl.num_programs(2)
         sp = tl.arange(0, BLOCK_S)
         lse_row = PartLse + tok * stride_lst + h
-        lse = tl.load(lse_row[:, None] + sp[None, :] * stride_ls, mask=t[:, None] < tl.where(sp < splits, q_len, 0)[None, :],
+        split_rows = tl.where(sp < splits, q_len, 0)  # masks of "t < q_len and s < splits" (interpreter-safe)
+        lse = tl.load(lse_row[:, None] + sp[None, :] * stride_ls, mask=t[:, None] < split_rows[None, :],
                       other=float("-inf"), cache_modifier=".cg")
         m = tl.max(lse, 1)
         m_safe = tl.where(m > float("-inf"), m, 0.0)
