@@ -262,9 +262,12 @@ def test_split_count_fills_two_waves_on_an_h100():
     assert split_kv(1, 8, 131072, **h100) == (32, 4096)  # 33 wanted, whole tiles make it 32 (measured best)
     assert split_kv(1, 8, 32768, **h100) == (32, 1024)  # measured: 32 1.94 TB/s, 16 1.89, 64 1.78
     assert split_kv(1, 8, 2048, **h100) == (8, 256)  # short keys: at least 2 tiles of 128 per split
-    assert split_kv(1, 8, 512, **h100) == (2, 256)  # measured best at 512 keys (tools/results/native-h100.md)
+    assert split_kv(1, 8, 512, **h100) == (4, 128)  # up to 4 tiles of keys: one tile per split (measured best,
+    assert split_kv(4, 8, 512, **h100) == (4, 128)  # native-h100-r12.md)
+    assert split_kv(16, 8, 512, **h100) == (2, 256)  # 128 programs: two waves allow 2
+    assert split_kv(1, 8, 640, **h100) == (2, 384)  # 5 tiles: two tiles per split again
     assert split_kv(1, 8, 4096, **h100) == (16, 256)
-    assert split_kv(1, 8, 511, **h100) == (1, 512)
+    assert split_kv(1, 8, 511, **h100) == (2, 256)  # 3 wanted, whole tiles make it 2
     assert split_kv(1, 1, 10 ** 6, **h100) == (64, 15744)  # never more than the merge's 64 partials
     # Query blocks and head groups are programs too (spec decode, partial GQA packing).
     assert split_kv(4, 8, 65536, m_blocks=2, head_groups=2, **h100) == (2, 32768)

@@ -351,6 +351,10 @@ MAX_FUSED_MERGE_SPLITS = 4
 # 8%). 2, not 4: the decode grid of tools/results/native-h100.md found twice the splits of 4's rule best at
 # short keys (b1/b4/b16 x 512: 2 splits, 1.08-1.45x; b1 x 4096: 16 splits, 1.27x); longer keys are unchanged.
 MIN_TILES_PER_SPLIT = 2
+# ... but keys of at most this many tiles split one tile per split: the H100 grids found 4 splits best at
+# 512 keys (N128) for batch 1 and 4, where two tiles per split (2 splits) reached 0.80x / 0.87x of it
+# (native-h100-r12.md; r6-grid: 0.84x / 0.90x). At batch 16 the two-wave cap keeps 2 (1 was best there, 0.92x).
+SHORT_SPLIT_TILES = 4
 
 
 def split_kv(batch_size: int, kv_heads: int, kv_len: int, sms: int, *, head_groups: int = 1, m_blocks: int = 1,
@@ -361,12 +365,14 @@ def split_kv(batch_size: int, kv_heads: int, kv_len: int, sms: int, *, head_grou
     GPU holds ``slots = SMs x programs per SM`` at once. Rule (tools/NOTES-native.md, measured on the
     H100): the largest split count with programs x splits <= 2 x slots (two waves: one wave leaves
     each SM a single program and no latency hiding, a third, mostly empty wave costs more than it
-    hides), at most one split per ``MIN_TILES_PER_SPLIT`` key tiles and at most ``MAX_SPLITS``. The
-    keys per split are then rounded up to whole tiles, which can lower the count (33 -> 32 at 128k).
+    hides), at most one split per ``MIN_TILES_PER_SPLIT`` key tiles (one per tile up to
+    ``SHORT_SPLIT_TILES`` tiles of keys) and at most ``MAX_SPLITS``. The keys per split are then
+    rounded up to whole tiles, which can lower the count (33 -> 32 at 128k).
     """
     programs = max(1, batch_size * kv_heads * head_groups * m_blocks)
     slots = max(1, sms * per_sm)
-    useful = max(1, min(MAX_SPLITS, kv_len // (MIN_TILES_PER_SPLIT * block_n)))
+    tiles_per_split = 1 if kv_len <= SHORT_SPLIT_TILES * block_n else MIN_TILES_PER_SPLIT
+    useful = max(1, min(MAX_SPLITS, kv_len // (tiles_per_split * block_n)))
     wanted = max(1, min(2 * slots // programs, useful))
     return splits_of_chunk(kv_len, chunk_keys(kv_len, wanted, block_n))
 
