@@ -65,9 +65,15 @@ SCENARIOS = {
 }
 
 
+def band_of(c: Case) -> float:
+    """METHOD.md's relative-error band for the case's dtypes (fp8 K/V: the fp8 band)."""
+    return BANDS["fp8"] if (c.kv_dtype or c.dtype).startswith("float8") else BANDS[c.dtype]
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario_matches_fp64(name):
-    run_case(SCENARIOS[name])
+    _, err, lse_err = run_case(SCENARIOS[name])
+    assert err < band_of(SCENARIOS[name]) and lse_err < band_of(SCENARIOS[name])
 
 
 @pytest.mark.parametrize("name,case", [
@@ -249,7 +255,9 @@ SMALL_TILE_CASES = {  # long enough that 16-key tiles hit the unmasked interior 
 @pytest.mark.parametrize("name", list(SMALL_TILE_CASES))
 def test_small_tiles_interior_matches_fp64(name):
     cfg = TileConfig(block_m=16, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
-    run_case(SMALL_TILE_CASES[name], config=cfg)
+    plan, err, lse_err = run_case(SMALL_TILE_CASES[name], config=cfg)
+    assert plan.config.block_n == 16 and err < band_of(SMALL_TILE_CASES[name]) and lse_err < band_of(
+        SMALL_TILE_CASES[name])
 
 
 def test_split_count_fills_two_waves_on_an_h100():
@@ -323,15 +331,16 @@ def run_scaled(c: Case, sm_scale, config: Optional[TileConfig] = None, num_split
     batch = AttentionBatch(out=out, lse=lse, sinks=sinks, sm_scale=sm_scale, out_scale=0.8, **kw)
     plan = BACKEND.plan(problem_of(c), batch, config=config, num_splits=num_splits)
     BACKEND.run(plan, batch)
-    assert_agrees_with_oracle(c, kw, dense_k, dense_v, out, lse, sm_scale=sm_scale, causal=c.causal,
-                              window_left=c.window_left, soft_cap=c.soft_cap,
-                              sinks=None if sinks is None else sinks.cpu(), out_scale=0.8)
-    return plan
+    errors = assert_agrees_with_oracle(c, kw, dense_k, dense_v, out, lse, sm_scale=sm_scale, causal=c.causal,
+                                       window_left=c.window_left, soft_cap=c.soft_cap,
+                                       sinks=None if sinks is None else sinks.cpu(), out_scale=0.8)
+    return plan, *errors
 
 
-def assert_agrees_with_oracle(c: Case, kw: dict, dense_k, dense_v, out, lse, **oracle_kwargs) -> None:
+def assert_agrees_with_oracle(c: Case, kw: dict, dense_k, dense_v, out, lse, **oracle_kwargs) -> tuple:
     """out/lse of one run against oracle.batch_attention_fp64 (request-major q from ``kw``): all
-    written, within the dtype's band, LSE -inf exactly on the fully masked rows."""
+    written, within the dtype's band, LSE -inf exactly on the fully masked rows. Returns the two
+    relative errors (out, finite LSE)."""
     import oracle
 
     starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
@@ -339,11 +348,14 @@ def assert_agrees_with_oracle(c: Case, kw: dict, dense_k, dense_v, out, lse, **o
     ref_out, ref_lse = oracle.batch_attention_fp64(qs, [k.cpu() for k in dense_k], [v.cpu() for v in dense_v],
                                                    **oracle_kwargs)
     assert not out.isnan().any() and not lse.isnan().any(), "NaN (or unwritten) output"
-    band = BANDS["fp8"] if (c.kv_dtype or c.dtype).startswith("float8") else BANDS[c.dtype]
-    assert rel_err(out.cpu(), ref_out) < band
+    band = band_of(c)
+    out_err = rel_err(out.cpu(), ref_out)
+    assert out_err < band
     assert torch.equal(lse.cpu().isinf(), ref_lse.isinf())
     fin = ~ref_lse.isinf()
-    assert rel_err(lse.cpu()[fin], ref_lse[fin]) < band
+    lse_err = rel_err(lse.cpu()[fin], ref_lse[fin])
+    assert lse_err < band
+    return out_err, lse_err
 
 
 NEGATIVE_SCALE_CASES = {
@@ -360,7 +372,8 @@ NEGATIVE_SCALE_CASES = {
 @pytest.mark.parametrize("scale", [-0.3, -2.0])
 @pytest.mark.parametrize("name", list(NEGATIVE_SCALE_CASES))
 def test_negative_scale_matches_oracle(name, scale):
-    run_scaled(NEGATIVE_SCALE_CASES[name], scale)
+    _, err, lse_err = run_scaled(NEGATIVE_SCALE_CASES[name], scale)
+    assert err < band_of(NEGATIVE_SCALE_CASES[name]) and lse_err < band_of(NEGATIVE_SCALE_CASES[name])
 
 
 @pytest.mark.parametrize("name", ["causal_window", "window_soft_cap_sinks"])
@@ -369,17 +382,20 @@ def test_negative_scale_interior_tiles_and_split_kv(name):
     three splits exercise the merge."""
     c = replace(NEGATIVE_SCALE_CASES[name], q_lens=(3, 9), kv_lens=(70, 41))
     cfg = TileConfig(block_m=16, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
-    plan = run_scaled(c, -0.4, config=cfg, num_splits=3)
-    assert plan.num_splits == 3
+    plan, err, _ = run_scaled(c, -0.4, config=cfg, num_splits=3)
+    assert plan.num_splits == 3 and err < band_of(c)
 
 
 def test_negative_tensor_scale_is_read_on_the_device():
-    run_scaled(NEGATIVE_SCALE_CASES["causal_window"], torch.tensor(-0.5, device=DEVICE))
+    plan, err, _ = run_scaled(NEGATIVE_SCALE_CASES["causal_window"], torch.tensor(-0.5, device=DEVICE))
+    assert plan.constexprs["CAUSAL"] and err < band_of(NEGATIVE_SCALE_CASES["causal_window"])
 
 
 def test_zero_scale_is_a_uniform_softmax():
     """sm_scale 0: every visible key weighs the same ((-inf) * 0 must not become NaN)."""
-    run_scaled(NEGATIVE_SCALE_CASES["causal_window"], 0.0)
+    _, err, lse_err = run_scaled(NEGATIVE_SCALE_CASES["causal_window"], 0.0)
+    assert err < band_of(NEGATIVE_SCALE_CASES["causal_window"]) and lse_err < band_of(
+        NEGATIVE_SCALE_CASES["causal_window"])
 
 
 @pytest.mark.parametrize("num_splits", [None, 3])
