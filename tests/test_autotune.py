@@ -12,7 +12,7 @@ import capability_db
 from capability_db import measured
 import dispatch
 from dispatch import autotune, choice, router
-from dispatch.lab_vendors import make_problem
+from dispatch.lab.vendors import make_problem
 
 H100 = capability_db.resolve_device("h100")
 
@@ -193,7 +193,7 @@ def test_switching_autotune_forgets_the_entry_points_call_plans():
     """autotune() says decisions made so far are forgotten: the entry points' call plans (which
     hold their decisions, and their lanes and launchers) go too, not only the router's cache."""
     from dispatch.entries import _base
-    from dispatch.lab import ragged
+    from dispatch.lab.cases import ragged
     r = ragged()
     dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True)
     assert len(_base.PLANS) > 0
@@ -204,7 +204,7 @@ def test_switching_autotune_forgets_the_entry_points_call_plans():
 def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):
     """A planned wrapper's variants (each a decision and a backend plan) are forgotten too: its
     next run decides again, under the switched setting."""
-    from dispatch.lab import paged, paged_wrapper
+    from dispatch.lab.cases import paged, paged_wrapper
     c = paged()
     w = paged_wrapper(c)
     expected = w.run(c["q"], c["cache"]).clone()

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dispatch import cli
-from dispatch.bench import build, grids, problems, runner, table
-from dispatch.bench.oracle import allowed_keys, band
-from dispatch.bench.problems import PAGED, XQA, BenchProblem
+from dispatch.lab import build, grids, problems, runner, table
+from dispatch.lab.oracle import allowed_keys, band
+from dispatch.lab.problems import PAGED, XQA, BenchProblem
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_timer_wall_clock_counts_calls():
 def test_replay_reads_todays_choice_against_measured_times(tmp_path):
     """--replay: the router's choice now (the H100 table, not live) for each measured problem,
     its measured time against the fastest; a choice the sweep never timed is not judged."""
-    from dispatch.bench import replay
+    from dispatch.lab import replay
     problem = {"entry": "BatchPrefillWithPagedKVCacheWrapper.run", "batch": 64, "q_len": 1, "kv_len": 4096}
     results = {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}, "results": [
         {"name": "p", "problem": problem, "auto": "fa2", "regret": 0.0, "backends": [
@@ -150,8 +150,8 @@ def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     """The ``flashinfer`` row: FlashInfer's own entry point with the same inputs, checked against
     fp64 and timed like ours (here our own functions stand in for FlashInfer: none on the CPU);
     ``auto_over_flashinfer`` compares auto with it, and the Markdown says how often auto wins."""
-    from dispatch.bench import build, report, runner
-    from dispatch.bench.problems import BenchProblem
+    from dispatch.lab import build, report, runner
+    from dispatch.lab.problems import BenchProblem
     monkeypatch.setattr(runner, "flashinfer_api", lambda: (build.OURS, ""))
     monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps: runner.measure(
         b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0]))
@@ -166,8 +166,8 @@ def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
 
 
 def test_flashinfer_column_says_why_it_is_absent():
-    from dispatch.bench import runner
-    from dispatch.bench.problems import BenchProblem
+    from dispatch.lab import runner
+    from dispatch.lab.problems import BenchProblem
     p = BenchProblem(entry="single_prefill_with_kv_cache", batch=1, q_len=4, kv_len=9, num_qo_heads=4,
                      num_kv_heads=2, head_dim=16, dtype="float32", backends=("reference",))
     row = next(r for r in runner.run_problem(p, "cpu", reps=1, l2_bytes=0)["backends"] if r["backend"] == "flashinfer")
@@ -211,7 +211,7 @@ def test_no_tool_imports_tests():
 def test_the_terminal_summary_fits_100_columns_and_names_failing_backends():
     """report.summary_text: long problem names get a line of their own, a backend whose output
     disagreed with the oracle (or raised) is named under its problem, nothing passes 100 columns."""
-    from dispatch.bench import report
+    from dispatch.lab import report
 
     long_name = "paged 64x1x4096 h32/8 d128 bf16 window1023,softcap30,sinks,lse,and-more-features"
     rows = [{"name": "xqa 2x1x16 h4/2 d32 fp32", "fastest": "reference", "fastest_ms": 1.5, "auto": "reference",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dispatch.bench import host_cost
+from dispatch.lab import host_cost
 
 
 def test_cudnn_launch_paths_run_and_agree_on_the_cpu():

@@ -1,4 +1,4 @@
-"""``attn-dispatch bench --host-cost`` (dispatch/bench/host_cost.py) end to end on the CPU: every
+"""``attn-dispatch bench --host-cost`` (dispatch/lab/host_cost.py) end to end on the CPU: every
 entry point measured through dispatch and through its adapter, FlashInfer's column a reason. No
 speed is asserted (times only > 0)."""
 import json
@@ -9,7 +9,7 @@ import torch
 
 import dispatch
 from dispatch import cli
-from dispatch.bench import host_cost as host_cost_module
+from dispatch.lab import host_cost as host_cost_module
 
 
 @pytest.fixture(scope="module")

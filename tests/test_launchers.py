@@ -19,7 +19,7 @@ import dispatch
 from backends import BackendRejected, _vendor, get_backend
 from backends.xqa import DirectXqa, XqaBackend, XqaPlan
 from dispatch.entries import _base
-from dispatch.lab import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
+from dispatch.lab.cases import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
 
 
 @pytest.fixture
@@ -391,7 +391,7 @@ def test_cudnn_default_option_repeats_skip_the_full_lane_key(gpu_like):
 
 def _paged_decode_fp64(c: dict) -> torch.Tensor:
     """One query row per request of an NHD paged case, attending all its keys (float64)."""
-    from dispatch.bench.oracle import batch_attention_fp64
+    from dispatch.lab.oracle import batch_attention_fp64
     ks, vs = [], []
     for b, n in enumerate(c["kv_lens"]):
         pages = c["cache"][c["table"][b].long()]  # (pages, 2, P, Hkv, D)
@@ -405,7 +405,7 @@ def test_single_prefill_default_option_repeats_skip_the_full_lane_key(gpu_like):
     """A single prefill with default options (causal, window and sm_scale may vary: they are in
     the short key) finds its lane without the full key; a soft cap still builds it; results equal
     the checked path's and the float64 oracle's."""
-    from dispatch.bench.oracle import attention_fp64
+    from dispatch.lab.oracle import attention_fp64
     r = ragged(q_lens=(5,), kv_lens=(9,))
     first = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True).clone()
     windowed = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, window_left=2).clone()

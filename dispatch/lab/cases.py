@@ -1,6 +1,6 @@
 """Small inputs for every entry point, built as FlashInfer users build them: any device, any dtype.
 
-Shared by the scripts under tools/ (``tools/overhead.py``) and the coming ``attn-dispatch bench``,
+Shared by ``attn-dispatch bench`` (its host-cost runs too) and the scripts under tools/,
 so that none of them imports tests/ (the tests keep their own CPU builders in tests/_api_cases.py).
 
 A case is a plain dict (the tensors an entry point takes, plus its sizes), made by
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .wrappers import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
+from ..wrappers import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
 
 HQ, HKV, D, P = 4, 2, 16, 4  # default sizes: query heads, KV heads, head dim, page size
 CUDA_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB

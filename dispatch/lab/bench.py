@@ -1,7 +1,7 @@
 """``attn-dispatch bench``: the one benchmark runner.
 
 Sweeps a named grid (``--grid quick|h100``; ``--quick`` = ``--grid quick``) or a user's JSON list
-of problems (``--problems FILE``; fields: dispatch/bench/problems.py) through the public entry
+of problems (``--problems FILE``; fields: dispatch/lab/problems.py) through the public entry
 points: every available backend forced in turn and the automatic choice, each output checked
 against the fp64 oracle, eager and CUDA-graph timing, rates, the fastest backend and auto's
 regret (``runner.METHOD``). Writes DIR/bench-<grid>.json and .md (+ PNG plots with matplotlib)
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
-    what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/bench/problems.py)")
+    what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/lab/problems.py)")
     what.add_argument("--to-table", type=Path, nargs="+", metavar="JSON",
                       help="turn bench JSONs of one GPU into the router's timing table (capability_db/measured/<gpu>.json)")
     what.add_argument("--host-cost", action="store_true",
@@ -148,7 +148,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from . import report, runner
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--host-cost" in argv:  # its own options (dispatch/bench/host_cost.py)
+    if "--host-cost" in argv:  # its own options (dispatch/lab/host_cost.py)
         from . import host_cost
         return host_cost.main([a for a in argv if a != "--host-cost"])
     parser = _parser()

@@ -59,7 +59,8 @@ import torch
 
 import dispatch
 from backends import get_backend
-from dispatch import lab, router
+from dispatch import router
+from dispatch.lab import cases as lab
 from dispatch._normalize import ENV_VALIDATE
 from dispatch.timing import time_ms
 

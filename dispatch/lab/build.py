@@ -1,4 +1,4 @@
-"""Inputs and public calls of one bench problem (dispatch/lab.py's builders), and its fp64 check.
+"""Inputs and public calls of one bench problem (dispatch/lab/cases.py's builders), and its fp64 check.
 
 ``build`` draws the problem's tensors once (pages in a random order, fresh random values) and
 copies the K/V operand until the copies together outgrow the L2 (``kv_copies``), so that a
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import lab
+from . import cases as lab
 from ..entries import ENTRIES
 from ..problem import NAME_DTYPES
 from .oracle import attention_fp64, band, relative_error

@@ -13,7 +13,7 @@ sinks / LSE / scales), the probe compares what the data declares
 * declared not OK, and refuses or disagrees                    -> ``rejected``
 
 Agreement bands (relative Frobenius error vs fp64): fp32 1e-5, fp16/bf16 1e-2,
-fp8 KV 6e-2 (dispatch/bench/oracle.py: the one fp64 oracle, which this module re-exports as
+fp8 KV 6e-2 (dispatch/lab/oracle.py: the one fp64 oracle, which this module re-exports as
 ``oracle``); the random batch builder is dispatch/inputs.py's.
 """
 from __future__ import annotations
@@ -30,17 +30,17 @@ from typing import Optional
 
 import torch
 
-from .bench.oracle import band as _band
-from .bench.oracle import reference_of_batch, relative_error
-from .inputs import Case, make_batch
-from .problem import AttentionProblem
+from .oracle import band as _band
+from .oracle import reference_of_batch, relative_error
+from ..inputs import Case, make_batch
+from ..problem import AttentionProblem
 
 __all__ = ["BASE", "Case", "make_batch", "oracle", "rel_error", "band", "grid", "run_probe", "main"]
 
 # ------------------------------------------------------------------- the batch
 # Case and make_batch live in dispatch/inputs.py (autotune builds its inputs there too)
 # ------------------------------------------------------------------ the oracle
-# The one fp64 oracle (dispatch/bench/oracle.py) of the whole batch: (total_q, Hq, Dvo) output and
+# The one fp64 oracle (dispatch/lab/oracle.py) of the whole batch: (total_q, Hq, Dvo) output and
 # (total_q, Hq) base-2 LSE; its relative error and agreement bands.
 oracle = reference_of_batch
 rel_error = relative_error
@@ -150,7 +150,7 @@ UNTRIED_FACTS = ("device_kind", "sm")  # never launch a kernel on a device the d
 def probe_one(name: str, case: Case, device_desc, device, try_rejected: bool) -> Outcome:
     from backends import get_backend
 
-    from .router import backend_reasons
+    from ..router import backend_reasons
 
     reasons = backend_reasons(name, case.problem, device_desc, live=False)
     result = Outcome(name, case.name, declared=not reasons, reasons=[str(r) for r in reasons])
@@ -176,7 +176,7 @@ def context_poisoned() -> bool:
 
 # ------------------------------------------------------------------ the report
 def run_probe(backends: list[str], cases: list[Case], try_rejected: bool = True, log=print) -> list[Outcome]:
-    from .router import backend_reasons, live_device
+    from ..router import backend_reasons, live_device
 
     device = torch.device("cuda")
     desc = live_device(torch.empty(0, device=device))

@@ -36,7 +36,7 @@ def peaks(gpu: str) -> tuple[float, float]:
     for name, values in PEAKS.items():
         if name in gpu.upper():
             return values
-    raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(PEAKS)} (dispatch/bench/table.py)")
+    raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(PEAKS)} (dispatch/lab/table.py)")
 
 
 NOT_BACKENDS = ("auto", "flashinfer")  # bench columns that are not a backend the router can choose
