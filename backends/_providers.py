@@ -41,6 +41,16 @@ class Provider:
     def limits(self, problem) -> list[Reason]:
         return []
 
+    def data_limits(self, backend: str, problem) -> list[Reason]:
+        """The constraints this provider's entry in capability_db/backends/<backend>.json declares
+        for the installed version (e.g. FlashInfer fa2's head dims, 512 from 0.6.14)."""
+        version = self.version()
+        top = self.module.split(".")[0]
+        entries = [p for p in capability_db.backend_caps(backend).providers if p.module == top]
+        if version is None or not entries:
+            return []
+        return entries[0].limits(problem.facts(), version)
+
     def plan(self, problem, batch) -> Any:
         return None
 

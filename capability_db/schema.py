@@ -109,12 +109,30 @@ BACKEND_NAME = r"^[a-z][a-z0-9-]*$"
 ADAPTER_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"  # "backends.cudnn:CudnnBackend"
 
 
+class ProviderConstraint(Constraint):
+    """A limit of one provider, in the provider versions ``versions`` (introduced <= v < fixed:
+    ``fixed`` is where the limit was lifted); checked by the adapter against the installed version."""
+
+    versions: "VersionRange" = Field(default_factory=lambda: VersionRange())
+
+
 class Provider(_Frozen):
     module: str  # importable Python module, e.g. "cudnn", "flashinfer", "flash_attn"
     extra: str = ""  # pyproject extra that installs it; "" when none can (then ``install`` says how)
     install: str = ""  # the real install line where no extra installs the module
     api: str  # the vendor function(s) the adapter calls
     min_version: Optional[str] = None
+    constraints: list[ProviderConstraint] = Field(default_factory=list)  # limits only this provider has
+
+    def limits(self, facts: dict, version: str) -> list[Reason]:
+        """Every constraint of this provider that applies at ``version`` and refuses ``facts``; the
+        Reason names the provider and its version."""
+        out = []
+        for c in self.constraints:
+            if c.versions.contains(version) and c.applies(facts) and not c.accepts(facts[c.fact]):
+                allowed = f"{c.allowed_text()} with {self.module} {version}"
+                out.append(Reason(c.fact, facts[c.fact], allowed, c.source))
+        return out
 
     @model_validator(mode="after")
     def _installable(self) -> "Provider":
@@ -316,3 +334,8 @@ class DefectTable(_Frozen):
         if len(set(ids)) != len(ids):
             raise ValueError(f"defect ids repeat: {ids}")
         return self
+
+
+ProviderConstraint.model_rebuild()
+Provider.model_rebuild()
+BackendCaps.model_rebuild()

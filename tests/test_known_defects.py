@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import _fake_vendors as fv
 import capability_db
-from backends import _vendor, get_backend
+from backends import BackendRejected, _vendor, get_backend
 from backends._providers import active_provider, installed_defects
 from backends.fa2 import FA2Backend
 from backends.fa3 import FA3Backend
@@ -187,3 +187,29 @@ def test_info_lists_the_defects_of_the_installed_version(vendors):
     assert cli.backend_info("xqa", H100)["defects"] == []
     vendors(flashinfer="0.7.2")
     assert cli.backend_info("fa2", H100)["defects"] == []
+
+
+# -- provider limits by version: FlashInfer fa2 serves head dim 512 from 0.6.14 -----------------
+@pytest.mark.parametrize("version,serves", [("0.5.3", False), ("0.6.13", False), ("0.6.14", True), ("0.7.2", True)])
+def test_fa2_head_dim_512_follows_the_flashinfer_version(vendors, version, serves):
+    vendors(flashinfer=version)
+    p512 = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512)
+    assert get_backend("fa2").check(p512, H100) == []  # the backend's data: some provider may serve it
+    if serves:
+        assert get_backend("fa2").choose(p512).label == "flashinfer fa2"
+        fp8 = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512, kv_dtype="float8_e4m3fn")
+        with pytest.raises(BackendRejected, match="kv_dtype"):
+            get_backend("fa2").choose(fp8)
+    else:
+        with pytest.raises(BackendRejected, match=rf"head_dim_qk=512: allowed one of 64, 128, 256 with flashinfer "
+                                                  rf"{version}") as info:
+            get_backend("fa2").choose(p512)
+        assert "0.6.14" in str(info.value)
+    assert get_backend("fa2").choose(make_problem(device_type="cuda", head_dim_qk=128, head_dim_vo=128))
+
+
+def test_flash_attn_keeps_its_256_limit(vendors):
+    vendors(flash_attn=True)
+    ragged = make_problem(device_type="cuda", kv_storage="ragged", head_dim_qk=512, head_dim_vo=512)
+    with pytest.raises(BackendRejected, match="head_dim_qk=512: allowed <= 256 with flash_attn 2.8.4"):
+        get_backend("fa2").choose(ragged)
