@@ -29,10 +29,8 @@ from backends.base import Reason
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
-# FlashInfer's fa2 prefill: d=16 fails its dispatch ("Invalid configuration: NUM_MMA_D_QK=1"),
-# seen on an H200 with 0.5.3 (tools/results/multi-device-h200x2.md); 64/128/256 are the documented sizes.
-FA2_HEAD_DIMS = (64, 128, 256)
-SRC_FA2_DIMS = "flashinfer 0.5.3 include/flashinfer/attention/prefill.cuh (dispatch refuses head_dim 16 on H200)"
+# FlashInfer's fa2 head dims are provider data by version (capability_db/backends/fa2.json): d=16 fails
+# its dispatch ("Invalid configuration: NUM_MMA_D_QK=1", H200, 0.5.3); 512 arrived in 0.6.14 (#3576).
 SRC_FI = "flashinfer flashinfer/utils.py (is_fa3_backend_supported, determine_attention_backend)"
 
 
@@ -80,9 +78,8 @@ class FlashInferPrefill(Provider):
 
     def limits(self, problem) -> list[Reason]:
         out = []
-        if self.kind == "fa2" and (problem.head_dim_qk not in FA2_HEAD_DIMS or problem.head_dim_vo not in FA2_HEAD_DIMS):
-            out.append(Reason("head_dim_qk", (problem.head_dim_qk, problem.head_dim_vo), f"one of {FA2_HEAD_DIMS}",
-                              SRC_FA2_DIMS))
+        if self.kind == "fa2":  # head dims by installed version: capability_db/backends/fa2.json's provider data
+            out.extend(self.data_limits("fa2", problem))
         if self.kind == "fa3":
             if problem.head_dim_qk not in FA3_HEAD_DIMS:
                 out.append(Reason("head_dim_qk", problem.head_dim_qk, f"one of {FA3_HEAD_DIMS}", SRC_FI))

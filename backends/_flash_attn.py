@@ -58,7 +58,7 @@ class DaoFA2(Provider):
     extra = "fa2"
 
     def limits(self, problem) -> list[Reason]:
-        out = []
+        out = self.data_limits("fa2", problem)  # head_dim <= 256: capability_db/backends/fa2.json
         if problem.kv_storage == "paged" and problem.page_size % 256:
             out.append(Reason("page_size", problem.page_size, "a multiple of 256", SRC_FA2 + " L613, L736"))
         if problem.kv_dtype != problem.q_dtype:

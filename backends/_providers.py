@@ -7,6 +7,10 @@ the few limits only it has (``limits``: a list of Reasons, empty = it serves the
 problem). ``plan`` picks the first installed provider without limits, or raises
 BackendRejected with every provider's reasons, so the router falls back.
 Planning and launching run under the tensors' GPU (backends/_device.py).
+
+``active_provider`` names the package (and its installed version) that would serve a problem
+on any backend, so the known defects of capability_db/defects.json, gated by that version,
+reach the router (``defects_for``) and ``info`` (``installed_defects``).
 """
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from typing import Any, ClassVar, Optional
 from backends import _vendor
 from backends._device import on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason
-from capability_db import install_hint
+import capability_db
+from capability_db import KnownDefect, install_hint
 
 
 class Provider:
@@ -35,6 +40,16 @@ class Provider:
 
     def limits(self, problem) -> list[Reason]:
         return []
+
+    def data_limits(self, backend: str, problem) -> list[Reason]:
+        """The constraints this provider's entry in capability_db/backends/<backend>.json declares
+        for the installed version (e.g. FlashInfer fa2's head dims, 512 from 0.6.14)."""
+        version = self.version()
+        top = self.module.split(".")[0]
+        entries = [p for p in capability_db.backend_caps(backend).providers if p.module == top]
+        if version is None or not entries:
+            return []
+        return entries[0].limits(problem.facts(), version)
 
     def plan(self, problem, batch) -> Any:
         return None
@@ -116,3 +131,57 @@ class MultiProviderBackend(Backend):
         if launch is None:
             return None
         return on_device_launch(batch.q.device, launch)
+
+
+# -- the provider that serves a problem, and its known defects ---------------------------------
+def active_provider(backend: Backend, problem=None) -> Optional[tuple[str, str]]:
+    """(package, installed version) of what serves ``problem`` on ``backend`` (any problem when None),
+    or None: no vendor package behind it, none installed, or every provider refuses the problem."""
+    if isinstance(backend, MultiProviderBackend):
+        if problem is None:
+            found = [p for p in backend.providers if p.loaded().ok]
+            provider = found[0] if len(found) == 1 else None  # several: only a problem says which serves
+        else:
+            try:
+                provider = backend.choose(problem)
+            except BackendRejected:
+                return None
+        version = provider.version() if provider is not None else None
+        return (provider.module.split(".")[0], version) if version else None
+    if isinstance(backend, _vendor.FlashInferModuleBackend):
+        version = backend.version()
+        return ("flashinfer", version) if version else None
+    return None  # native, reference, torch-flash: no versioned vendor package (cuDNN: none recorded yet)
+
+
+def defects_for(backend: Backend, problem, device) -> list[tuple[KnownDefect, str]]:
+    """The known defects, each with the installed version it was found in, of the provider that
+    would serve ``problem`` on ``device``."""
+    active = active_provider(backend, problem)
+    if active is None:
+        return []
+    facts = problem.facts()
+    facts.update(sm=device.sm, family=device.family, device_fp8=device.fp8, device_kind=device.kind)
+    return [(d, active[1]) for d in capability_db.defects_affecting(backend.name, active[0], active[1], facts)]
+
+
+def installed_defects(backend: Backend) -> list[KnownDefect]:
+    """The known defects of every installed provider version behind ``backend`` (``info``)."""
+    out: list[KnownDefect] = []
+    if isinstance(backend, MultiProviderBackend):
+        versions = [(p.module.split(".")[0], p.version()) for p in backend.providers if p.loaded().ok]
+    else:
+        active = active_provider(backend)
+        versions = [active] if active else []
+    for package, version in versions:
+        if version:
+            out.extend(d for d in capability_db.defects_of_version(backend.name, package, version) if d not in out)
+    return out
+
+
+def defect_reason(defect: KnownDefect, version: str) -> Reason:
+    """What the router shows for a candidate held back by a known defect."""
+    fixed = f"{defect.provider} >= {defect.versions.fixed}" if defect.versions.fixed else "no fixed version yet"
+    return Reason("known defect", f"{defect.id} ({defect.provider} {version})",
+                  f"a provider version without it: {fixed}; force it with backend= to run it anyway",
+                  (defect.sources or [defect.report])[0])

@@ -7,6 +7,9 @@ Files are validated with pydantic once, at first use, and cached:
 * ``backends/<name>.json`` each engine, declared once: its name and aliases, its adapter
   (``"backends.cudnn:CudnnBackend"``), the pyproject extra and install line, and what it
   accepts, each fact with its source
+* ``defects.json``   known defects: provider versions with a wrong answer (vendor bugs with
+  their public sources, or a measured error outside the contract's band), never chosen
+  automatically (``defects_affecting``)
 
 A backend's name is its data file's name; ``priorities.json`` lists every one in ``order``
 (the order ``info`` and ``matrix`` show). This package never imports ``backends`` or
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from .vocabulary import DeviceDesc
 
-from .schema import BackendCaps, DeviceEntry, DeviceTable, PriorityEntry, Priorities
+from .schema import (BackendCaps, DefectTable, DeviceEntry, DeviceTable, KnownDefect, PriorityEntry, Priorities,
+                     version_tuple)
 
 DATA_DIR = Path(__file__).resolve().parent
 
@@ -113,6 +117,34 @@ def priorities() -> Priorities:
     return prio
 
 
+@functools.lru_cache(maxsize=None)
+def known_defects() -> tuple[KnownDefect, ...]:
+    """Every record of defects.json, its backends and ``when`` facts checked against the data."""
+    from dataclasses import fields
+
+    from .vocabulary import AttentionProblem
+
+    table = _load(DATA_DIR / "defects.json", DefectTable)
+    facts = {f.name for f in fields(AttentionProblem)} | {
+        "gqa_group", "has_window", "has_soft_cap", "same_head_dims", "kv_dtype_is_q_dtype", "out_dtype_is_q_dtype"}
+    for d in table.defects:
+        unknown = [b for b in d.backends if b not in BACKEND_NAMES] + [f for f in d.when if f not in facts]
+        if unknown:
+            raise RuntimeError(f"capability_db/defects.json: {d.id!r} names unknown backends or facts {unknown}")
+    return tuple(table.defects)
+
+
+def defects_affecting(backend: str, provider: str, version: str, facts: dict) -> list[KnownDefect]:
+    """The known defects of ``provider`` ``version`` serving ``backend`` for a problem with ``facts``."""
+    return [d for d in known_defects() if d.affects(backend, provider, version, facts)]
+
+
+def defects_of_version(backend: str, provider: str, version: str) -> list[KnownDefect]:
+    """The known defects of ``provider`` ``version`` behind ``backend`` for some problem (``info``)."""
+    return [d for d in known_defects()
+            if backend in d.backends and provider == d.provider and d.versions.contains(version)]
+
+
 def device_names() -> list[str]:
     names = []
     for d in device_table().devices:
@@ -167,7 +199,8 @@ def priority_list_name(device: DeviceDesc, phase: str) -> str:
 
 
 __all__ = [
-    "BACKEND_NAMES", "BackendCaps", "CPU_DEVICE", "DeviceEntry", "adapters", "all_backend_caps", "backend_aliases",
-    "backend_caps", "candidates", "device_for_capability", "device_names", "device_table", "install_hint",
-    "priorities", "priority_list_name", "resolve_device",
+    "BACKEND_NAMES", "BackendCaps", "CPU_DEVICE", "DeviceEntry", "KnownDefect", "adapters", "all_backend_caps",
+    "backend_aliases", "backend_caps", "candidates", "defects_affecting", "defects_of_version",
+    "device_for_capability", "device_names", "device_table", "install_hint", "known_defects", "priorities",
+    "priority_list_name", "resolve_device", "version_tuple",
 ]

@@ -109,12 +109,30 @@ BACKEND_NAME = r"^[a-z][a-z0-9-]*$"
 ADAPTER_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"  # "backends.cudnn:CudnnBackend"
 
 
+class ProviderConstraint(Constraint):
+    """A limit of one provider, in the provider versions ``versions`` (introduced <= v < fixed:
+    ``fixed`` is where the limit was lifted); checked by the adapter against the installed version."""
+
+    versions: "VersionRange" = Field(default_factory=lambda: VersionRange())
+
+
 class Provider(_Frozen):
     module: str  # importable Python module, e.g. "cudnn", "flashinfer", "flash_attn"
     extra: str = ""  # pyproject extra that installs it; "" when none can (then ``install`` says how)
     install: str = ""  # the real install line where no extra installs the module
     api: str  # the vendor function(s) the adapter calls
     min_version: Optional[str] = None
+    constraints: list[ProviderConstraint] = Field(default_factory=list)  # limits only this provider has
+
+    def limits(self, facts: dict, version: str) -> list[Reason]:
+        """Every constraint of this provider that applies at ``version`` and refuses ``facts``; the
+        Reason names the provider and its version."""
+        out = []
+        for c in self.constraints:
+            if c.versions.contains(version) and c.applies(facts) and not c.accepts(facts[c.fact]):
+                allowed = f"{c.allowed_text()} with {self.module} {version}"
+                out.append(Reason(c.fact, facts[c.fact], allowed, c.source))
+        return out
 
     @model_validator(mode="after")
     def _installable(self) -> "Provider":
@@ -205,3 +223,119 @@ class Priorities(_Frozen):
     # entry point -> the backend it routes to first (the seed's own engine)
     # Backends ahead of the family's list for one entry point, in order (its own engine first).
     entry_first: dict[str, list[PriorityEntry]] = Field(default_factory=dict)
+
+
+# -- known defects: vendor versions with a wrong answer, or a measured error outside the contract --
+# The contract's relative-error bands (METHOD; dispatch/lab/oracle.py BANDS says the same: a test pins it).
+CONTRACT_BANDS = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "fp8": 6e-2}
+
+
+def contract_band(q_dtype: str, kv_dtype: str) -> float:
+    """The relative-error band a problem with these dtypes is held to (fp8 K/V: the fp8 band)."""
+    return CONTRACT_BANDS["fp8"] if kv_dtype.startswith("float8") else CONTRACT_BANDS.get(q_dtype, 1e-2)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """(0, 7, 2) from '0.7.2', '0.7.2.post1', '0.7.2+cu130' or 'v0.7.2rc1': the release numbers only
+    (so a pre-release of a fixed version reads as fixed, a post-release of a defective one as defective)."""
+    import re
+
+    match = re.match(r"v?(\d+(?:\.\d+)*)", text.strip())
+    if not match:
+        raise ValueError(f"version {text!r} is not a version; expected digits and dots, e.g. '0.7.2'")
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+class VersionRange(_Frozen):
+    """Versions ``introduced <= v < fixed``; a missing bound is open (no ``fixed``: every later version)."""
+
+    introduced: Optional[str] = None
+    fixed: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _parses(self) -> "VersionRange":
+        for bound in (self.introduced, self.fixed):
+            if bound is not None:
+                version_tuple(bound)
+        if self.introduced and self.fixed and version_tuple(self.introduced) >= version_tuple(self.fixed):
+            raise ValueError(f"versions: introduced {self.introduced!r} must be below fixed {self.fixed!r}")
+        return self
+
+    def contains(self, version: str) -> bool:
+        v = version_tuple(version)
+        if self.introduced is not None and v < version_tuple(self.introduced):
+            return False
+        return self.fixed is None or v < version_tuple(self.fixed)
+
+    def text(self) -> str:
+        low = f">= {self.introduced}" if self.introduced else ""
+        high = f"< {self.fixed}" if self.fixed else "every version so far"
+        return f"{low}, {high}" if low and self.fixed else (high if not low else f"{low} (no fixed version)")
+
+
+class KnownDefect(_Frozen):
+    """A provider version that gives a wrong answer where the capability data says 'accepts'.
+
+    Either a vendor bug with its public source (issue / PR), or a measured error outside the
+    contract's band (``measured_error``: the relative L2 error against the fp64 oracle, with the
+    ``report`` holding the measurement). The router never chooses an affected backend
+    automatically; an explicit choice runs it with a one-time warning; ``info`` lists it."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    provider: str  # top-level Python package whose version gates it: "flashinfer"
+    versions: VersionRange
+    backends: list[str] = Field(min_length=1)  # backends served through the defective code
+    paths: list[str] = Field(min_length=1)  # the vendor code paths affected (human-readable)
+    when: dict[str, list[Any]] = Field(default_factory=dict)  # problem facts it affects ({} = every problem)
+    measured_error: Optional[float] = None  # applies only where it exceeds the problem's contract band
+    where_measured: str = ""  # device, versions, date of the measurement
+    report: str = ""  # repo path of the committed measurement
+    sources: list[str] = Field(default_factory=list)  # public URLs (vendor issue, PR, release)
+    description: str = Field(min_length=1)  # one line
+    note: str = ""  # how the version range was established
+
+    @model_validator(mode="after")
+    def _sourced(self) -> "KnownDefect":
+        if not self.sources and not self.report:
+            raise ValueError(f"defect {self.id!r}: give its public sources (URLs) or the report of its measurement")
+        bad = [s for s in self.sources if not s.startswith("https://")]
+        if bad:
+            raise ValueError(f"defect {self.id!r}: sources must be public https URLs, got {bad}")
+        if self.measured_error is not None and not (self.measured_error > 0 and self.where_measured and self.report):
+            raise ValueError(f"defect {self.id!r}: measured_error {self.measured_error!r} needs a value > 0, "
+                             "'where_measured' and the 'report' that holds it")
+        if "\n" in self.description:
+            raise ValueError(f"defect {self.id!r}: the description is one line")
+        return self
+
+    def affects(self, backend: str, provider: str, version: str, facts: dict) -> bool:
+        """True where this record applies: the backend, its active provider's version, the problem."""
+        if backend not in self.backends or provider != self.provider or not self.versions.contains(version):
+            return False
+        if not all(facts.get(name) in values for name, values in self.when.items()):
+            return False
+        if self.measured_error is not None:
+            return self.measured_error > contract_band(facts.get("q_dtype", ""), facts.get("kv_dtype", ""))
+        return True
+
+    def summary(self) -> str:
+        """One line for info, a Reason and the warning: what, which versions, where it is fixed."""
+        fix = f"fixed in {self.provider} {self.versions.fixed}" if self.versions.fixed else "no fixed version"
+        err = f"; measured error {self.measured_error:g} ({self.where_measured})" if self.measured_error else ""
+        return f"{self.id}: {self.description} ({self.provider} {self.versions.text()}; {fix}{err})"
+
+
+class DefectTable(_Frozen):
+    defects: list[KnownDefect]
+
+    @model_validator(mode="after")
+    def _unique(self) -> "DefectTable":
+        ids = [d.id for d in self.defects]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"defect ids repeat: {ids}")
+        return self
+
+
+ProviderConstraint.model_rebuild()
+Provider.model_rebuild()
+BackendCaps.model_rebuild()

@@ -303,6 +303,9 @@ def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
         backend = get_backend(name)
         missing = backend.available()
         row["version"] = backend.version() if missing is None else None
+        from backends._providers import installed_defects  # known defects of the installed versions
+        row["defects"] = [{"id": d.id, "text": d.summary(), "sources": d.sources or [d.report]}
+                          for d in installed_defects(backend)] if missing is None else []
     except Exception as exc:  # noqa: BLE001 - shown to the user as the reason
         missing = Reason(f"adapter {name}", f"{type(exc).__name__}: {exc}", "an importable adapter")
     # a missing package is "not installed"; anything else (no CUDA device...) is about this machine
@@ -350,6 +353,7 @@ def _info_lines(b: dict[str, Any]) -> list[str]:
     lines = [_wrapped(f"{b['backend']:14s} {state}" + (f" {b['version']}" if b["version"] else "")
                       + f"; hardware: {evidence}", indent=2, hang=15)]
     lines += [_wrapped(f"- {r['text']}", indent=17) for r in b["why_not"]]
+    lines += [_wrapped(f"! known defect {d['text']} [{d['sources'][0]}]", indent=17) for d in b.get("defects", [])]
     if not b["installed"]:
         lines.append(_wrapped(f"get it: {b['install']}", indent=17))
     return lines

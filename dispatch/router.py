@@ -17,6 +17,7 @@ import torch
 import backends
 import capability_db
 from backends import BackendRejected, DeviceDesc, Reason, get_backend
+from backends._providers import defect_reason, defects_for
 
 from . import autotune, choice, policy
 from .problem import AttentionBatch, AttentionProblem
@@ -140,8 +141,10 @@ def live_device(tensor: torch.Tensor) -> DeviceDesc:
     return desc
 
 
-def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, live: bool) -> list[Reason]:
-    """Availability (only for a live device) plus capability reasons of one backend."""
+def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, live: bool,
+                    defects: bool = True) -> list[Reason]:
+    """Availability and known defects of the installed version (only for a live device) plus
+    capability reasons of one backend. ``defects=False``: an explicit choice (run with a warning)."""
     backend = get_backend(name)
     reasons = []
     if live:
@@ -149,7 +152,21 @@ def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, li
         if missing is not None:
             reasons.append(missing)
     reasons.extend(backend.check(problem, device))
+    if live and defects and not reasons:
+        reasons.extend(defect_reason(d, version) for d, version in defects_for(backend, problem, device))
     return reasons
+
+
+_warned_defects: set[tuple[str, str]] = set()  # (backend, defect id): bounded by defects.json
+
+
+def _warn_defects(name: str, problem: AttentionProblem, device: DeviceDesc) -> None:
+    """An explicit choice of a backend with a known defect runs, with one WARNING per defect."""
+    for defect, version in defects_for(get_backend(name), problem, device):
+        if (name, defect.id) not in _warned_defects:
+            _warned_defects.add((name, defect.id))
+            log.warning("attn_dispatch: %s was chosen explicitly and runs, but %s %s has a known defect: %s [%s]",
+                        name, defect.provider, version, defect.summary(), ", ".join(defect.sources or [defect.report]))
 
 
 def evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool = True) -> list[Candidate]:
@@ -203,9 +220,11 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
     candidates, ranking = _evaluate(problem, device, live)
     if explicit is not None:
         name, source = explicit
-        reasons = backend_reasons(name, problem, device, live)
+        reasons = backend_reasons(name, problem, device, live, defects=False)
         if reasons:
             raise BackendRefusedError(_refusal_text(problem, device, name, source, reasons, candidates))
+        if live:
+            _warn_defects(name, problem, device)
         return Decision(problem, device, candidates, name, explicit, strict)
     accepted = [c for c in candidates if c.accepted and c.ranked]
     if not accepted:
@@ -232,7 +251,8 @@ def _check_strict(problem, device, candidates, chosen) -> None:
         if c.backend == chosen:
             return
         installed = get_backend(c.backend).available() is None
-        if installed:
+        held_back = all(r.field == "known defect" for r in c.reasons)  # a refusal by data, not a fallback
+        if installed and not held_back:
             raise NoBackendError(
                 f"strict mode ({policy.ENV_STRICT}=1): {c.backend} would fall back to {chosen} for "
                 f"{problem.describe()} on {device.name}: " + "; ".join(map(str, c.reasons)))
@@ -328,6 +348,7 @@ def clear_caches() -> None:
     with _lock:
         _decisions.clear()
         _logged.clear()
+        _warned_defects.clear()
 
 
 autotune._on_switch.append(clear_caches)

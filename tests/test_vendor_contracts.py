@@ -364,7 +364,7 @@ def test_hardware_reasons(name, gpu, field):
     ("trtllm-gen", dict(logits_soft_cap=30.0), "has_soft_cap"),
     ("trtllm-gen", dict(kv_dtype="float8_e4m3fn"), "kv_dtype"),
     ("fa2", dict(has_sinks=True), "has_sinks"),
-    ("fa2", dict(head_dim_qk=512, head_dim_vo=512), "head_dim_qk"),
+    ("fa2", dict(head_dim_qk=1024, head_dim_vo=1024), "head_dim_qk"),  # 512: a provider limit by version
     ("fa3", dict(pos_encoding="ALIBI"), "pos_encoding"),
     ("fa3", dict(q_dtype="float8_e4m3fn", kv_dtype="float8_e4m3fn", out_dtype="float8_e4m3fn"), "out_dtype"),
 ])

@@ -1,0 +1,215 @@
+"""Known defects as capability data (capability_db/defects.json), gated by the installed provider
+version: never chosen automatically, run on an explicit choice with one WARNING, shown by ``info``.
+
+CPU only: fake vendor modules (tests/_fake_vendors.py) stand in for flashinfer / flash_attn with
+the version each test names; the device is a description (h100), so every adapter's checks pass.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+import _fake_vendors as fv
+import capability_db
+from backends import BackendRejected, _vendor, get_backend
+from backends._providers import active_provider, installed_defects
+from backends.fa2 import FA2Backend
+from backends.fa3 import FA3Backend
+from capability_db.schema import CONTRACT_BANDS, DefectTable, KnownDefect, VersionRange, version_tuple
+from dispatch import cli, router
+from dispatch.lab import oracle
+from _fake_vendors import make_problem
+
+VENDOR_MODULES = ("flashinfer", "flashinfer.decode", "flashinfer.prefill", "flash_attn", "flash_attn_interface")
+H100 = capability_db.resolve_device("h100")
+SENTINEL = "flashinfer-finite-mask-sentinel"
+PREFILL = make_problem(device_type="cuda", causal=True, head_dim_qk=128, head_dim_vo=128)
+DECODE = make_problem(device_type="cuda", phase="decode", head_dim_qk=128, head_dim_vo=128)
+
+
+@pytest.fixture
+def vendors(monkeypatch):
+    """install(flashinfer=<version or None>, flash_attn=bool): fake vendor modules in sys.modules."""
+    def install(flashinfer=None, flash_attn=False):
+        mods = fv.make_flashinfer(fv.Recorder(), version=flashinfer) if flashinfer else {}
+        if flash_attn:
+            mods.update(fv.make_flash_attn(fv.Recorder()))
+        for name in VENDOR_MODULES:
+            monkeypatch.setitem(sys.modules, name, mods.get(name))  # None = "not installed"
+        _reset()
+    yield install
+    _reset()
+
+
+def _reset():
+    _vendor.forget_imports()
+    router.clear_caches()
+    for cls in (FA2Backend, FA3Backend):
+        for p in cls.providers:
+            getattr(p, "_wrappers", {}).clear()
+
+
+def candidate(decision, name):
+    return next(c for c in decision.candidates if c.backend == name)
+
+
+# -- the data --------------------------------------------------------------------------------
+def test_version_ranges_read_release_numbers():
+    assert version_tuple("0.7.2.post1") == (0, 7, 2) and version_tuple("v0.6.18rc7") == (0, 6, 18)
+    assert version_tuple("0.5.3+cu130") == (0, 5, 3)
+    with pytest.raises(ValueError, match="'abc' is not a version"):
+        version_tuple("abc")
+    fixed = VersionRange(fixed="0.7.0")
+    assert [fixed.contains(v) for v in ("0.5.3", "0.6.18", "0.6.18.post1", "0.7.0", "0.7.2.post1")] == [
+        True, True, True, False, False]
+    window = VersionRange(introduced="0.6.0", fixed="0.7.0")
+    assert not window.contains("0.5.3") and window.contains("0.6.1")
+    with pytest.raises(ValidationError, match="must be below fixed"):
+        VersionRange(introduced="0.7.0", fixed="0.6.0")
+
+
+def _record(**kw):
+    base = dict(id="x", provider="flashinfer", versions={"fixed": "1.0"}, backends=["xqa"], paths=["p"],
+                sources=["https://github.com/flashinfer-ai/flashinfer/issues/1"], description="wrong")
+    base.update(kw)
+    return KnownDefect.model_validate(base)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(sources=[]), "public sources"),
+    (dict(sources=["github.com/x"]), "public https URLs"),
+    (dict(measured_error=0.1), "needs a value > 0, 'where_measured' and the 'report'"),
+    (dict(description="two\nlines"), "one line"),
+    (dict(id="Bad Id"), "pattern"),
+])
+def test_a_defect_record_must_be_sourced_and_one_line(bad, match):
+    with pytest.raises(ValidationError, match=match):
+        _record(**bad)
+
+
+def test_defect_ids_are_unique():
+    with pytest.raises(ValidationError, match="defect ids repeat"):
+        DefectTable(defects=[_record(), _record()])
+
+
+def test_the_flashinfer_sentinel_record():
+    (d,) = [d for d in capability_db.known_defects() if d.id == SENTINEL]
+    assert d.versions.fixed == "0.7.0" and set(d.backends) == {"fa2", "fa3"}
+    assert "https://github.com/flashinfer-ai/flashinfer/pull/4401" in d.sources
+    assert "fixed in flashinfer 0.7.0" in d.summary()
+    assert capability_db.defects_affecting("fa2", "flashinfer", "0.5.3", PREFILL.facts()) == [d]
+    assert capability_db.defects_affecting("fa2", "flashinfer", "0.7.2", PREFILL.facts()) == []
+    assert capability_db.defects_affecting("xqa", "flashinfer", "0.5.3", DECODE.facts()) == []  # its own kernels
+
+
+def test_contract_bands_are_the_oracles():
+    assert CONTRACT_BANDS == oracle.BANDS
+
+
+# -- the router ------------------------------------------------------------------------------
+@pytest.mark.parametrize("problem", [PREFILL, DECODE], ids=["prefill", "decode"])
+def test_a_defective_version_is_never_chosen_automatically(vendors, problem):
+    vendors(flashinfer="0.5.3")
+    decision = router.decide(problem, H100, strict=False, live=True)
+    assert decision.chosen not in ("fa2", "fa3")
+    fa2 = candidate(decision, "fa2")
+    (reason,) = [r for r in fa2.reasons if r.field == "known defect"]
+    assert SENTINEL in str(reason.value) and "0.5.3" in str(reason.value)
+    assert "flashinfer >= 0.7.0" in reason.allowed and reason.source.startswith("https://github.com/flashinfer-ai")
+
+
+def test_the_fixed_version_is_chosen_again(vendors):
+    vendors(flashinfer="0.7.2")
+    decision = router.decide(PREFILL, H100, strict=False, live=True)
+    assert candidate(decision, "fa2").accepted
+    assert all(r.field != "known defect" for c in decision.candidates for r in c.reasons)
+
+
+def test_the_defect_follows_the_provider_that_serves(vendors):
+    """fa2 through Dao's flash_attn (first provider) carries no FlashInfer defect."""
+    vendors(flashinfer="0.5.3", flash_attn=True)
+    ragged = make_problem(device_type="cuda", kv_storage="ragged", head_dim_qk=128, head_dim_vo=128)
+    assert active_provider(get_backend("fa2"), ragged) == ("flash_attn", "2.8.4")
+    assert candidate(router.decide(ragged, H100, strict=False, live=True), "fa2").accepted
+    custom = make_problem(device_type="cuda", kv_storage="ragged", mask="custom", head_dim_qk=128,
+                          head_dim_vo=128)  # a custom mask: FlashInfer's fa2 only
+    assert active_provider(get_backend("fa2"), custom) == ("flashinfer", "0.5.3")
+    assert any(r.field == "known defect" for r in candidate(router.decide(custom, H100, live=True), "fa2").reasons)
+
+
+def test_an_explicit_choice_runs_with_one_warning(vendors, caplog):
+    vendors(flashinfer="0.5.3")
+    with caplog.at_level(logging.WARNING, logger="attn_dispatch"):
+        decision = router.decide(PREFILL, H100, explicit=("fa2", "backend="), strict=False, live=True)
+        router.decide(DECODE, H100, explicit=("fa2", "backend="), strict=False, live=True)
+    assert decision.chosen == "fa2"
+    warned = [r.getMessage() for r in caplog.records if SENTINEL in r.getMessage()]
+    assert len(warned) == 1 and "fa2" in warned[0] and "0.7.0" in warned[0] and "4401" in warned[0]
+
+
+def test_strict_mode_does_not_count_a_held_back_backend_as_a_fallback(vendors):
+    vendors(flashinfer="0.5.3")
+    assert router.decide(PREFILL, H100, strict=True, live=True).chosen not in ("fa2", "fa3")
+
+
+def test_query_without_a_live_device_shows_the_data_only(vendors):
+    vendors(flashinfer="0.5.3")
+    assert candidate(router.decide(PREFILL, H100, strict=False, live=False), "fa2").accepted
+
+
+# -- measured errors: a backend outside the contract's band on a configuration ---------------
+def _measured(error):
+    return _record(id="xqa-fp8-measured", versions={}, when={"kv_dtype": ["float8_e4m3fn"], "phase": ["decode"]},
+                   measured_error=error, where_measured="H200, flashinfer 0.5.3", report="tools/results/x.md",
+                   sources=[])
+
+
+@pytest.mark.parametrize("error,held", [(0.09, True), (0.037, False)])
+def test_a_measured_error_outside_the_band_holds_back_that_configuration_only(vendors, monkeypatch, error, held):
+    vendors(flashinfer="0.7.2")
+    monkeypatch.setattr(capability_db, "known_defects", lambda: (_measured(error),))
+    fp8 = make_problem(device_type="cuda", phase="decode", head_dim_qk=128, head_dim_vo=128, kv_dtype="float8_e4m3fn")
+    reasons = candidate(router.decide(fp8, H100, strict=False, live=True), "xqa").reasons
+    assert any(r.field == "known defect" and "xqa-fp8-measured" in str(r.value) for r in reasons) == held
+    assert "known defect" not in [r.field for r in candidate(router.decide(DECODE, H100, live=True), "xqa").reasons]
+
+
+# -- info ------------------------------------------------------------------------------------
+def test_info_lists_the_defects_of_the_installed_version(vendors):
+    vendors(flashinfer="0.5.3")
+    assert [d.id for d in installed_defects(get_backend("fa2"))] == [SENTINEL]
+    row = cli.backend_info("fa2", H100)
+    assert [d["id"] for d in row["defects"]] == [SENTINEL]
+    assert any("known defect" in line and "0.7.0" in line for line in cli._info_lines(row))
+    assert cli.backend_info("xqa", H100)["defects"] == []
+    vendors(flashinfer="0.7.2")
+    assert cli.backend_info("fa2", H100)["defects"] == []
+
+
+# -- provider limits by version: FlashInfer fa2 serves head dim 512 from 0.6.14 -----------------
+@pytest.mark.parametrize("version,serves", [("0.5.3", False), ("0.6.13", False), ("0.6.14", True), ("0.7.2", True)])
+def test_fa2_head_dim_512_follows_the_flashinfer_version(vendors, version, serves):
+    vendors(flashinfer=version)
+    p512 = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512)
+    assert get_backend("fa2").check(p512, H100) == []  # the backend's data: some provider may serve it
+    if serves:
+        assert get_backend("fa2").choose(p512).label == "flashinfer fa2"
+        fp8 = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512, kv_dtype="float8_e4m3fn")
+        with pytest.raises(BackendRejected, match="kv_dtype"):
+            get_backend("fa2").choose(fp8)
+    else:
+        with pytest.raises(BackendRejected, match=rf"head_dim_qk=512: allowed one of 64, 128, 256 with flashinfer "
+                                                  rf"{version}") as info:
+            get_backend("fa2").choose(p512)
+        assert "0.6.14" in str(info.value)
+    assert get_backend("fa2").choose(make_problem(device_type="cuda", head_dim_qk=128, head_dim_vo=128))
+
+
+def test_flash_attn_keeps_its_256_limit(vendors):
+    vendors(flash_attn=True)
+    ragged = make_problem(device_type="cuda", kv_storage="ragged", head_dim_qk=512, head_dim_vo=512)
+    with pytest.raises(BackendRejected, match="head_dim_qk=512: allowed <= 256 with flash_attn 2.8.4"):
+        get_backend("fa2").choose(ragged)
