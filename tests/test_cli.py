@@ -572,7 +572,7 @@ def test_bench_quick_prints_a_summary_that_fits_100_columns(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not _widths(done.stdout) and not _widths(done.stderr)
     lines = done.stdout.splitlines()
-    assert lines[0] == "attn-dispatch bench: quick on CPU, 3 problems" and "regret of the automatic choice" in lines[1]
+    assert lines[0] == "attn-dispatch bench: quick on CPU, 3 problems" and "Regret of the automatic choice" in lines[1]
     rep = json.loads((tmp_path / "bench-quick-cpu.json").read_text())
     for r in rep["results"]:
         assert any(line.startswith(r["name"]) and r["fastest"] in line for line in lines), r["name"]
