@@ -1,13 +1,27 @@
 """attn-dispatch: a drop-in for FlashInfer's attention entry points (``import dispatch``)."""
 from __future__ import annotations
 
-from .policy import strict, use_backend
-from .problem import AttentionBatch, AttentionProblem
-from .router import BackendRefusedError, Decision, NoBackendError
+import warnings as _warnings
+
+# NumPy is not a dependency: nothing in dispatch uses it. Without it, ``import torch`` warns
+# "Failed to initialize NumPy: No module named 'numpy'" (torch/_subclasses/functional_tensor.py),
+# the first line a user of `attn-dispatch --help` would read. Silence exactly that message, only
+# while torch is first imported here; a broken NumPy (an ABI mismatch) still warns, and a caller
+# that imported torch first saw torch's own warning already.
+with _warnings.catch_warnings():
+    _warnings.filterwarnings("ignore", message=r"Failed to initialize NumPy: No module named 'numpy",
+                             category=UserWarning)
+    import torch as _torch
+del _torch  # imported for the filter above; the modules below import it again
+
+from ._version import __version__  # noqa: E402
+from .policy import strict, use_backend  # noqa: E402
+from .problem import AttentionBatch, AttentionProblem  # noqa: E402
+from .router import BackendRefusedError, Decision, NoBackendError  # noqa: E402
 
 __all__ = [
     "AttentionBatch", "AttentionProblem", "BackendRefusedError", "Decision", "NoBackendError",
-    "strict", "use_backend",
+    "strict", "use_backend", "__version__",
 ]
 
 # FlashInfer-compatible entry points (added by the API work; the names above are unchanged).

@@ -1,11 +1,9 @@
-"""The installed package's version (one definition for the CLI and the benchmark's environment)."""
+"""The package's version: the one definition (pyproject reads it: ``version = {attr = ...}``)."""
 from __future__ import annotations
+
+__version__ = "0.1.0"
 
 
 def version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("attn-dispatch")
-    except metadata.PackageNotFoundError:  # a source tree used without `pip install -e .`
-        return "unknown (not installed)"
+    """``__version__`` (the CLI's ``--version`` and the benchmark's environment record)."""
+    return __version__

@@ -24,7 +24,7 @@ estimate there. Scores within TIE of the best keep the static priority order; no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import capability_db
@@ -49,10 +49,15 @@ class Estimate:
     basis: str  # "autotune" | "measured" | "measured, scaled" | "model"
     sizes: Sizes
     source: str
+    note: str = ""  # how a row at other sizes became this estimate
+
+    def short(self) -> str:
+        """The estimate without its source (explain prints the sources once, not per candidate)."""
+        b, q, kv = self.sizes
+        return f"{self.basis}: {self.ms:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
 
     def describe(self) -> str:
-        b, q, kv = self.sizes
-        return f"{self.basis}: {self.ms:.4g} ms at batch {b} x q {q} x kv {kv} ({self.source})"
+        return f"{self.short()} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Ranking:
     order: list[str]  # accepted backends, fastest expected first
     estimates: dict[str, Estimate]  # the evidence behind each place (at the problem's sizes)
     basis: str  # one line for explain()
+    scores: dict[str, float] = field(default_factory=dict)  # what the order sorts (time / fastest's)
+    points: int = 1  # sizes the scores are a geometric mean over
 
 
 def work(problem: AttentionProblem, sizes: Sizes) -> tuple[float, float]:
@@ -113,8 +120,8 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
             return Estimate(backend, near.ms[backend], "measured", sizes, near.source)
         scale = model_ms(table, backend, problem, sizes) / model_ms(table, backend, problem, _sizes(near))
         b, q, kv = _sizes(near)
-        return Estimate(backend, near.ms[backend] * scale, "measured, scaled", sizes,
-                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv} times the model's ratio; {near.source}")
+        return Estimate(backend, near.ms[backend] * scale, "measured, scaled", sizes, near.source,
+                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv} times the model's ratio")
     how = f"its efficiency on the {where}" if backend in table.efficiency else "a default efficiency"
     return Estimate(backend, model_ms(table, backend, problem, sizes), "model", sizes, f"cost model at {how}")
 
@@ -146,7 +153,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
     basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
              else f"cost model ({where}: no row matches this problem's facts)")
-    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device))
+    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device), len(per_point))
 
 
 UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the shared row, order kept
@@ -160,7 +167,7 @@ def _entry_tier(problem: AttentionProblem, device: DeviceDesc) -> set[str]:
 
 
 def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, float], basis: str,
-             first_tier: set[str]) -> Ranking:
+             first_tier: set[str], points: int = 1) -> Ranking:
     """The entry's own tier, then the rest; within each, fastest first, scores within TIE of the
     tier's best in the priority order."""
     order: list[str] = []
@@ -170,4 +177,5 @@ def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, f
         best = min(scores[n] for n in tier)
         near = [n for n in tier if scores[n] <= best * (1 + TIE)]
         order += near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
-    return Ranking(order, ests, basis)
+    best = min(scores.values(), default=1.0)
+    return Ranking(order, ests, basis, {n: scores[n] / best for n in order}, points)

@@ -144,6 +144,7 @@ def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None
                         "measured sizes)")
     p.add_argument("--entry", choices=ENTRY_POINTS, default=DEFAULT_ENTRY, metavar="NAME",
                    help="entry point (its own engine goes first): " + ", ".join(ENTRY_POINTS))
+    p.add_argument("--verbose", "-v", action="store_true", help="every reason with its source")
     p.add_argument("--json", action="store_true")
 
 
@@ -151,14 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attn-dispatch", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attn-dispatch {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{info,query,explain,matrix,probe,bench}")
-    info = sub.add_parser("info", help="this machine: torch, CUDA, GPU, backends installed/usable")
+
+    def add(name: str, **options: Any) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, **options)
+        command.set_defaults(command_parser=command)  # its errors name the sub-command
+        return command
+
+    info = add("info", help="this machine: torch, CUDA, GPU, backends installed/usable")
     info.add_argument("--json", action="store_true")
-    query = sub.add_parser("query", help="which backend would serve a problem on a given GPU (no GPU needed)")
+    query = add("query", help="which backend would serve a problem on a given GPU (no GPU needed)")
     _add_problem_options(query, gpu_required=True)
-    explain = sub.add_parser("explain", help="the router's decision on this machine (availability included)")
+    explain = add("explain", help="the router's decision on this machine (availability included)")
     _add_problem_options(explain, gpu_required=False)
     explain.add_argument("--backend", help="an explicit choice, as backend= would make it")
-    matrix = sub.add_parser("matrix", help="the support matrix rendered from capability_db")
+    matrix = add("matrix", help="the support matrix rendered from capability_db")
     form = matrix.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true")
     form.add_argument("--markdown", action="store_true", help="the Markdown table (wide: the README's form)")
@@ -166,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("--readme", type=Path, default=None, help="README to update (default: the repo's)")
     for name, text in (("probe", "check the capability data against this GPU, outputs against fp64"),
                        ("bench", "the benchmark: every backend and the automatic choice, checked, timed")):
-        hook = sub.add_parser(name, help=text, add_help=False)
+        hook = add(name, help=text, add_help=False)
         hook.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -211,34 +218,61 @@ def _print_json(obj: Any) -> None:
 
 
 # -- query / explain ------------------------------------------------------------------
+def _ranked(problem, device: DeviceDesc) -> tuple[list, str]:
+    """The candidates (capability data only) and what ordered the accepted ones."""
+    from . import router
+
+    try:
+        decision = router.decide(problem, device, strict=False, live=False)
+    except router.NoBackendError:
+        return router.evaluate(problem, device, live=False), ""
+    return decision.candidates, decision.ranking
+
+
+def ranking_text(ranking: str, candidates: list, sizes_given: bool) -> str:
+    """What the order sorts: one estimate per candidate, or a mean over sizes (then how to pick one)."""
+    if not ranking:
+        return "ranked by: the priority list"
+    if any(c.score is not None for c in candidates):
+        return (f"ranked by: {ranking}; each candidate's time over the fastest's, geometric mean over the "
+                "measured sizes ('x the fastest'); the time shown is at one of them; --sizes BATCH MAX_Q "
+                "MAX_KV ranks at the call's sizes")
+    return f"ranked by: {ranking}" + ("" if sizes_given else "; --sizes BATCH MAX_Q MAX_KV ranks at the call's sizes")
+
+
 def cmd_query(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Capability data only (live=False): no GPU, no vendor import."""
     from . import router
 
     device = args.gpu
     problem = build_problem(args, device, parser)
-    candidates = router.evaluate(problem, device, live=False)
+    candidates, ranking = _ranked(problem, device)
     chosen = next((c.backend for c in candidates if c.accepted and c.ranked), None)
     if args.json:
         _print_json({
-            "chosen": chosen, "device": device_json(device),
+            "chosen": chosen, "device": device_json(device), "ranking": ranking,
             "problem": {"description": problem.describe(), **problem.facts()},
-            "candidates": [{"backend": c.backend, "accepted": c.accepted, "ranked": c.ranked, "why_here": c.why,
-                            "reasons": [reason_json(r) for r in c.reasons]} for c in candidates],
+            "candidates": [{**c.to_json(), "reasons": [reason_json(r) for r in c.reasons]} for c in candidates],
         })
-    else:
-        print(_wrapped(f"problem: {problem.describe()}"))
-        print(f"device:  {device.name} ({device.arch}, {device.family}{', fp8' if device.fp8 else ''})")
-        print(_wrapped("candidates, in priority order (those that accept it ordered by their measured or "
-                       "modelled time, '='), then the backends outside the priority list (never "
-                       "chosen automatically; one that accepts can be forced) - capability data only, "
-                       "installation not checked:"))
-        rank = 0
-        for c in candidates:
-            rank += c.ranked
-            for line in router.candidate_lines(c, chosen, prefix=f"  {rank}. " if c.ranked else "   - "):
-                print(line)
-        print(f"chosen: {chosen or 'none: no backend in the priority list accepts this problem'}")
+        return 0 if chosen else 1
+    print(f"chosen: {chosen or 'none: no backend in the priority list accepts this problem'}"
+          f" (capability data only; installation not checked)")
+    print(_wrapped(f"problem: {router.describe_on(problem, device)}"))
+    print(f"device:  {device.name}" + ("" if device.kind == "cpu" else
+                                        f" ({device.arch}, {device.family}{', fp8' if device.fp8 else ''})"))
+    print(_wrapped(ranking_text(ranking, candidates, bool(args.sizes))))
+    print(_wrapped("candidates: the priority list (those that accept it in the ranking's order), then the "
+                   "backends outside it (never chosen automatically; one that accepts can be forced):"))
+    rank = 0
+    for c in candidates:
+        rank += c.ranked
+        for line in router.candidate_lines(c, chosen, prefix=f"  {rank}. " if c.ranked else "   - ",
+                                           verbose=args.verbose):
+            print(line)
+    for line in router.sources_lines(candidates):
+        print(line)
+    if not args.verbose and any(c.reasons for c in candidates):
+        print("every reason with its source: --verbose")
     return 0 if chosen else 1
 
 
@@ -265,14 +299,14 @@ def cmd_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         decision = router.decide(problem, device, explicit=explicit, live=True)
     except (router.BackendRefusedError, router.NoBackendError) as exc:
         if args.json:
-            _print_json({"chosen": None, "device": device_json(device), "error": str(exc)})
+            _print_json({"chosen": None, "device": device_json(device), "error": str(exc), "details": exc.details})
         else:
-            print(exc)
+            print(exc.details if args.verbose else exc)
         return 1
     if args.json:
         _print_json({**decision.to_json(), "device": device_json(device)})
     else:
-        print(decision.explain())
+        print(decision.explain(verbose=args.verbose))
     return 0
 
 
@@ -417,5 +451,4 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         # everything after the hook's name is its own (argparse REMAINDER stops at options)
         return COMMANDS[argv[0]](argparse.Namespace(command=argv[0], args=argv[1:]), parser)
     args = parser.parse_args(argv)
-    sub = parser._subparsers._group_actions[0].choices[args.command]  # for errors naming the sub-command
-    return COMMANDS[args.command](args, sub)
+    return COMMANDS[args.command](args, args.command_parser)

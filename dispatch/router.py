@@ -25,12 +25,20 @@ from .problem import AttentionBatch, AttentionProblem
 log = logging.getLogger("attn_dispatch")
 
 
-class BackendRefusedError(ValueError):
+class _Detailed(Exception):
+    """An error whose message opens with a one-line summary; ``details`` holds every reason."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details or message
+
+
+class BackendRefusedError(_Detailed, ValueError):
     """An explicitly chosen backend cannot serve the problem (its reasons attached)."""
 
 
-class NoBackendError(RuntimeError):
-    """No candidate accepts the problem (every backend's reasons attached)."""
+class NoBackendError(_Detailed, RuntimeError):
+    """No candidate accepts the problem (the ranked ones' reasons; ``details``: every backend's)."""
 
 
 WIDTH = 100  # explain() fits a 100-column terminal
@@ -43,6 +51,8 @@ class Candidate:
     reasons: list[Reason]  # empty = accepted
     ranked: bool = True  # in the priority list: only ranked candidates are chosen automatically
     estimate: str = ""  # the measurement or model estimate behind its place among the accepted
+    evidence: Optional[choice.Estimate] = None  # that estimate, as numbers and its source
+    score: Optional[float] = None  # what the ranking sorts when it spans sizes: time / fastest's, mean
 
     @property
     def accepted(self) -> bool:
@@ -52,8 +62,11 @@ class Candidate:
         return "CHOSEN  " if self.backend == chosen else ("ok      " if self.accepted else "rejected")
 
     def to_json(self) -> dict[str, Any]:
+        e = self.evidence
         return {"backend": self.backend, "accepted": self.accepted, "ranked": self.ranked, "why_here": self.why,
-                "estimate": self.estimate or None, "reasons": [str(r) for r in self.reasons]}
+                "estimate": self.estimate or None, "score": self.score,
+                "estimate_ms": e.ms if e else None, "estimate_sizes": list(e.sizes) if e else None,
+                "estimate_source": e.source if e else None, "reasons": [str(r) for r in self.reasons]}
 
 
 def wrap(text: str, indent: int, width: int = WIDTH) -> list[str]:
@@ -63,16 +76,44 @@ def wrap(text: str, indent: int, width: int = WIDTH) -> list[str]:
                          break_long_words=True, break_on_hyphens=False) or [pad]
 
 
-def candidate_lines(c: Candidate, chosen: Optional[str], prefix: str = "  ") -> list[str]:
-    """One candidate as explain() and query show it: mark, name, why, then its reasons."""
+def short_reason(r: Reason) -> str:
+    """A reason without its source: field, value, what is allowed."""
+    return f"{r.field}={r.value!r}: allowed {r.allowed}"
+
+
+def first_reason(reasons: list[Reason]) -> str:
+    """The reason a one-line summary names (the device kind first: on the CPU it says it all)."""
+    top = sorted(reasons, key=lambda r: r.field != "device_kind")[0]
+    return short_reason(top) + (f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else "")
+
+
+def candidate_lines(c: Candidate, chosen: Optional[str], prefix: str = "  ", verbose: bool = True) -> list[str]:
+    """One candidate as explain() and query show it: mark, name, why, its estimate, its reasons
+    (verbose: every reason with its source; else one line for a rejected candidate)."""
     head = f"{prefix}{c.mark(chosen)} {c.backend:14s} "
+    if not verbose and c.reasons:
+        line = head + first_reason(c.reasons)
+        return [line if len(line) <= WIDTH else line[:WIDTH - 3] + "..."]
     why = textwrap.wrap(c.why, WIDTH - len(head), break_on_hyphens=False) or [""]
     lines = [head + why[0]] + [" " * len(head) + line for line in why[1:]]
     if c.estimate:
-        lines.extend(wrap(f"= {c.estimate}", len(prefix) + 11))
+        score = f"{c.score:.3f}x the fastest (mean over sizes); " if c.score is not None else ""
+        lines.extend(wrap(f"= {score}{c.estimate}", len(prefix) + 11))
     for r in c.reasons:
         lines.extend(wrap(f"- {r}", len(prefix) + 11))
     return lines
+
+
+def sources_lines(candidates: list[Candidate]) -> list[str]:
+    """The estimates' sources, each once (they are shared by most candidates)."""
+    sources = dict.fromkeys(c.evidence.source for c in candidates if c.evidence is not None)
+    return [line for s in sources for line in wrap(f"estimates from: {s}", 0)]
+
+
+def describe_on(problem: AttentionProblem, device: DeviceDesc) -> str:
+    """The problem's description ending with the device's name, once ("..., on h100")."""
+    where = device.name if device.kind == "cpu" else f"{device.name} ({device.arch})"
+    return problem.describe().removesuffix(f", on {problem.device_type}") + f", on {where}"
 
 
 @dataclass
@@ -104,18 +145,29 @@ class Decision:
             "fallbacks": [{"backend": b, "reasons": [str(r) for r in rs]} for b, rs in self.fallbacks],
         }
 
-    def explain(self) -> str:
-        lines = wrap(self.problem.describe(), 0) + [f"device: {self.device.name} ({self.device.arch})"]
-        if self.explicit:
-            lines.append(f"explicit choice: {self.explicit[0]} (from {self.explicit[1]})")
-        elif self.ranking:
+    def summary(self) -> str:
+        """One line: what serves the call, where, and why."""
+        others = sum(c.accepted for c in self.candidates if c.ranked) - 1
+        why = (f"explicit choice from {self.explicit[1]}" if self.explicit
+               else f"{others} other ranked candidate(s) accept it" if others > 0 else "the only ranked candidate that accepts it")
+        ran = f"; ran {self.ran} (fell back)" if self.ran and self.ran != self.chosen else ""
+        return f"{self.chosen} serves {self.problem.entry} on {self.device.name} ({why}){ran}"
+
+    def explain(self, verbose: bool = False) -> str:
+        """The summary, the problem, one line per rejected candidate; ``verbose``: every reason with
+        its source."""
+        lines = [self.summary()] + wrap(f"problem: {describe_on(self.problem, self.device)}", 0)
+        if self.ranking and not self.explicit:
             lines.extend(wrap(f"ranked by: {self.ranking}", 0))
         for c in self.candidates:
-            lines.extend(candidate_lines(c, self.chosen))
+            if not c.ranked and not verbose and c is next(o for o in self.candidates if not o.ranked):
+                lines.append(f"  {c.why} (never chosen automatically; one that accepts can be forced):")
+            lines.extend(candidate_lines(c, self.chosen, verbose=verbose))
+        lines.extend(sources_lines(self.candidates))
         for b, rs in self.fallbacks:
             lines.extend(wrap(f"fallback: {b} refused at plan time: " + "; ".join(map(str, rs)), 2))
-        if self.ran and self.ran != self.chosen:
-            lines.append(f"ran: {self.ran} (the latest call fell back from {self.chosen})")
+        if not verbose and any(c.reasons for c in self.candidates):
+            lines.append("every reason with its source: explain(verbose=True) (CLI: --verbose)")
         return "\n".join(lines)
 
     def __str__(self) -> str:  # what a user sees when printing explain(...)
@@ -197,7 +249,8 @@ def rank_measured(problem: AttentionProblem, device: DeviceDesc,
     ranking = choice.rank(problem, device, [c.backend for c in accepted], problem.sizes or None)
     by_name = {c.backend: c for c in accepted}
     for name, est in ranking.estimates.items():
-        by_name[name].estimate = est.describe()
+        by_name[name].estimate, by_name[name].evidence = est.short(), est
+        by_name[name].score = ranking.scores.get(name) if ranking.points > 1 else None
     basis = ranking.basis if ranking.estimates else ""  # the priority list alone: nothing to add
     order = iter(ranking.order)
     return [by_name[next(order)] if c.accepted else c for c in ranked], basis
@@ -228,7 +281,7 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
         return Decision(problem, device, candidates, name, explicit, strict)
     accepted = [c for c in candidates if c.accepted and c.ranked]
     if not accepted:
-        raise NoBackendError(_nothing_text(problem, device, candidates))
+        raise NoBackendError(*_nothing_text(problem, device, candidates))
     chosen = accepted[0].backend
     if strict:
         _check_strict(problem, device, candidates, chosen)
@@ -260,20 +313,35 @@ def _check_strict(problem, device, candidates, chosen) -> None:
 
 def _refusal_text(problem, device, name, source, reasons, candidates) -> str:
     would = [c.backend for c in candidates if c.accepted]
-    return (f"backend {name!r} (chosen by {source}) cannot serve {problem.describe()} on {device.name}:\n"
+    return (f"backend {name!r} (chosen by {source}) cannot serve this {problem.entry} call on {device.name}: "
+            f"{first_reason(reasons)}\nproblem: {describe_on(problem, device)}\n"
             + "\n".join(f"  - {r}" for r in reasons)
             + f"\nbackends that would accept it: {', '.join(would) or 'none'}"
             + (f"; force one with backend=... or {policy.ENV_BACKEND}=<name>" if would else ""))
 
 
-def _nothing_text(problem, device, candidates) -> str:
-    lines = [f"no backend can serve {problem.describe()} on {device.name}:"]
+def _nothing_text(problem, device, candidates) -> tuple[str, str]:
+    """(message, details): the ranked candidates' reasons and a line for the rest; every reason."""
+    ranked = [c for c in candidates if c.ranked]
+    top = f"{ranked[0].backend}: {first_reason(ranked[0].reasons)}" if ranked else "no priority list"
+    if problem.cuda_graph and device.kind != "cuda":  # the one thing to change, whatever the backends say
+        top = "CUDA graphs need a CUDA device: is_cuda_graph_compatible / use_cuda_graph must be False here"
+    lines = [f"no backend can serve this {problem.entry} call on {device.name} ({top})",
+             f"problem: {describe_on(problem, device)}"]
+    details = list(lines)
     for c in candidates:
-        lines.append(f"  {c.backend}:" + ("" if c.ranked else f" ({c.why})"))
-        lines.extend(f"    - {r}" for r in c.reasons)
+        block = [f"  {c.backend}:" + ("" if c.ranked else f" ({c.why})")] + [f"    - {r}" for r in c.reasons]
         if c.accepted:  # only an unranked one can accept here: say how to use it anyway
-            lines.append(f"    accepts it; force it with backend={c.backend!r} or {policy.ENV_BACKEND}={c.backend}")
-    return "\n".join(lines)
+            block.append(f"    accepts it; force it with backend={c.backend!r} or {policy.ENV_BACKEND}={c.backend}")
+        details += block
+        if c.ranked or c.accepted:
+            lines += block
+    rest = [c.backend for c in candidates if not c.ranked and not c.accepted]
+    if rest:
+        lines.append(f"  refusing too, outside the priority list: {', '.join(rest)}")
+        lines.append("every backend's reasons with their sources: this error's .details "
+                     "(attn-dispatch explain --verbose)")
+    return "\n".join(lines), "\n".join(details)
 
 
 @dataclass

@@ -54,7 +54,9 @@ def test_the_fastest_measured_candidate_is_chosen_and_explained(monkeypatch):
     p = with_rows(monkeypatch, {"fa2": 0.40, "xqa": 0.20, "cudnn": 0.41, "native-triton": 0.30})
     d = router.decide(p, H100, live=False)
     assert d.chosen == "xqa" and d.accepted()[:2] == ["xqa", "native-triton"]
-    assert "measured: 0.2 ms at batch 64 x q 1 x kv 4096 (test row)" in d.explain().replace("\n", " ").replace("  ", " ")
+    text = d.explain().replace("\n", " ").replace("  ", " ")
+    assert "measured: 0.2 ms at batch 64 x q 1 x kv 4096" in text
+    assert text.count("test row") == 1  # the estimates' source, once
     assert d.ranking.startswith("measured time (1 matching rows")
 
 

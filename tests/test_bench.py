@@ -32,6 +32,8 @@ def test_quick_bench_checks_and_times_every_entry_point_on_the_cpu(quick_report)
         assert ref["eager_ms"] > 0 and ref["rate"] > 0
         assert by["auto"]["served"] == "reference" and by["auto"]["status"] == "ok"
         assert r["regret"] >= 0 and r["fastest"] in by
+        if r["fastest"] == r["auto"]:  # two runs of one backend: noise, not regret
+            assert r["regret"] == 0 and r["fastest_ms"] <= r["auto_ms"] and r["noise"] is not None
         if r["problem"]["lse"]:
             assert ref["lse_rel_err"] is not None and ref["lse_rel_err"] <= 1e-5
     assert rep["regret"]["count"] == len(rep["results"])
@@ -226,9 +228,9 @@ def test_the_terminal_summary_fits_100_columns_and_names_failing_backends():
     assert all(len(line) <= 100 for line in lines)
     assert lines[0] == "attn-dispatch bench: mine on CPU, 3 problems" and "max 100.0%" in lines[1]
     i = lines.index(long_name)
-    assert lines[i + 1].split() == ["native-triton", "0.25", "cudnn", "0.5", "100.0%"]
+    assert lines[i + 1].split() == ["native-triton", "0.25", "cudnn", "0.5", "100.0%", "-"]  # "-": no noise figure
     assert lines[i + 2].startswith("  ! cudnn DISAGREES; fa2 error (xxx")
-    assert any(line.startswith("xqa 2x1x16 h4/2 d32 fp32") and line.rstrip().endswith("1.3%") for line in lines)
+    assert any(line.startswith("xqa 2x1x16 h4/2 d32 fp32") and line.split()[-2] == "1.3%" for line in lines)
     assert lines[-1] == "single 1x1x8 h4/2 d32 fp32: skipped: --budget-s spent"
 
 
@@ -274,3 +276,111 @@ def test_merged_results_keep_the_backends_a_later_file_did_not_run(tmp_path):
     results, _ = table.merged([first, recheck])
     built = table.build_table(results, "test")
     assert built.rows[0].ms == {"cudnn": 0.57, "fa2": 0.19, "fa3": 0.67}
+
+
+# ------------------------------------------------- regret, noise, skipped backends, plots (issue 21)
+def _row(backend, ms, served=None):
+    row = {"backend": backend, "status": "ok", "eager_ms": ms}
+    return {**row, "served": served} if served else row
+
+
+@pytest.mark.parametrize("rows, want", [
+    # auto served the fastest: two runs of one backend differ by noise, never by regret
+    ([_row("reference", 1.0), _row("auto", 0.8, "reference")],
+     dict(fastest="reference", fastest_ms=0.8, regret=0.0, noise=pytest.approx(0.2))),
+    ([_row("reference", 0.8), _row("auto", 1.0, "reference")],
+     dict(fastest="reference", fastest_ms=0.8, regret=0.0, noise=pytest.approx(0.25))),
+    # auto served a slower backend: regret between the two backends' best times
+    ([_row("a", 1.0), _row("b", 2.0), _row("auto", 1.8, "b")],
+     dict(fastest="a", fastest_ms=1.0, regret=pytest.approx(0.8), noise=pytest.approx(0.1))),
+    # auto's own run makes the served backend the fastest: the fastest column says so
+    ([_row("a", 1.0), _row("b", 1.1), _row("auto", 0.95, "b")],
+     dict(fastest="b", fastest_ms=0.95, regret=0.0)),
+    # auto served a backend not forced here: regret from auto's own time, never negative
+    ([_row("a", 1.0), _row("auto", 0.9, "c")], dict(fastest="c", fastest_ms=0.9, regret=0.0, noise=None)),
+])
+def test_regret_compares_backends_and_noise_compares_runs(rows, want):
+    got = runner.summarize(rows)
+    assert {k: got[k] for k in want} == want
+    shown = [ms for ms in (r["eager_ms"] for r in rows)]
+    assert got["fastest_ms"] == min(shown), "the fastest column shows a slower time than one in the row"
+
+
+def test_a_backend_not_usable_here_is_named_with_how_to_enable_it(monkeypatch):
+    from backends.native.triton_backend import NativeTritonBackend
+    from dispatch.lab import report
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(NativeTritonBackend, "_available", None)
+    p = BenchProblem(entry=XQA, batch=2, q_len=1, kv_len=40, num_qo_heads=4, num_kv_heads=2, head_dim=16,
+                     dtype="float32", page_size=8, backends=("reference", "native-triton"))
+    result = runner.run_problem(p, "cpu", reps=1, l2_bytes=0)
+    skipped = {b["backend"]: b for b in result["backends"] if b["status"] == "skipped"}
+    assert list(skipped) == ["native-triton"] and "TRITON_INTERPRET=1" in skipped["native-triton"]["note"]
+    rep = {"grid": "t", "environment": {}, "method": "", "results": [result],
+           "regret": report.regret_figures([result])}
+    text = report.summary_text(rep)
+    assert "not run here: native-triton (device: no CUDA device; to enable: a CUDA GPU, or TRITON_INTERPRET=1" in text
+    assert "- not run here: native-triton" in report.markdown(rep)
+    assert "| native-triton" not in report.markdown(rep)  # no column of "skipped" cells
+
+
+def test_the_figures_report_noise_apart_from_regret():
+    from dispatch.lab import report
+
+    results = [{"name": "x", "fastest": "reference", "auto": "reference", "regret": 0.0, "noise": 0.3},
+               {"name": "y", "fastest": "a", "auto": "b", "regret": 0.2, "noise": 0.01}]
+    fig = report.regret_figures(results)
+    assert fig["max"] == 0.2 and fig["auto_served_fastest"] == 1 and fig["noise_max"] == 0.3
+    assert "noise (two timings of the same backend): p50 1.0%, max 30.0%" in report._figures_text(fig)
+
+
+class _Axes:
+    """Records what a panel draws (matplotlib is an optional extra: the layout is tested without it)."""
+
+    def __init__(self):
+        self.points, self.separators, self.labels, self.ticks = [], [], [], []
+
+    def plot(self, x, y, **style):
+        assert style.get("linestyle") == "none", "a line joins problems that are unrelated"
+        self.points.append((x, y, style.get("marker")))
+
+    def axvline(self, x, **_):
+        self.separators.append(x)
+
+    def annotate(self, text, xy, **_):
+        self.labels.append((text, xy[0]))
+
+    def set_xticklabels(self, labels, **_):
+        self.ticks = list(labels)
+
+    def __getattr__(self, name):  # set_title, set_yscale, ...: nothing to check
+        return lambda *a, **k: None
+
+
+def test_a_rate_panel_draws_points_per_problem_grouped_by_feature_set():
+    from dispatch.lab import report
+
+    def result(kv, causal, rates):
+        p = BenchProblem(PAGED, 2, 16, kv, num_qo_heads=4, num_kv_heads=2, head_dim=16, dtype="float32", causal=causal)
+        return {"name": p.name, "problem": p.to_json(), "unit": "TFLOP/s",
+                "backends": [{"backend": n, "status": "ok", "rate": r} for n, r in rates.items()]}
+
+    rs = [result(64, True, {"reference": 1.0, "auto": 1.0}), result(32, False, {"reference": 2.0, "auto": 2.0}),
+          result(32, True, {"reference": 3.0, "native-triton": 0.5, "auto": 3.0})]
+    ax = _Axes()
+    report._rate_panel(ax, "paged", "prefill", "TFLOP/s", rs, {"reference": "C0", "native-triton": "C1"})
+    assert [t for t, _ in ax.labels] == ["h4/2 d16 fp32", "h4/2 d16 fp32 causal"] and ax.separators == [0.5]
+    assert ax.ticks == ["2x16x32", "2x16x32", "2x16x64"]  # by feature set, then size
+    assert sorted((x, y) for x, y, m in ax.points if m == "x") == [(0, 2.0), (1, 3.0), (2, 1.0)]
+    assert len([p for p in ax.points if p[2] == "o"]) == 4
+
+
+def test_plot_titles_name_device_grid_and_versions():
+    from dispatch.lab import report
+
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.9.0", "triton": "3.5.0", "attn-dispatch": "0.1.0",
+           "flashinfer": "not installed (ImportError)"}
+    title = report.plot_title({"grid": "h100", "environment": env}, "rate")
+    assert "grid h100 on NVIDIA H100 80GB HBM3" in title
+    assert "attn-dispatch 0.1.0, torch 2.9.0, triton 3.5.0, flashinfer not installed" in title

@@ -398,9 +398,10 @@ def test_a_refused_explicit_choice_names_unranked_backends_that_would_accept(fak
 def test_explain_lines_fit_100_columns(fakes):
     long_why = Reason("head_dim_qk", 16, "one of " + ", ".join(str(16 * i) for i in range(4, 40)), "a long datasheet " * 8)
     fakes(FakeBackend("fake-vendor", reasons=[long_why]), FakeBackend("fake-native"))
-    text = router.decide(make_problem(), FAKE_GPU).explain()
-    assert max(len(line) for line in text.splitlines()) <= router.WIDTH
-    assert "a long datasheet" in text
+    decision = router.decide(make_problem(), FAKE_GPU)
+    for text in (decision.explain(), decision.explain(verbose=True)):
+        assert max(len(line) for line in text.splitlines()) <= router.WIDTH
+    assert "a long datasheet" in decision.explain(verbose=True) and "a long datasheet" not in decision.explain()
 
 
 # -- ATTN_DISPATCH_STRICT: a boolean, parsed strictly ---------------------------------------------

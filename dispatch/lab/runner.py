@@ -39,8 +39,12 @@ METHOD = (
     "together hold at least 3x the L2, so no call reads K/V left in the L2 by the previous one. Rates, one "
     "formula each: decode (q_len 1) TB/s = bytes of K and V read [2 * batch * keys read * kv heads * head dim * "
     "element bytes; keys read = kv_len, or window_left + 1 with a window] / time; prefill TFLOP/s = 4 * q heads "
-    "* head dim * batch * visible (query, key) pairs [bottom-right causal, window inclusive] / time. fastest: "
-    "the lowest eager time among the backends and auto; regret = auto / fastest - 1.")
+    "* head dim * batch * visible (query, key) pairs [bottom-right causal, window inclusive] / time. A "
+    "backend's time: the best of its timings (forced, and auto's run when auto served it). fastest: the "
+    "backend with the lowest time; regret = the time of the backend auto served / the fastest's - 1 (0 when "
+    "auto served the fastest: two runs of one backend differ by noise, not by choice); noise = |auto's own "
+    "time / the forced time of the backend it served - 1|, the spread of two timings of the same backend. A "
+    "backend not usable here is listed as skipped, with how to enable it.")
 
 
 def visible_pairs(q_len: int, kv_len: int, causal: bool, window_left: int) -> int:
@@ -160,13 +164,23 @@ SLOW_ON_GPU = ("reference",)
 def backends_to_force(p: BenchProblem, device: str) -> list[str]:
     """Every registered backend whose package is usable here (or the problem's own list); on a
     GPU, not the SLOW_ON_GPU ones unless the problem lists them."""
-    names = list(p.backends) or [n for n in backends.REGISTRY if device != "cuda" or n not in SLOW_ON_GPU]
-    out = []
-    for name in names:
-        backend = backends.get_backend(name)
-        if backend.available() is None:
-            out.append(name)
-    return out
+    return [name for name in _candidates(p, device) if backends.get_backend(name).available() is None]
+
+
+def _candidates(p: BenchProblem, device: str) -> list[str]:
+    return list(p.backends) or [n for n in backends.REGISTRY if device != "cuda" or n not in SLOW_ON_GPU]
+
+
+def skipped_rows(p: BenchProblem, device: str) -> list[dict]:
+    """A row per backend not usable here: its reason says how to enable it (the package's install
+    line; native-triton on the CPU: TRITON_INTERPRET=1)."""
+    rows = []
+    for name in _candidates(p, device):
+        missing = backends.get_backend(name).available()
+        if missing is not None:
+            rows.append({"backend": name, "status": "skipped",
+                         "note": f"{missing.field}: {missing.value}; to enable: {missing.allowed}"})
+    return rows
 
 
 def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0) -> dict:
@@ -177,6 +191,7 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     rows = [measure(built, name, device, reps) for name in backends_to_force(p, device)]
     rows.append(measure(built, AUTO, device, reps))
     rows.append(_flashinfer_row(built, device, reps))
+    rows += skipped_rows(p, device)
     for r in rows:
         if r.get("eager_ms"):
             r["rate"] = amount / (r["eager_ms"] * 1e-3) / 1e12
@@ -200,18 +215,26 @@ def _flashinfer_row(built: Built, device: str, reps: int) -> dict:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """fastest of ours (backend and ms), auto's served backend and ms, regret = auto / fastest - 1,
-    and auto against FlashInfer's own call (auto_over_flashinfer: < 1 is faster)."""
+    """A backend's time: the best of its timings (forced, and auto's run when auto served it: noise
+    only ever adds time). fastest: the backend with the lowest; regret: the time of the backend auto
+    served over the fastest's - 1, so 0 when auto served the fastest (two runs of one backend differ
+    by noise, not by choice); noise: |auto's own time / the forced time of the backend it served - 1|;
+    auto_over_flashinfer: auto against FlashInfer's own call (< 1 is faster)."""
     fi_ms = next((r.get("eager_ms") for r in rows if r["backend"] == FLASHINFER), None)
-    rows = [r for r in rows if r["backend"] != FLASHINFER]
-    timed = {r["backend"]: r["eager_ms"] for r in rows if r.get("eager_ms")}
+    forced = {r["backend"]: r["eager_ms"] for r in rows if r.get("eager_ms") and r["backend"] not in (AUTO, FLASHINFER)}
     auto = next((r for r in rows if r["backend"] == AUTO), {})
-    if not timed:
-        return {"fastest": None, "fastest_ms": None, "auto": auto.get("served"), "auto_ms": None, "regret": None}
-    forced = {b: ms for b, ms in timed.items() if b != AUTO}
-    best = min(forced or timed, key=(forced or timed).__getitem__)
-    best_ms = min(timed.values())
-    auto_ms = timed.get(AUTO)
-    return {"fastest": best, "fastest_ms": (forced or timed)[best], "auto": auto.get("served"), "auto_ms": auto_ms,
-            "regret": None if auto_ms is None else auto_ms / best_ms - 1.0, "flashinfer_ms": fi_ms,
-            "auto_over_flashinfer": auto_ms / fi_ms if auto_ms and fi_ms else None}
+    served, auto_ms = auto.get("served"), auto.get("eager_ms")
+    out = {"fastest": None, "fastest_ms": None, "auto": served, "auto_ms": auto_ms, "regret": None, "noise": None,
+           "flashinfer_ms": fi_ms, "auto_over_flashinfer": auto_ms / fi_ms if auto_ms and fi_ms else None}
+    best_of = dict(forced)
+    if auto_ms and served:
+        best_of[served] = min(auto_ms, forced.get(served, auto_ms))
+    if not best_of:
+        return out
+    fastest = min(best_of, key=best_of.__getitem__)
+    out.update(fastest=fastest, fastest_ms=best_of[fastest])
+    if served in best_of:
+        out["regret"] = best_of[served] / best_of[fastest] - 1.0
+    if served in forced and auto_ms:
+        out["noise"] = abs(auto_ms / forced[served] - 1.0)
+    return out
