@@ -80,7 +80,6 @@ class BenchProblem:
         out += ["HND"] if self.kv_layout == "HND" else []
         out += ["KV pair"] if self.kv_pair else []
         out += ["mask"] if self.custom_mask else []
-        out += [f"page {self.page_size}"] if self.paged and self.page_size != 16 else []
         return out
 
     @property
