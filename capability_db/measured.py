@@ -10,11 +10,28 @@ that SM), validated by pydantic; this module imports nothing of dispatch.
 A bucket's static facts (``Bucket.static_key``: phase, GQA group, head dims, dtypes, causal,
 window / soft cap / sinks on or off) must equal the problem's for a row to apply; its sizes
 (batch, q_len, kv_len) say how near the row is.
+
+Two times per backend: ``ms`` (GPU time per call: CUDA events behind a GPU spin, what a CUDA
+graph's replay costs) and ``host_us`` (host time per eager call of that backend's path: the
+Python and launch work before the call returns), per row and per (backend, entry point) in
+``TimingTable.host_us``. Tables written before host times existed have neither: the choice
+then uses a per-backend default (dispatch/choice.py ``DEFAULT_HOST_US``).
+
+**Per GPU.** ``table_for`` takes the table measured on the device's own GPU (by name:
+``gpu_key``); a GPU of a known SM without one borrows a table of the same SM *scaled* to it
+(``TimingTable.scaled_to``): decode-shaped rows by the ratio of peak HBM bandwidth, prefill
+rows by the ratio of peak bf16 tensor FLOP/s, above each backend's launch floor. The peaks come
+from the device description (``DeviceDesc.peak_tb_per_s`` / ``peak_tflops``, which the router
+fills from the live GPU's properties where it can) or, by name, from ``GPU_PEAKS`` (NVIDIA's
+datasheets). Never another GPU's times unchanged unless nothing is known of this one's peaks
+(then the table says so: ``scaling``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -59,8 +76,9 @@ def static_key_of(problem: AttentionProblem) -> tuple:
 class TimingRow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     bucket: Bucket
-    ms: dict[str, float]  # backend -> ms per call (eager, warm, L2-cold K/V)
+    ms: dict[str, float]  # backend -> GPU ms per call (eager, warm, L2-cold K/V, launch gaps not counted)
     source: str  # the results file (and problem) it came from
+    host_us: dict[str, float] = {}  # backend -> host us per eager call (absent in older tables)
 
 
 class Efficiency(BaseModel):
@@ -81,6 +99,31 @@ class TimingTable(BaseModel):
     peak_tflops: float = Field(gt=0)  # dense bf16/fp16 tensor-core FLOP/s
     efficiency: dict[str, Efficiency]
     rows: list[TimingRow]
+    # backend -> entry point -> host us per eager call (``bench --host-cost`` or the rows' median)
+    host_us: dict[str, dict[str, float]] = {}
+    scaling: str = ""  # "" for a GPU's own table; else how it was scaled to this GPU (explain shows it)
+
+    @property
+    def key(self) -> str:
+        return gpu_key(self.gpu) or self.gpu.lower()
+
+    def scaled_to(self, bandwidth: float, tflops: float, target: str) -> "TimingTable":
+        """This table as expected on a GPU of ``bandwidth`` TB/s and ``tflops`` TFLOP/s: each row's
+        GPU time above the backend's launch floor divided by the bandwidth ratio (decode rows) or
+        the compute ratio (prefill rows); peaks replaced (the efficiencies, relative to peak, stay);
+        host times unchanged (they are the host's)."""
+        bw, fl = bandwidth / self.peak_tb_per_s, tflops / self.peak_tflops
+
+        def scaled(row: TimingRow) -> TimingRow:
+            ratio = bw if row.bucket.phase == "decode" else fl
+            ms = {}
+            for name, t in row.ms.items():
+                floor = min(t, self.efficiency[name].launch_us / 1e3) if name in self.efficiency else 0.0
+                ms[name] = round(floor + (t - floor) / ratio, 5)
+            return row.model_copy(update={"ms": ms})
+        how = f"{self.key} table scaled to this GPU ({target}: bandwidth x{bw:.2f}, compute x{fl:.2f})"
+        return self.model_copy(update={"rows": [scaled(r) for r in self.rows], "peak_tb_per_s": bandwidth,
+                                       "peak_tflops": tflops, "scaling": how})
 
     def rows_for(self, problem: AttentionProblem) -> list[TimingRow]:
         """Rows whose static facts match (same entry first: its own host path and variants)."""
@@ -89,11 +132,63 @@ class TimingTable(BaseModel):
         return sorted(rows, key=lambda r: r.bucket.entry != problem.entry)
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuPeaks:
+    key: str  # the table file's stem: measured/<key>.json
+    tb_per_s: float  # peak HBM bandwidth
+    tflops: float  # dense bf16 tensor-core TFLOP/s
+    sms: int
+
+
+# Known GPUs by name (NVIDIA datasheets; SXM parts unless named): the first pattern found in the
+# upper-cased name wins, so the more specific names come first (GH200 before H200 before H20).
+GPU_PEAKS: tuple[tuple[str, GpuPeaks], ...] = (
+    (r"GH200", GpuPeaks("gh200", 4.0, 989.0, 132)),
+    (r"H200", GpuPeaks("h200", 4.8, 989.0, 132)),
+    (r"H100.*PCIE", GpuPeaks("h100-pcie", 2.0, 756.0, 114)),
+    (r"H100.*NVL", GpuPeaks("h100-nvl", 3.9, 835.0, 132)),
+    (r"H100", GpuPeaks("h100", 3.35, 989.0, 132)),
+    (r"H800", GpuPeaks("h800", 3.35, 989.0, 132)),
+    (r"H20\b", GpuPeaks("h20", 4.0, 148.0, 78)),
+    (r"B200", GpuPeaks("b200", 8.0, 2250.0, 148)),
+    (r"A100.*PCIE", GpuPeaks("a100-pcie", 1.94, 312.0, 108)),
+    (r"A100", GpuPeaks("a100", 2.04, 312.0, 108)),
+    (r"L40S", GpuPeaks("l40s", 0.864, 362.0, 142)),
+    (r"L4\b", GpuPeaks("l4", 0.3, 121.0, 58)),
+)
+
+
+def gpu_peaks(name: str) -> Optional[GpuPeaks]:
+    """The known peaks of a GPU by its name ("NVIDIA H200", "h100", ...), or None."""
+    upper = name.upper()
+    return next((peaks for pattern, peaks in GPU_PEAKS if re.search(pattern, upper)), None)
+
+
+def gpu_key(name: str) -> str:
+    """The table key of a GPU name ("NVIDIA H100 80GB HBM3" -> "h100"), or "" when unknown."""
+    peaks = gpu_peaks(name)
+    return peaks.key if peaks else ""
+
+
+def device_peaks(device: DeviceDesc) -> tuple[float, float, str]:
+    """(TB/s, TFLOP/s, where from) of a device: its description's, else the known table's by name;
+    0 where unknown (compute then follows the SM count, when known, against the table's GPU)."""
+    known = gpu_peaks(device.name)
+    bw = device.peak_tb_per_s or (known.tb_per_s if known else 0.0)
+    fl = device.peak_tflops or (known.tflops if known else 0.0)
+    return bw, fl, device.name
+
+
+def table_paths(sm: int) -> list[Path]:
+    return [path for path in sorted(MEASURED_DIR.glob("*.json")) if _sm_of(path) == sm]
+
+
 def table_path(device: DeviceDesc) -> Optional[Path]:
-    for path in sorted(MEASURED_DIR.glob("*.json")):
-        if _sm_of(path) == device.sm:
-            return path
-    return None
+    """The device's own table (by GPU name), else the first of its SM, else None."""
+    paths = table_paths(device.sm)
+    key = gpu_key(device.name)
+    own = [p for p in paths if key and p.stem == key]
+    return (own or paths or [None])[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,14 +200,31 @@ def _sm_of(path: Path) -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def load_table(path: Path) -> TimingTable:
+    try:
+        return TimingTable.model_validate(json.loads(path.read_text()))
+    except Exception as exc:  # a broken data file must say which file
+        raise RuntimeError(f"capability_db: measured/{path.name} is invalid: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=None)
 def table_for(device: DeviceDesc) -> Optional[TimingTable]:
-    """The timing table of the device's SM, or None (CPU, or a GPU nobody measured)."""
+    """The device's own timing table; else a table of its SM scaled to its peaks (module doc);
+    None on the CPU or where nobody measured the SM."""
     if device.kind != "cuda":
         return None
     path = table_path(device)
     if path is None:
         return None
-    try:
-        return TimingTable.model_validate(json.loads(path.read_text()))
-    except Exception as exc:  # a broken data file must say which file
-        raise RuntimeError(f"capability_db: measured/{path.name} is invalid: {exc}") from exc
+    table = load_table(path)
+    key = gpu_key(device.name)
+    if key and key == table.key:
+        return table
+    bw, fl, name = device_peaks(device)
+    known = gpu_peaks(table.gpu)
+    if not fl and device.sm_count and known:  # compute follows the SM count at the same clocks
+        fl = table.peak_tflops * device.sm_count / known.sms
+    if not bw and not fl:
+        return table.model_copy(update={"scaling": f"{table.key} table unscaled: no peak figures for "
+                                                   f"{name} (capability_db/measured.py GPU_PEAKS)"})
+    return table.scaled_to(bw or table.peak_tb_per_s, fl or table.peak_tflops, name)

@@ -11,6 +11,16 @@ this is on the per-call path. Evidence, best first, for each accepted backend:
    launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
    efficiencies measured on this GPU (a default where it has none).
 
+**What a call costs.** An eager call costs the backend's GPU time *and* its host path (the Python,
+planning and launch work before the call returns: 10x the kernel on small problems for some
+paths); a call captured in a CUDA graph replays its kernels alone. So a backend's expected time
+is GPU time + host time for an eager call, GPU time alone when the problem declares a CUDA graph
+(``cuda_graph``: the wrapper's ``use_cuda_graph``, cuDNN's ``is_cuda_graph_compatible``) or the
+decision is made during capture (``capturing``: part of the router's decision key). Host time,
+best first: the table's (backend, entry point) figure (``TimingTable.host_us``, from ``bench
+--host-cost`` or the bench rows' median), the median of the matching rows' ``host_us``, else
+``DEFAULT_HOST_US`` (tables written before host times existed keep working).
+
 The entry point's own list (priorities.json ``entry_first``) stays ahead of the family's list:
 its reasons are about the entry's calling convention (device-side lengths, which FlashInfer's
 fa2/fa3 re-plan on the host every call), which rows measured through other entry points do not
@@ -23,9 +33,13 @@ estimate there. Scores within TIE of the best keep the static priority order; no
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
+
+import torch
 
 import capability_db
 from capability_db.measured import ANCHORS, Efficiency, TimingRow, TimingTable, table_for
@@ -41,23 +55,73 @@ SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch
 
 Sizes = tuple[int, int, int]  # (batch, q_len, kv_len)
 
+# Host microseconds per eager call of each backend's path where the table has no measured figure:
+# rough figures of the H100/H200 host-cost runs (tools/results/host-cost-h100*.md; issue 20's
+# H200 sweep), a 2024 server CPU, warm calls of a repeated shape. The order matters more than the
+# values: the vendors' launchers cost ~15-40 us, native-triton's Triton launch more, the unfused
+# PyTorch reference far more.
+DEFAULT_HOST_US = {"fa2": 25.0, "fa3": 35.0, "xqa": 25.0, "trtllm-gen": 30.0, "cudnn": 40.0, "torch-flash": 30.0,
+                   "native-triton": 60.0, "reference": 500.0}
+UNKNOWN_HOST_US = 40.0  # a backend missing from DEFAULT_HOST_US
+
+
+_CUDA = torch.cuda.is_available()  # a CPU-only torch cannot even ask (a described GPU: never capturing)
+
+
+def capturing(device: DeviceDesc) -> bool:
+    """Whether the current CUDA stream is capturing a graph (then only GPU time counts)."""
+    return device.kind == "cuda" and _CUDA and torch.cuda.is_current_stream_capturing()
+
+
+def with_properties(desc: DeviceDesc, props: Any) -> DeviceDesc:
+    """``desc`` with what the live GPU's properties say: SM count, and peak HBM bandwidth
+    (2 x memory clock x bus width) where this torch reports them (else 0: the name decides)."""
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    bandwidth = round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e12, 3) if clock_khz and bus_bits else 0.0
+    return dataclasses.replace(desc, sm_count=int(getattr(props, "multi_processor_count", 0) or 0),
+                               peak_tb_per_s=bandwidth)
+
+
+def host_us(table: TimingTable, rows: list[TimingRow], backend: str, entry: str) -> tuple[float, str]:
+    """(host us per eager call of ``backend`` on ``entry``, where the figure comes from)."""
+    measured = table.host_us.get(backend, {})
+    if entry in measured:
+        return measured[entry], "measured"
+    seen = [r.host_us[backend] for r in rows if backend in r.host_us and r.bucket.entry == entry] or \
+        [r.host_us[backend] for r in rows if backend in r.host_us]
+    if seen:
+        return statistics.median(seen), "measured rows"
+    if measured:
+        return statistics.median(measured.values()), "measured on other entry points"
+    return DEFAULT_HOST_US.get(backend, UNKNOWN_HOST_US), "default"
+
 
 @dataclass(frozen=True)
 class Estimate:
     backend: str
-    ms: float  # at the sizes it was estimated for
+    ms: float  # expected ms per call at the sizes it was estimated for: GPU time (+ host time, eager)
     basis: str  # "autotune" | "measured" | "measured, scaled" | "model"
     sizes: Sizes
     source: str
     note: str = ""  # how a row at other sizes became this estimate
+    host_us: Optional[float] = None  # the host time counted in ms (None: not counted, a CUDA graph)
+    host_source: str = ""
 
     def short(self) -> str:
         """The estimate without its source (explain prints the sources once, not per candidate)."""
         b, q, kv = self.sizes
-        return f"{self.basis}: {self.ms:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
+        gpu = self.ms - (self.host_us or 0.0) / 1e3
+        text = f"{self.basis}: {gpu:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
+        if self.host_us is not None:  # an eager call: what its host path adds
+            text += f" + host {self.host_us:.3g} us ({self.host_source}) = {self.ms:.4g} ms"
+        return text
 
     def describe(self) -> str:
         return f"{self.short()} ({self.source})"
+
+    def with_host(self, us: float, source: str) -> "Estimate":
+        return dataclasses.replace(self, ms=self.ms + us / 1e3, host_us=us, host_source=source)
 
 
 @dataclass(frozen=True)
@@ -138,11 +202,13 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     if table is None:
         why = "one candidate" if len(accepted) <= 1 else f"no timing table for {device.name} (sm {device.sm})"
         return Ranking(list(accepted), {}, f"priority list ({why})")
-    where = f"{table.gpu} (capability_db/measured)"
+    where = f"{table.gpu} (capability_db/measured" + (f"; {table.scaling})" if table.scaling else ")")
     rows = table.rows_for(problem)
     points = [sizes] if sizes else sorted({_sizes(r) for r in rows}) or [ANCHORS.get(problem.phase, ANCHORS["prefill"])]
     anchors = [shared_row(rows, accepted, pt) if sizes else None for pt in points]
-    per_point = [{n: estimate(table, rows, n, problem, pt, where, anchor) for n in accepted}
+    graph = problem.cuda_graph or capturing(device)
+    hosts = {n: host_us(table, rows, n, problem.entry) for n in accepted}
+    per_point = [{n: _counted(estimate(table, rows, n, problem, pt, where, anchor), hosts[n], graph) for n in accepted}
                  for pt, anchor in zip(points, anchors)]
     scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
                           / len(per_point)) for n in accepted}
@@ -153,7 +219,13 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
     basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
              else f"cost model ({where}: no row matches this problem's facts)")
+    basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
     return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device), len(per_point))
+
+
+def _counted(est: Estimate, host: tuple[float, str], graph: bool) -> Estimate:
+    """The estimate of what the call costs: GPU time, plus the host path for an eager call."""
+    return est if graph else est.with_host(*host)
 
 
 UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the shared row, order kept

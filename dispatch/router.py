@@ -189,7 +189,8 @@ def live_device(tensor: torch.Tensor) -> DeviceDesc:
     if desc is None:
         major, minor = torch.cuda.get_device_capability(index)
         name = torch.cuda.get_device_name(index)
-        desc = _live_devices[index] = capability_db.device_for_capability(major, minor, name)
+        desc = _live_devices[index] = choice.with_properties(
+            capability_db.device_for_capability(major, minor, name), torch.cuda.get_device_properties(index))
     return desc
 
 
@@ -260,7 +261,7 @@ def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tup
            strict: Optional[bool] = None, live: bool = True) -> Decision:
     """The cached decision for (problem, device, explicit, strict). Raises if nothing can serve."""
     strict = policy.strict_mode() if strict is None else strict
-    key = (problem, device, explicit, strict, live)
+    key = (problem, device, explicit, strict, live, choice.capturing(device))  # captured: GPU time alone
     decision = _decisions.get(key)
     if decision is None:
         decision = _decide(problem, device, explicit, strict, live)

@@ -247,7 +247,7 @@ def test_flashinfer_column_calls_an_older_trtllm_signature():
         return out
 
     def built(causal, lse):
-        problem = SimpleNamespace(causal=causal, lse=lse, q_len=4, kv_len=8, batch=2, window_left=-1)
+        problem = SimpleNamespace(causal=causal, lse=lse, q_len=4, kv_len=8, batch=2, window_left=-1, kv_layout="NHD")
         case = {k: None for k in ("q", "table", "seq", "qo", "kv_tokens")}
         return SimpleNamespace(problem=problem, case={**case, "device": "cpu"}, scale=0.1, out=None, sinks=None,
                                lse=torch.empty(3) if lse else None)

@@ -1,7 +1,9 @@
 """``attn-dispatch bench``: the one benchmark runner.
 
-Sweeps a named grid (``--grid quick|h100``; ``--quick`` = ``--grid quick``) or a user's JSON list
-of problems (``--problems FILE``; fields: dispatch/lab/problems.py) through the public entry
+Sweeps a named grid (``--grid quick|h100``; ``--quick`` = ``--grid quick``), a user's JSON list
+of problems (``--problems FILE``; fields: dispatch/lab/problems.py) or N random problems
+(``--random N [--seed S]``: the distribution and its caps are dispatch/lab/randomgrid.py's; without
+``--seed`` the seed is drawn from os.urandom now; either way it is printed and recorded) through the public entry
 points: every available backend forced in turn and the automatic choice, each output checked
 against the fp64 oracle, eager and CUDA-graph timing, rates, the fastest backend and auto's
 regret (``runner.METHOD``). Writes DIR/bench-<grid>.json and .md (+ PNG plots with matplotlib)
@@ -10,6 +12,8 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
 
     attn-dispatch bench --device cpu --quick --out DIR        # seconds, CI runs it
     attn-dispatch bench --grid h100 --out $OUT --budget-s 500 # one H100, JIT compiles included
+    attn-dispatch bench --random 60 --out $OUT                # a fresh seed, printed and recorded
+    attn-dispatch bench --random 60 --seed 1234 --start 40    # resume that sweep at problem 40
     attn-dispatch bench --to-table DIR/bench-h100.json        # -> capability_db/measured/<gpu>.json
 
 Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
@@ -35,7 +39,8 @@ import torch
 # use them.
 
 
-USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE] [--device {cpu,cuda}]\n"
+USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
+         "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N] [--list]\n"
          "                           [--json]\n"
          "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
@@ -54,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
     what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/lab/problems.py)")
+    what.add_argument("--random", type=int, metavar="N",
+                      help="N problems drawn from the engine-shaped distribution of dispatch/lab/randomgrid.py")
     what.add_argument("--to-table", type=Path, nargs="+", metavar="JSON",
                       help="turn bench JSONs of one GPU into the router's timing table (capability_db/measured/<gpu>.json)")
     what.add_argument("--host-cost", action="store_true",
@@ -69,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop starting problems after S seconds (the rest are listed as skipped)")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="only the first N problems")
     p.add_argument("--start", type=int, default=0, metavar="N", help="skip the first N problems (resume a sweep)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="with --random: the seed (default: drawn from os.urandom now; printed and recorded)")
     p.add_argument("--table-out", type=Path, default=None, help="with --to-table: where to write the table")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
@@ -76,8 +85,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def load_problems(args: argparse.Namespace) -> tuple[str, list]:
-    from . import grids, problems
+    from . import grids, problems, randomgrid
 
+    if args.random is not None:
+        if args.random < 1:
+            raise ValueError(f"--random {args.random}: allowed a number of problems >= 1")
+        return f"random-{args.random}-seed-{args.seed}", randomgrid.draw(args.random, args.seed, args.device)
     if args.problems:
         items = json.loads(args.problems.read_text())
         if not isinstance(items, list):
@@ -168,6 +181,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--device cuda: no CUDA device here (use --device cpu)")
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # native-triton on the CPU: Triton's interpreter
+    if args.seed is not None and args.random is None:
+        parser.error("--seed goes with --random N")
+    if args.random is not None and args.seed is None:
+        from .randomgrid import new_seed
+        args.seed = new_seed()
+    if args.random is not None:
+        print(f"random sweep: {args.random} problems, seed {args.seed} (again: --random {args.random} "
+              f"--seed {args.seed})", file=sys.stderr, flush=True)
     try:
         name, plist = load_problems(args)
     except (OSError, ValueError) as exc:
@@ -178,9 +199,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("\n".join(p.name for p in plist))
         return 0
     reps = args.reps or (10 if args.device == "cuda" else 5)
-    stem = f"bench-{name}-{args.device}"
+    stem = f"bench-{name}-{args.device}" + (f"-from-{args.start}" if args.start else "")  # a resume keeps the first part
     rep = {"grid": name, "environment": environment(args.device),
            "method": runner.METHOD.format(rows=16, reps=reps), "results": [], "regret": {}}
+    if args.random is not None:
+        from .randomgrid import DISTRIBUTION
+        rep.update(seed=args.seed, random=args.random, start=args.start, distribution=DISTRIBUTION)
 
     def save(results: list[dict]) -> list[Path]:
         rep.update(results=results, regret=report.regret_figures(results))

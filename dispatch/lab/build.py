@@ -6,6 +6,11 @@ timed call never reads K/V the previous call left in the L2. ``Built.call(backen
 the entry point's public call, FlashInfer's spelling, taking one K/V operand; a wrapper is
 made and planned there, so call it inside ``dispatch.use_backend(name)`` to force a backend.
 ``Built.check`` compares a sample of output rows (and LSE rows) with the fp64 oracle.
+
+The cache's form follows the problem: NHD or HND (a paged cache (pages, 2, P, Hkv, D) or
+(pages, 2, Hkv, P, D); single prefill's k/v (kv_len, Hkv, D) or (Hkv, kv_len, D)), one 5-D
+tensor or a (K, V) pair of contiguous 4-D tensors (``kv_pair``), and a custom mask drawn from
+the seed (each key kept with probability 3/4, every query's own key kept) where asked.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ class Built:
     lse: Optional[torch.Tensor]
     scale: float
     wrappers: list = field(default_factory=list)
+    masks: Optional[list] = None  # per request (q_len, kv_len) bool, True keeps (custom_mask problems)
 
     def call(self, api: Optional[dict] = None) -> Callable[[Any], Any]:
         """The public call taking a K/V operand (a wrapper is made and planned now); ``api``:
@@ -79,8 +85,9 @@ class Built:
         for r in sorted({0, p.batch // 2, p.batch - 1}):
             rows = slice(r * p.q_len + p.q_len - n, (r + 1) * p.q_len)
             k, v = self.request_kv(r)
+            mask = None if self.masks is None else self.masks[r][p.q_len - n:]
             o, l2 = attention_fp64(q[rows], k, v, sm_scale=self.scale, causal=p.causal, window_left=p.window_left,
-                                   soft_cap=p.soft_cap, sinks=self.sinks)
+                                   soft_cap=p.soft_cap, sinks=self.sinks, mask=mask)
             got_o.append(out[rows])
             ref_o.append(o)
             if lse is not None:
@@ -95,12 +102,14 @@ class Built:
         p, c = self.problem, self.case
         if not p.paged:
             k, v = self.operands[0]
+            if p.kv_layout == "HND":  # single prefill's (Hkv, kv_len, D)
+                k, v = k.transpose(0, 1), v.transpose(0, 1)
             return k[r * p.kv_len:(r + 1) * p.kv_len], v[r * p.kv_len:(r + 1) * p.kv_len]
         pages = c["table"][r, : math.ceil(p.kv_len / p.page_size)].long()
-        cache = c["cache"]  # (pages, 2, P, Hkv, D): NHD
-        k = cache[pages, 0].reshape(-1, p.num_kv_heads, p.head_dim)[: p.kv_len]
-        v = cache[pages, 1].reshape(-1, p.num_kv_heads, p.head_dim)[: p.kv_len]
-        return k, v
+        kv = self.operands[0]
+        halves = kv if isinstance(kv, tuple) else (kv[:, 0], kv[:, 1])  # (pages, P, Hkv, D) or HND's (pages, Hkv, P, D)
+        return tuple((t[pages].transpose(1, 2) if p.kv_layout == "HND" else t[pages])
+                     .reshape(-1, p.num_kv_heads, p.head_dim)[: p.kv_len] for t in halves)
 
 
 def build(p: BenchProblem, device: str, l2_bytes: int = 0, seed: int = 0) -> Built:
@@ -108,11 +117,13 @@ def build(p: BenchProblem, device: str, l2_bytes: int = 0, seed: int = 0) -> Bui
     sizes = dict(num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads, head_dim=p.head_dim, device=device)
     q_lens, kv_lens = (p.q_len,) * p.batch, (p.kv_len,) * p.batch
     if p.paged:
-        c = lab.paged(q_lens, kv_lens, "NHD", dtype, seed, page_size=p.page_size, kv_dtype=kv_dtype, **sizes)
-        first: Any = c["cache"]
+        c = lab.paged(q_lens, kv_lens, p.kv_layout, dtype, seed, page_size=p.page_size, kv_dtype=kv_dtype, **sizes)
+        first: Any = (c["cache"][:, 0].contiguous(), c["cache"][:, 1].contiguous()) if p.kv_pair else c["cache"]
     else:
         c = lab.ragged(q_lens, kv_lens, dtype, seed, **sizes)
         first = (c["k"], c["v"])
+        if p.kv_layout == "HND":  # single prefill only (check_entry)
+            first = tuple(t.transpose(0, 1).contiguous() for t in first)
     c["kv_tokens"] = lab.indptr(kv_lens, device)
     copies = [first] + [tuple(t.clone() for t in first) if isinstance(first, tuple) else first.clone()
                         for _ in range(kv_copies(p, l2_bytes) - 1)]
@@ -123,28 +134,52 @@ def build(p: BenchProblem, device: str, l2_bytes: int = 0, seed: int = 0) -> Bui
                                                                       dtype=dtype, device=device)
     lse = (torch.empty(total_q, p.num_qo_heads, dtype=torch.float32, device=device)
            if p.lse and p.entry in (PAGED, RAGGED, TRTLLM) else None)
-    return Built(p, c, copies, sinks, out, lse, p.head_dim ** -0.5)
+    masks = _masks(p, gen, device) if p.custom_mask else None
+    return Built(p, c, copies, sinks, out, lse, p.head_dim ** -0.5, masks=masks)
+
+
+def _masks(p: BenchProblem, gen: torch.Generator, device: str) -> list:
+    """One (q_len, kv_len) bool mask per request: keys kept with probability 3/4, each query's own
+    key (bottom-right: kv_len - q_len + i) always kept, so no row is fully masked."""
+    own = torch.arange(p.q_len) + (p.kv_len - p.q_len)
+    out = []
+    for _ in range(p.batch):
+        m = torch.rand(p.q_len, p.kv_len, generator=gen) < 0.75
+        m[torch.arange(p.q_len), own] = True
+        out.append(m.to(device))
+    return out
 
 
 # -- the public calls, FlashInfer's spelling ------------------------------------------------------
 def _single(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, q = b.problem, b.case["q"]
     kw = dict(causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    if p.kv_layout != "NHD":
+        kw["kv_layout"] = p.kv_layout
+    if b.masks is not None:
+        kw["custom_mask"] = b.masks[0]
     return lambda kv: fn(q, kv[0], kv[1], **kw)
 
 
 def _ragged(b: Built, cls: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    w = lab.ragged_wrapper(c, cls, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    w = lab.ragged_wrapper(c, cls, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None,
+                           **_mask_kw(b))
     b.wrappers.append(w)
     return lambda kv: w.run(c["q"], kv[0], kv[1], return_lse=p.lse, out=b.out, lse=b.lse)
 
 
 def _paged(b: Built, cls: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
-    w = lab.paged_wrapper(c, cls, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None)
+    w = lab.paged_wrapper(c, cls, causal=p.causal, window_left=p.window_left, logits_soft_cap=p.soft_cap or None,
+                          **_mask_kw(b))
     b.wrappers.append(w)
     return lambda kv: w.run(c["q"], kv, return_lse=p.lse, out=b.out, lse=b.lse, sinks=b.sinks)
+
+
+def _mask_kw(b: Built) -> dict:
+    """The wrappers' plan keyword for a custom mask: every request's mask flattened, concatenated."""
+    return {} if b.masks is None else {"custom_mask": torch.cat([m.reshape(-1) for m in b.masks])}
 
 
 def _trtllm(b: Built, fn: Any) -> Callable[[Any], Any]:
@@ -159,7 +194,7 @@ def _trtllm(b: Built, fn: Any) -> Callable[[Any], Any]:
         raise NotImplementedError(f"{getattr(fn, '__module__', '')}.{fn.__name__} takes no {', '.join(missing)}=")
     options = {name: value for name, value in options.items() if name in taken}
     return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.q_len, p.kv_len, b.scale, 1.0, p.batch, c["qo"],
-                         c["kv_tokens"], window_left=p.window_left, out=b.out, kv_layout="NHD", sinks=b.sinks,
+                         c["kv_tokens"], window_left=p.window_left, out=b.out, kv_layout=p.kv_layout, sinks=b.sinks,
                          **options)
 
 
@@ -167,7 +202,7 @@ def _xqa(b: Built, fn: Any) -> Callable[[Any], Any]:
     p, c = b.problem, b.case
     ws = lab.ws(c["device"])
     return lambda kv: fn(c["q"], kv, ws, c["table"], c["seq"], p.kv_len, b.scale, 1.0, window_left=p.window_left,
-                         out=b.out, sinks=b.sinks, kv_layout="NHD")
+                         out=b.out, sinks=b.sinks, kv_layout=p.kv_layout)
 
 
 def _cudnn(b: Built, fn: Any) -> Callable[[Any], Any]:
@@ -176,8 +211,10 @@ def _cudnn(b: Built, fn: Any) -> Callable[[Any], Any]:
     lens_q = torch.full((p.batch, 1, 1, 1), p.q_len, dtype=torch.int32, device=c["device"])
     row = p.num_qo_heads * p.head_dim
 
-    def call(kv):  # K and V as (pages, Hkv, P, D) views of the NHD cache: no copy
-        k, v = kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2)
+    hnd = p.kv_layout == "HND"
+
+    def call(kv):  # K and V as (pages, Hkv, P, D): the HND cache's halves, or views of the NHD cache (no copy)
+        k, v = (kv[:, 0], kv[:, 1]) if hnd else (kv[:, 0].transpose(1, 2), kv[:, 1].transpose(1, 2))
         return fn(c["q"], k, v, b.scale, ws, max_token_per_sequence=p.q_len, max_sequence_kv=p.kv_len,
                   actual_seq_lens_q=lens_q, actual_seq_lens_kv=c["seq"].view(p.batch, 1, 1, 1),
                   block_tables=c["table"], causal=p.causal, return_lse=p.lse, batch_offsets_q=c["qo"] * row,

@@ -27,6 +27,13 @@ same rows at tiny sizes (wall time; what the test runs).
 
     attn-dispatch bench --host-cost [--device cuda|cpu] [--quick] [--[no-]kernel-bound] [--profile N] [--out DIR]
     attn-dispatch bench --host-cost --cudnn-launch [--quick] [--profile N] [--out DIR]
+    attn-dispatch bench --host-cost --matrix [--quick] [--[no-]small] [--out DIR]
+
+``--matrix``: every entry point x every backend that serves it (each forced in turn, then the
+automatic choice and FlashInfer's own call) x three sizes (tiny 1 x 1 x 64, decode 64 x 4096,
+causal prefill 8 x 2048; 32/8 heads, d128, bf16; ``--small``, the CPU's default, scales them
+down), host microseconds per eager call; DIR/host-cost-matrix-<device>.json is what ``bench
+--to-table`` takes beside bench JSONs for the table's host times.
 
 (``python tools/host_cost.py`` takes the same options.)
 
@@ -740,6 +747,95 @@ def cudnn_launch_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the matrix: every entry x every backend that serves it x several sizes (--matrix) -----------------
+# (batch, q_len, kv_len) per size; --small (the CPU's default) scales them down
+MATRIX_SIZES = {"tiny": (1, 1, 64), "decode 64 x 4096": (64, 1, 4096), "prefill 8 x 2048": (8, 2048, 2048)}
+SMALL_SIZES = {"tiny": (1, 1, 8), "decode 64 x 4096": (2, 1, 16), "prefill 8 x 2048": (2, 8, 16)}
+SMALL_CONFIG = Config(calls=1, repeats=1, warmup=1)
+MATRIX_SHAPES = {False: dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16"),
+                 True: dict(num_qo_heads=4, num_kv_heads=2, head_dim=32, dtype="float32", page_size=8)}
+
+
+def matrix_problems(small: bool) -> list[tuple[str, Any]]:
+    """(size name, BenchProblem or the reason there is none) for every entry point x size: causal
+    prefill, single prefill on one request of the size's lengths, xqa at decode sizes only."""
+    from .problems import ENTRY_NAMES, SINGLE, SINGLE_LSE, BenchProblem, check_entry
+    out = []
+    for entry in ENTRY_NAMES:
+        for size, (b, q, kv) in (SMALL_SIZES if small else MATRIX_SIZES).items():
+            p = BenchProblem(entry, 1 if entry in (SINGLE, SINGLE_LSE) else b, q, kv, causal=q > 1,
+                             **MATRIX_SHAPES[small])
+            why = check_entry(p)
+            out.append((size, why or p))
+    return out
+
+
+def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optional[dict] = None) -> dict:
+    """Host us per eager call of one backend (forced; "auto"; "flashinfer": FlashInfer's own call)
+    on a built problem, after ``cfg.warmup`` calls; or why it did not run."""
+    from . import runner
+    row: dict[str, Any] = {"backend": backend}
+    with runner._scope(backend):
+        try:
+            call = built.call(api)
+            for kv in built.operands[:1] * cfg.warmup:
+                call(kv)
+            sync(device)
+        except router.BackendRefusedError as exc:
+            return {**row, "status": "refused", "note": runner._refusal(exc)}
+        except Exception as exc:  # a vendor failing is a result to report
+            return {**row, "status": "error", "note": runner._one_line(exc)}
+        row["served"] = built.served() if api is None else backend
+        spread = host_us({"call": runner._cycling(call, built.operands)}, device, cfg)["call"]
+    return {**row, "status": "ok", "host_us": round(statistics.median(spread), 2),
+            "min_max_us": [round(min(spread), 2), round(max(spread), 2)]}
+
+
+def host_matrix(device: str, cfg: Config, small: bool) -> list[dict]:
+    """Every entry point x every backend that serves it (each forced in turn, then auto and
+    FlashInfer's own call) x the sizes: one row per cell (``bench --to-table`` reads them)."""
+    from . import build, runner
+    rows = []
+    api, why = build.flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
+    for size, p in matrix_problems(small):
+        if isinstance(p, str):
+            rows.append({"size": size, "status": "skipped", "note": p})
+            continue
+        try:
+            built = build.build(p, device, seed=len(rows))
+        except Exception as exc:  # out of memory, say: a result
+            rows.append({"entry": p.entry, "size": size, "problem": p.name, "status": "error",
+                         "note": runner._one_line(exc)})
+            continue
+        names = runner.backends_to_force(p, device) + [runner.AUTO]
+        cells = [matrix_cell(built, name, device, cfg) for name in names]
+        fi = api.get(p.entry) if api else None
+        cells.append(matrix_cell(built, runner.FLASHINFER, device, cfg, api) if fi is not None else
+                     {"backend": runner.FLASHINFER, "status": "absent", "note": why or "not in this version"})
+        for cell in cells:
+            rows.append({"entry": p.entry, "size": size, "problem": p.name, **cell})
+            print(json.dumps(rows[-1]), flush=True)
+        del built
+    return rows
+
+
+def matrix_markdown(env: dict, rows: list[dict]) -> str:
+    where = f"{env['gpu']} ({env['capability']})" if env["gpu"] else f"CPU ({env['cpu']})"
+    lines = [f"# Host cost per eager call: every entry x backend x size, {where}", "",
+             f"{env['date']}; Python {env['python']}, torch {env['torch']}, flashinfer {env['flashinfer']}. "
+             "Produced by `attn-dispatch bench --host-cost --matrix`. Host microseconds per call: median of "
+             f"{env['repeats']} timings of {env['calls_per_timing']} back-to-back calls (no sync inside, one "
+             "after), each backend forced through the public entry point (dispatch.use_backend), then the "
+             "automatic choice and FlashInfer's own call.", "",
+             "| entry point | size | backend | served | host us | min / max | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mm = r.get("min_max_us")
+        lines.append(f"| {r.get('entry', '')} | {r['size']} | {r.get('backend', '')} | {r.get('served') or ''} | "
+                     f"{_cell(r.get('host_us'))} | {f'{mm[0]:.1f} / {mm[1]:.1f}' if mm else ''} | "
+                     f"{r.get('note', '') if r['status'] != 'ok' else ''} |")
+    return "\n".join(lines) + "\n"
+
+
 # -- report -------------------------------------------------------------------------------------------
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
@@ -876,6 +972,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--cudnn-launch", action="store_true",
                         help="only the cuDNN row, path by path: dispatch, the adapter's run, its launcher, "
                              "FlashInfer's own call (CUDA); writes DIR/cudnn-launch-cuda.json")
+    parser.add_argument("--matrix", action="store_true",
+                        help="every entry x every backend that serves it x sizes (tiny, decode 64 x 4096, prefill "
+                             "8 x 2048): DIR/host-cost-matrix-<device>.json (bench --to-table reads it) and .md")
+    parser.add_argument("--small", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --matrix: sizes scaled down (default: on for the CPU)")
     args = parser.parse_args(argv)
     if (args.device == "cuda" or args.cudnn_launch) and not torch.cuda.is_available():
         parser.error(f"--{'cudnn-launch' if args.cudnn_launch else 'device cuda'}: no CUDA device here")
@@ -886,6 +987,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         (Path(args.out) / "cudnn-launch-cuda.json").write_text(json.dumps(report, indent=1))
         print(cudnn_launch_markdown(report))
         return 0
+    if args.matrix:
+        return _matrix_main(args, cfg)
     if args.kernel_bound is None:
         args.kernel_bound = args.device == "cuda" and not args.quick
     threads = torch.get_num_threads()
@@ -901,6 +1004,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         torch.set_num_threads(threads)
     print(write(out, args.device, report))
+    return 0
+
+
+def _matrix_main(args: argparse.Namespace, cfg: Config) -> int:
+    small = args.device == "cpu" if args.small is None else args.small
+    if small:  # the CPU's smoke run: each call is the whole (unfused, interpreted) computation
+        cfg = SMALL_CONFIG
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # native-triton on the CPU: Triton's interpreter
+    env = environment(args.device, cfg)
+    env["problem"] = "matrix: " + ", ".join(f"{k} {v}" for k, v in (SMALL_SIZES if small else MATRIX_SIZES).items())
+    rows = host_matrix(args.device, cfg, small)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"host-cost-matrix-{args.device}.json").write_text(json.dumps({"environment": env, "matrix": rows}, indent=1))
+    md = matrix_markdown(env, rows)
+    (out / f"host-cost-matrix-{args.device}.md").write_text(md)
+    print(md)
     return 0
 
 

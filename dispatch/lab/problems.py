@@ -1,8 +1,10 @@
 """What ``attn-dispatch bench`` measures: one problem = one entry point on uniform requests.
 
 A ``BenchProblem`` names the entry point (FlashInfer's name; wrappers as ``<Wrapper>.run``),
-the batch, the query and KV length of every request, heads, head dim, dtypes and the features
-(causal, window, soft cap, sinks, LSE, fp8 KV). ``problem_from_json`` reads one from a user's
+the batch, the query and KV length of every request, heads, head dim, dtypes, the KV cache's
+form (``kv_layout`` NHD or HND; a paged cache as one 5-D tensor or a (K, V) pair of 4-D
+tensors, ``kv_pair``) and the features (causal, window, soft cap, sinks, LSE, fp8 KV, a
+random custom mask). ``problem_from_json`` reads one from a user's
 file (short entry names accepted: single, single_lse, cudnn, trtllm, xqa, paged, ragged);
 ``check_entry`` says, before anything runs, what an entry point cannot express (cuDNN takes
 no window, xqa is decode only, ...), naming the field, its value and what is allowed.
@@ -23,11 +25,14 @@ SHORT_NAMES = {"single": SINGLE, "single_lse": SINGLE_LSE, "cudnn": CUDNN, "trtl
 SHORT_OF = {full: short for short, full in SHORT_NAMES.items()}
 
 # what each entry point's FlashInfer signature can say (the rest is refused by check_entry)
+# (hnd: the KV layout HND; kv_pair: a paged cache as a (K, V) tuple; custom_mask: a boolean mask)
 _FEATURES = {
-    SINGLE: {"window", "soft_cap", "causal"}, SINGLE_LSE: {"window", "soft_cap", "causal"},
-    CUDNN: {"causal", "lse"}, TRTLLM: {"window", "sinks", "causal", "lse"},
-    XQA: {"window", "sinks", "fp8_kv"}, PAGED: {"window", "soft_cap", "sinks", "causal", "lse", "fp8_kv"},
-    RAGGED: {"window", "soft_cap", "causal", "lse"},
+    SINGLE: {"window", "soft_cap", "causal", "hnd", "custom_mask"},
+    SINGLE_LSE: {"window", "soft_cap", "causal", "hnd", "custom_mask"},
+    CUDNN: {"causal", "lse", "hnd"}, TRTLLM: {"window", "sinks", "causal", "lse", "hnd", "kv_pair"},
+    XQA: {"window", "sinks", "fp8_kv", "hnd", "kv_pair"},
+    PAGED: {"window", "soft_cap", "sinks", "causal", "lse", "fp8_kv", "hnd", "kv_pair", "custom_mask"},
+    RAGGED: {"window", "soft_cap", "causal", "lse", "custom_mask"},
 }
 
 
@@ -48,6 +53,9 @@ class BenchProblem:
     soft_cap: float = 0.0
     sinks: bool = False
     lse: bool = False
+    kv_layout: str = "NHD"  # NHD or HND (single prefill: k/v (Hkv, kv_len, D); paged: the page cache's)
+    kv_pair: bool = False  # paged: K and V as two 4-D tensors, not one 5-D cache
+    custom_mask: bool = False  # a random boolean mask (seeded; every row keeps its own key)
     backends: tuple = ()  # () = force every available backend; else only these (and auto)
 
     @property
@@ -69,6 +77,9 @@ class BenchProblem:
         out += ["sinks"] if self.sinks else []
         out += ["lse"] if self.lse or self.entry == SINGLE_LSE else []
         out += [f"{short_dtype(self.kv_type)} KV"] if self.kv_type != self.dtype else []
+        out += ["HND"] if self.kv_layout == "HND" else []
+        out += ["KV pair"] if self.kv_pair else []
+        out += ["mask"] if self.custom_mask else []
         return out
 
     @property
@@ -93,7 +104,10 @@ def check_entry(p: BenchProblem) -> Optional[str]:
     """Why ``p.entry`` cannot express ``p`` (field, value, what is allowed), or None."""
     allowed = _FEATURES[p.entry]
     asked = {"window": p.window_left >= 0, "soft_cap": p.soft_cap > 0, "sinks": p.sinks,
-             "lse": p.lse, "fp8_kv": p.kv_type != p.dtype, "causal": p.causal and not p.decode}
+             "lse": p.lse, "fp8_kv": p.kv_type != p.dtype, "causal": p.causal and not p.decode,
+             "hnd": p.kv_layout == "HND", "kv_pair": p.kv_pair, "custom_mask": p.custom_mask}
+    if p.kv_layout not in ("NHD", "HND"):
+        return f"kv_layout={p.kv_layout!r}: allowed 'NHD' or 'HND'"
     missing = [f for f, on in asked.items() if on and f not in allowed]
     if missing:
         return f"{', '.join(missing)}: {p.entry} takes only {', '.join(sorted(allowed)) or 'none of them'}"
@@ -103,6 +117,8 @@ def check_entry(p: BenchProblem) -> Optional[str]:
         return f"q_len={p.q_len}: {XQA} is decode (q_len 1)"
     if p.q_len > p.kv_len:
         return f"q_len={p.q_len}: at most kv_len={p.kv_len} (queries are the last keys)"
+    if p.custom_mask and (p.causal or p.window_left >= 0):
+        return "custom_mask: a custom mask replaces causal and window (give neither with it)"
     if p.num_qo_heads % p.num_kv_heads:
         return f"heads={p.num_qo_heads}/{p.num_kv_heads}: qo heads must be a multiple of kv heads"
     return None

@@ -34,7 +34,8 @@ METHOD = (
     "the fp64 oracle (dispatch/lab/oracle.py): relative Frobenius error within the band (bf16/fp16 1e-2, "
     "fp8 KV 6e-2, fp32 1e-5), else the backend's row says DISAGREES and is not timed. Time: milliseconds per "
     "call, eager and warm, median of {reps} CUDA-event timings of back-to-back calls queued behind a GPU spin "
-    "(host launch gaps not counted; CPU: the wall clock); graph: the replay of one CUDA graph holding one call "
+    "(host launch gaps not counted; CPU: the wall clock); host: microseconds of host time per eager call "
+    "(back-to-back calls on the host clock, no sync inside, median of 3); graph: the replay of one CUDA graph holding one call "
     "per K/V copy, where the backend that served declares CUDA-graph support. K/V rotate over copies that "
     "together hold at least 3x the L2, so no call reads K/V left in the L2 by the previous one. Rates, one "
     "formula each: decode (q_len 1) TB/s = bytes of K and V read [2 * batch * keys read * kv heads * head dim * "
@@ -111,6 +112,7 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
             return {**row, "status": "DISAGREES"}
         row["status"] = "ok"
         row["eager_ms"] = _eager_ms(call, built, device, reps)
+        row["host_us"] = _host_us(call, built, device)
         if device == "cuda" and api is None and _graph_capable(row["served"]):
             row.update(_graph(call, built, reps))
     return row
@@ -135,6 +137,27 @@ def _eager_ms(call: Callable[[Any], Any], built: Built, device: str, reps: int) 
     one_ms = max(1e-3, (time.perf_counter() - t0) * 1e3)
     calls = max(len(built.operands), min(50, math.ceil(2.0 / one_ms))) if device == "cuda" else 1
     return timing.device_ms(_cycling(call, built.operands), device, reps=reps, calls=calls)
+
+
+HOST_CALLS = 20  # calls per host timing (few enough that the GPU's launch queue never fills)
+
+
+def _host_us(call: Callable[[Any], Any], built: Built, device: str) -> float:
+    """Host microseconds per eager call (warm): back-to-back calls timed on the host clock, no
+    sync inside the loop, the median of 3; what the choice adds to GPU time for an eager
+    call (dispatch/choice.py). On the CPU it is the whole call."""
+    fn = _cycling(call, built.operands)
+    calls = max(len(built.operands), HOST_CALLS if device == "cuda" else 1)
+    repeats = 3 if device == "cuda" else 1  # the CPU's figure is the whole call: once is enough
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
+        _sync(device)
+    return round(sorted(times)[len(times) // 2], 2)
 
 
 def _graph(call: Callable[[Any], Any], built: Built, reps: int) -> dict:

@@ -1,22 +1,24 @@
 """Bench results -> the router's timing table (capability_db/measured/<gpu>.json).
 
-Every problem's backends that agreed with the oracle become one row (bucket + ms per backend);
-each backend's efficiency (achieved / peak bandwidth on decode rows, achieved / peak FLOP/s on
-prefill rows: the best of its rows) and launch floor (its fastest call) feed the cost model
-of buckets nobody measured. Peaks come from PEAKS (vendor datasheets) by GPU name.
+Every problem's backends that agreed with the oracle become one row (bucket + GPU ms per backend
++ host us per eager call per backend, where the bench measured it); each backend's efficiency
+(achieved / peak bandwidth on decode rows, achieved / peak FLOP/s on prefill rows: the best of
+its rows) and launch floor (its fastest call) feed the cost model of buckets nobody measured.
+The table's host time per (backend, entry point) is the median of its rows' (``bench
+--host-cost`` JSONs given beside the bench JSONs take precedence: their figures are measured on
+purpose, per entry x backend x size). Peaks come from capability_db.measured.GPU_PEAKS (vendor
+datasheets) by GPU name; the file is measured/<gpu key>.json (an H200 run: h200.json).
 """
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Optional
 
-from capability_db.measured import MEASURED_DIR, Bucket, Efficiency, TimingRow, TimingTable
+from capability_db.measured import GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, TimingRow, TimingTable, gpu_key, gpu_peaks
 
 from .problems import SINGLE_LSE, BenchProblem
-
-# (HBM TB/s, dense bf16 tensor TFLOP/s), from NVIDIA's datasheets (SXM parts)
-PEAKS = {"H100": (3.35, 989.0), "H200": (4.8, 989.0), "B200": (8.0, 2250.0), "A100": (2.0, 312.0)}
 
 
 def entry_of(bench_entry: str) -> str:
@@ -33,10 +35,12 @@ def bucket_of(p: BenchProblem) -> Bucket:
 
 
 def peaks(gpu: str) -> tuple[float, float]:
-    for name, values in PEAKS.items():
-        if name in gpu.upper():
-            return values
-    raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(PEAKS)} (dispatch/lab/table.py)")
+    """(HBM TB/s, dense bf16 TFLOP/s) of a GPU by name."""
+    known = gpu_peaks(gpu)
+    if known is None:
+        raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(p.key for _, p in GPU_PEAKS)} "
+                         "(capability_db/measured.py GPU_PEAKS)")
+    return known.tb_per_s, known.tflops
 
 
 NOT_BACKENDS = ("auto", "flashinfer")  # bench columns that are not a backend the router can choose
@@ -54,11 +58,16 @@ def build_table(results: dict, source: str) -> TimingTable:
         p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
         ms = {b["backend"]: round(b["eager_ms"], 5) for b in r["backends"]  # ours only: not auto, not FlashInfer's
               if b["backend"] not in NOT_BACKENDS and b["status"] == "ok" and b.get("eager_ms")}
+        host = {b["backend"]: b["host_us"] for b in r["backends"]
+                if b["backend"] in ms and b.get("host_us")}
         if r.get("auto") and r.get("auto_ms") and r["auto"] not in ms:  # a backend only auto ran (the grid
             ms[r["auto"]] = round(r["auto_ms"], 5)  # forces fa3 at d128 only, to bound its JIT compiles)
+            auto = next((b for b in r["backends"] if b["backend"] == "auto"), {})
+            if auto.get("host_us"):
+                host[r["auto"]] = auto["host_us"]
         if not ms:
             continue
-        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{source}: {r['name']}"))
+        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{source}: {r['name']}", host_us=host))
         for name, t in ms.items():
             kind, peak = ("bandwidth", bw_peak) if p.decode else ("compute", fl_peak)
             e = eff.setdefault(name, {"bandwidth": 0.0, "compute": 0.0})
@@ -74,7 +83,25 @@ def build_table(results: dict, source: str) -> TimingTable:
                   for n, e in eff.items()}
     return TimingTable(gpu=env["gpu"], sm=int(env["capability"].removeprefix("sm_")), source=source,
                        environment={k: str(v) for k, v in env.items()}, peak_tb_per_s=bw_peak, peak_tflops=fl_peak,
-                       efficiency=efficiency, rows=rows)
+                       efficiency=efficiency, rows=rows, host_us=host_table(rows, results.get("host_cost", [])))
+
+
+def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, dict[str, float]]:
+    """backend -> entry point -> host us per eager call: the median of the rows', then the host-cost
+    runs' (median over their sizes) on top."""
+    seen: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        for name, us in row.host_us.items():
+            seen.setdefault((name, row.bucket.entry), []).append(us)
+    measured: dict[tuple[str, str], list[float]] = {}
+    for r in host_cost_rows:  # bench --host-cost --matrix rows: entry, backend, size, host_us
+        if r.get("host_us") and r.get("backend"):
+            measured.setdefault((r["backend"], entry_of(r["entry"])), []).append(r["host_us"])
+    seen.update(measured)
+    out: dict[str, dict[str, float]] = {}
+    for (name, entry), values in sorted(seen.items()):
+        out.setdefault(name, {})[entry] = round(statistics.median(values), 2)
+    return out
 
 
 def merged(paths: list[Path]) -> tuple[dict, str]:
@@ -82,7 +109,11 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
     problem (a backend measured again in a later file takes the later time; the backends a later
     file did not run keep their earlier times)."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
+    host_cost = [row for run in runs if "matrix" in run for row in run["matrix"]]  # bench --host-cost --matrix
     gpus = {r["environment"].get("gpu") for r in runs}
+    runs = [run for run in runs if "results" in run]
+    if not runs:
+        raise ValueError(f"{', '.join(map(str, paths))}: no bench results (host-cost runs only add host times)")
     if len(gpus) > 1:
         raise ValueError(f"results from different GPUs cannot make one table: {sorted(map(str, gpus))}")
     by_name: dict[str, dict] = {}
@@ -96,14 +127,14 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
                 r = {**r, "backends": list(backends.values())}
             if "backends" in r or before is None:
                 by_name[r["name"]] = r
-    return {"environment": runs[0]["environment"], "results": list(by_name.values())}, " + ".join(
-        Path(p).name for p in paths)
+    return {"environment": runs[0]["environment"], "results": list(by_name.values()), "host_cost": host_cost}, \
+        " + ".join(Path(p).name for p in paths)
 
 
 def write_from_results(results_paths, out: Optional[Path] = None) -> Path:
     paths = [results_paths] if isinstance(results_paths, (str, Path)) else list(results_paths)
     table = build_table(*merged(paths))
-    out = out or MEASURED_DIR / f"{table.gpu.split()[1].lower() if len(table.gpu.split()) > 1 else 'gpu'}.json"
+    out = out or MEASURED_DIR / f"{gpu_key(table.gpu) or table.gpu.split()[-1].lower()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
     return out
