@@ -148,3 +148,43 @@ def test_heuristic_fallback_only_when_a_proposes_nothing(fake, monkeypatch):
     backend.run(backend.plan(problem, batch), batch)
     assert modes == [["A"], ["A", "FALLBACK"]]
     _assert_padded_lse(problem, batch, padded, (1, 1))
+
+
+# -- on a GPU with cuDNN: the padded LSE FlashInfer's form writes (one-row graphs included) --------
+def _cudnn_usable() -> bool:
+    from backends import get_backend
+    return torch.cuda.is_available() and get_backend("cudnn").available() is None
+
+
+@pytest.mark.skipif(not _cudnn_usable(), reason="needs a CUDA GPU with cuDNN (run on the GPU host)")
+@pytest.mark.parametrize("q_lens,kv_lens", [((1,) * 8, (300, 17, 4096, 64, 1, 999, 128, 2048)),
+                                            ((5, 1, 77), (90, 4, 1300))])
+def test_gpu_entry_padded_lse_matches_fp64(q_lens, kv_lens):
+    """Issue 20's fix on the hardware: a one-row graph's Stats and a padded Stats without ragged
+    offsets are written (rows past a request's length stay -inf), out and LSE against fp64."""
+    import dispatch
+    import oracle as fp64
+    from dispatch.lab.cases import cudnn_args
+
+    c = paged(q_lens=q_lens, kv_lens=kv_lens, dtype=torch.bfloat16, device="cuda", num_qo_heads=32,
+              num_kv_heads=8, head_dim=128, page_size=16)
+    args, kw = cudnn_args(c, return_lse=True)
+    with dispatch.use_backend("cudnn"):
+        out, lse = dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
+    assert dispatch.cudnn_batch_prefill_with_kv_cache.last_decision.ran in (None, "cudnn")
+    k_all = c["cache"][:, 0].double().cpu()
+    v_all = c["cache"][:, 1].double().cpu()
+    start, qs, ks, vs = 0, [], [], []
+    for b, (n, m) in enumerate(zip(q_lens, kv_lens)):
+        pages = c["table"][b].long().cpu()
+        qs.append(c["q"][start:start + n].double().cpu())
+        ks.append(k_all[pages].reshape(-1, 8, 128)[:m])
+        vs.append(v_all[pages].reshape(-1, 8, 128)[:m])
+        start += n
+    ref_out, ref_lse = fp64.batch_attention_fp64(qs, ks, vs, sm_scale=128 ** -0.5, causal=True)
+    assert rel_error(out.double().cpu(), ref_out) < 1e-2
+    start = 0
+    for b, n in enumerate(q_lens):
+        assert rel_error(lse[b, :n].double().cpu(), ref_lse[start:start + n]) < 1e-2
+        assert lse[b, n:].isneginf().all()
+        start += n
