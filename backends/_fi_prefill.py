@@ -40,27 +40,50 @@ class FiState:
     plan_args: tuple
     plan_kwargs: dict
     paged: bool
-    direct: Optional["DirectRun"] = None  # fa2 on FlashInfer 0.5.x: the compiled run (_direct_run)
+    direct: Optional["DirectRun"] = None  # fa2 / fa3 on FlashInfer 0.5.x: the compiled run (_direct_run)
 
 
 class DirectRun:
-    """FlashInfer 0.5.x fa2's compiled run with the arguments its wrapper's run() would build
-    from what plan() stored (flashinfer/prefill.py, run_args of each wrapper's run), split around
-    the per-call tensors: ``fn(*head, q, k, v, *middle, out, lse, *tail)``; the softmax scale
-    (a plan-time value) is in ``tail``."""
+    """FlashInfer 0.5.x fa2's / fa3's compiled run with the arguments its wrapper's run() would
+    build from what plan() stored (flashinfer/prefill.py, run_args of each wrapper's run), split
+    around the per-call tensors: ``fn(*head, q, k, v, *middle, out, lse, *tail)``; the softmax
+    scale (a plan-time value) is in ``tail``. ``sparse``: fa3's paged run, whose page indices
+    FlashInfer's run() turns into token offsets for the call's K strides on every call
+    (``middle`` then comes from ``sparse(k, middle)``)."""
 
-    __slots__ = ("fn", "head", "middle", "tail")
+    __slots__ = ("fn", "head", "middle", "tail", "sparse")
 
-    def __init__(self, fn: Any, args: tuple, slots: tuple, sm_scale: float):
+    def __init__(self, fn: Any, args: tuple, slots: tuple, sm_scale: float, sparse: Any = None):
         q, k, v, out, lse, scale = slots
         if (k, v, lse) != (q + 1, q + 2, out + 1) or not q < out < scale:
             raise IndexError(f"slots {slots}: q, k, v and out, lse must be adjacent, in that order")
         args = list(args)
         args[scale] = sm_scale
         self.fn, self.head, self.middle, self.tail = fn, tuple(args[:q]), tuple(args[v + 1:out]), tuple(args[lse + 1:])
+        self.sparse = sparse
 
     def __call__(self, q, k, v, out, lse) -> None:
-        self.fn(*self.head, q, k, v, *self.middle, out, lse, *self.tail)
+        middle = self.middle if self.sparse is None else self.sparse(k, self.middle)
+        self.fn(*self.head, q, k, v, *middle, out, lse, *self.tail)
+
+
+def vector_sparse(prefill: Any, w: Any):
+    """fa3's paged run: (k, middle) -> middle with the page indices as token offsets for k's
+    strides, what FlashInfer 0.5.3's paged run() does before each fa3 launch
+    (``block_sparse_indices_to_vector_sparse_offsets`` with ``stride_block // stride_n``, 1 and
+    the page size; its output buffer, or the indices themselves for pages of one token)."""
+    convert, nhd = prefill.block_sparse_indices_to_vector_sparse_offsets, w._kv_layout == "NHD"
+    blocks, block_indptr, offsets, lens = (w._paged_kv_indices_buf, w._paged_kv_indptr_buf,
+                                           w._vector_sparse_indices_buffer, w._kv_lens_buffer)
+    offsets_indptr = w._vector_sparse_indptr_buffer
+
+    def with_offsets(k, middle) -> tuple:
+        token = 1 if nhd else 2
+        indices = convert(blocks, block_indptr, offsets, offsets_indptr, lens, k.stride(0) // k.stride(token), 1,
+                          k.shape[token])
+        return (middle[0], middle[1], indices, middle[3])
+
+    return with_offsets
 
 
 _PAGED_SLOTS = (3, 4, 5, 10, 11, 23)  # BatchPrefillWithPagedKVCacheWrapper.run -> paged_run
@@ -211,17 +234,19 @@ class FlashInferPrefill(Provider):
         state.direct = self._direct_run(state)
 
     def _direct_run(self, state: FiState) -> Optional[DirectRun]:
-        """FlashInfer 0.5.x fa2's compiled ``paged_run`` / ``ragged_run`` with its arguments as the
-        wrapper's run() builds them from what plan() stored, so a run pays no FlashInfer Python
-        layer; None (the public run) for another version or kind, a JIT variant, or anything
-        missing."""
+        """FlashInfer 0.5.x fa2's / fa3's compiled ``paged_run`` / ``ragged_run`` (the module's
+        op, which takes one argument list for both kinds and drops what fa3 does not read) with
+        its arguments as the wrapper's run() builds them from what plan() stored, so a run pays
+        no FlashInfer Python layer; None (the public run) for another version or kind, a JIT
+        variant, or anything missing."""
         version = self.version() or ""
         w = state.wrapper
-        if self.kind != "fa2" or not version.startswith("0.5.") or getattr(w, "_jit_module", None) is not None:
+        if self.kind not in ("fa2", "fa3") or not version.startswith("0.5.") \
+                or getattr(w, "_jit_module", None) is not None:
             return None
         try:
             prefill = self.loaded().module
-            if w._prefix_len_ptr is not None or w._backend != "fa2" or w._plan_info is None:
+            if w._prefix_len_ptr is not None or w._backend != self.kind or w._plan_info is None:
                 return None
             if w._custom_mask_buf is not None:
                 mask_mode = prefill.MaskMode.CUSTOM.value
@@ -239,12 +264,15 @@ class FlashInferPrefill(Provider):
             if not state.paged:
                 args = head + (w._qo_indptr_buf, w._kv_indptr_buf, None, None) + common + rope
                 return DirectRun(w._cached_module.ragged_run, args, _RAGGED_SLOTS, state.plan_kwargs["sm_scale"])
-            args = (head + (w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
+            # fa3: FlashInfer's run passes the vector-sparse indptr and (per call, ``sparse``) offsets
+            indptr = w._vector_sparse_indptr_buffer if self.kind == "fa3" else w._paged_kv_indptr_buf
+            args = (head + (w._qo_indptr_buf, indptr, w._paged_kv_indices_buf,
                             w._paged_kv_last_page_len_buf, None, None) + common + (None, None, None) + rope
                     + (w._workspace_size, w._num_qo_heads, w._num_kv_heads, w._block_tables, w._kv_lens_buffer,
                        state.plan_args[7], w._max_q_len, w._max_kv_len, w._batch_size, w._qo_indptr_buf,
                        w._vector_sparse_indptr_buffer, None))
-            return DirectRun(w._cached_module.paged_run, args, _PAGED_SLOTS, state.plan_kwargs["sm_scale"])
+            sparse = vector_sparse(prefill, w) if self.kind == "fa3" else None
+            return DirectRun(w._cached_module.paged_run, args, _PAGED_SLOTS, state.plan_kwargs["sm_scale"], sparse)
         except (AttributeError, KeyError, TypeError, IndexError):
             return None
 
@@ -286,7 +314,7 @@ class FlashInferPrefill(Provider):
         hnd = state.paged and problem.kv_layout == "HND"
         wrapper, scale = state.wrapper, state.plan_kwargs["sm_scale"]
 
-        def launch_fa2_batch(b) -> None:
+        def launch_batch(b) -> None:
             # The state is shared by the lanes of one plan: another lane's scale re-plans it (run), and
             # another of our plans may have used the shared FlashInfer wrapper: then run re-plans for b.
             fresh = getattr(wrapper, "_attn_dispatch_plan", None) is state and state.plan_kwargs["sm_scale"] == scale
@@ -295,10 +323,12 @@ class FlashInferPrefill(Provider):
                 self.run(problem, state, b)
             elif hnd:
                 d(b.q, b.k.permute(0, 2, 1, 3), b.v.permute(0, 2, 1, 3), b.out, b.lse)
+            elif d.sparse is not None:  # fa3 paged: the page offsets for this call's K first
+                d(b.q, b.k, b.v, b.out, b.lse)
             else:  # DirectRun.__call__ inlined: one Python frame less on the hottest path
                 d.fn(*d.head, b.q, b.k, b.v, *d.middle, b.out, b.lse, *d.tail)
 
-        return launch_fa2_batch
+        return launch_batch
 
     def _single_launcher(self, problem, state: FiState, batch):
         run, tmp, alibi, mask, layout_value = state.plan_args

@@ -76,6 +76,7 @@ from backends.base import Backend, BackendRejected, Reason, import_reason
 log = logging.getLogger("attn_dispatch")
 
 MAX_GRAPHS = 128
+CUDNN_ENTRY = "cudnn_batch_prefill_with_kv_cache"  # graphs of exact sizes, as FlashInfer's (graph_key)
 MIN_BUCKET = 16
 INT32_MAX = 2**31 - 1
 SRC_CFE = "cudnn-frontend v1.23 include/cudnn_frontend/node/sdpa_support_surface.h"
@@ -136,8 +137,10 @@ class GraphKey:
     causal: bool
     window_left: int
     has_sinks: bool
-    lse_strides: Optional[tuple]  # None: no LSE
+    lse_strides: Optional[tuple]  # None: no LSE; packed: (token, head); padded: the 4 strides as declared
     scale: Optional[float]  # None: a device tensor bound at run time
+    lse_padded: bool = False  # Stats in FlashInfer's form: (B, Hq, S_q, 1) at fixed strides, no ragged offset
+    exact: bool = False  # the cuDNN entry: exact S_q / S_kv and Q's batch stride one token, as FlashInfer's graph
 
 
 @dataclass
@@ -188,7 +191,20 @@ def batch_facts(batch) -> tuple:
     return (batch.q.device, batch.q.shape, batch.q.stride(), batch.out.stride(), batch.k.shape, batch.k.stride(),
             batch.v.shape, batch.v.stride(), None if table is None else table.shape,
             None if lse is None else lse.stride(), batch.batch_size, batch.max_q_len, batch.max_kv_len,
-            None if _is_tensor_scale(scale) else float(scale))
+            None if _is_tensor_scale(scale) else float(scale), _padded_facts(batch))
+
+
+def _padded_facts(batch) -> Optional[tuple]:
+    padded = _padded_lse(batch)
+    return None if padded is None else (padded.shape, padded.stride())
+
+
+def _padded_lse(batch) -> Optional[torch.Tensor]:
+    """The caller's padded (B, max_q, Hq) fp32 LSE buffer the cuDNN entry hands over
+    (``extras["cudnn"]["lse_padded"]``), when the call wants the LSE."""
+    if batch.lse is None:
+        return None
+    return batch.extras.get("cudnn", _NONE_GIVEN).get("lse_padded")
 
 
 def index_sources(batch) -> tuple:
@@ -199,16 +215,24 @@ def index_sources(batch) -> tuple:
 def graph_key(problem, batch) -> GraphKey:
     """The cache key of the graph serving this batch (host-only: shapes and strides)."""
     paged = problem.kv_storage == "paged"
+    # The cuDNN entry's graph is FlashInfer's for the same call: its S_q and S_kv are the call's
+    # max_token_per_sequence and max_sequence_kv (flashinfer 0.5.3 flashinfer/cudnn/prefill.py keys
+    # its graph cache on both); other entries bucket them (one graph per bucket in a serving loop).
+    size = (lambda n: max(int(n), 1)) if problem.entry == CUDNN_ENTRY else bucket
     if paged:
         kv = tuple((tuple(_pool_view(t).shape), tuple(_pool_view(t).stride())) for t in (batch.k, batch.v))
-        s_kv = min(bucket(batch.max_kv_len), batch.block_table.shape[1] * problem.page_size)
+        s_kv = min(size(batch.max_kv_len), batch.block_table.shape[1] * problem.page_size)
         width = int(batch.block_table.shape[1])
     else:
         kv = tuple(tuple(t.stride()[:2]) for t in (batch.k, batch.v))
-        s_kv, width = bucket(batch.max_kv_len), 0
-    s_q = bucket(batch.max_q_len)
-    if s_q == 1 and (problem.has_sinks or batch.lse is not None):
-        s_q = 2  # one-row graphs: cuDNN refuses sink_token, and its Stats were not written (H100 probe)
+        s_kv, width = size(batch.max_kv_len), 0
+    s_q = size(batch.max_q_len)
+    lse_strides, lse_padded = _lse_form(problem, batch)
+    padded = _padded_lse(batch)
+    if padded is not None:  # the entry's padded buffer: FlashInfer's exact S_q (max_token_per_sequence)
+        s_q = padded.shape[1]
+    elif s_q == 1 and (problem.has_sinks or (lse_strides is not None and not lse_padded)):
+        s_q = 2  # one-row graphs: cuDNN refuses sink_token; packed ragged Stats were not written (H100 probe)
     scale = None if _is_tensor_scale(batch.sm_scale) else float(batch.sm_scale)
     return GraphKey(
         device=device_key(batch.q.device), io_dtype=problem.q_dtype, kv_storage="paged" if paged else "ragged", batch_size=batch.batch_size,
@@ -217,7 +241,29 @@ def graph_key(problem, batch) -> GraphKey:
         q_strides=tuple(batch.q.stride()[:2]), o_strides=tuple(batch.out.stride()[:2]),
         k_layout=kv[0], v_layout=kv[1], table_width=width, causal=problem.causal,
         window_left=problem.window_left, has_sinks=problem.has_sinks,
-        lse_strides=tuple(batch.lse.stride()) if batch.lse is not None else None, scale=scale)
+        lse_strides=lse_strides, scale=scale, lse_padded=lse_padded, exact=problem.entry == CUDNN_ENTRY)
+
+
+# FlashInfer 0.5.3 (flashinfer/cudnn/prefill.py) declares Stats (B, Hq, S_q, 1) with strides
+# (S_q * Hq, 1, Hq, 1) and no ragged offset: the padded (B, max_q, Hq) LSE written in place. We
+# declare a one-row call's LSE that way too (False: the packed form on a two-row graph, as before).
+ONE_ROW_STATS_AS_FLASHINFER = True
+
+
+def _lse_form(problem, batch) -> tuple:
+    """(lse_strides, lse_padded) of the graph: None without LSE; the entry's padded buffer in
+    FlashInfer's form; a one-row call's packed (B, Hq) LSE, which is that form with S_q = 1
+    (one query row per request: request b's row is row b); else the packed ragged form."""
+    lse = batch.lse
+    if lse is None:
+        return None, False
+    padded = _padded_lse(batch)
+    if padded is not None:
+        return (padded.stride(0), padded.stride(2), padded.stride(1), 1), True
+    if (ONE_ROW_STATS_AS_FLASHINFER and batch.max_q_len == 1 and batch.q.shape[0] == batch.batch_size
+            and not problem.has_sinks):
+        return (lse.stride(0), lse.stride(1), lse.stride(0), 1), True
+    return tuple(lse.stride()), False
 
 
 def _serves(plan, batch) -> bool:
@@ -237,10 +283,12 @@ def _offsets(g, cudnn, key: GraphKey, uid: int):
                     data_type=_dtype(cudnn, "int32"), uid=uid)
 
 
-def _packed(g, cudnn, key, name, uid, heads, dim, strides, s, off_uid):
-    """A packed (total, H, D) operand declared as (B, H, S, D) with ragged offsets."""
+def _packed(g, cudnn, key, name, uid, heads, dim, strides, s, off_uid, batch_stride=None):
+    """A packed (total, H, D) operand declared as (B, H, S, D) with ragged offsets (which locate each
+    request: ``batch_stride``, default S tokens, is what the declaration says besides)."""
     token, head = strides
-    t = g.tensor(name=name, dim=(key.batch_size, heads, s, dim), stride=(s * token, head, token, 1),
+    batch_stride = s * token if batch_stride is None else batch_stride
+    t = g.tensor(name=name, dim=(key.batch_size, heads, s, dim), stride=(batch_stride, head, token, 1),
                  data_type=_dtype(cudnn, key.io_dtype), uid=uid)
     t.set_ragged_offset(_offsets(g, cudnn, key, off_uid))
     return t
@@ -294,24 +342,32 @@ def _declare_outputs(g, cudnn, key: GraphKey, o, stats) -> None:
     o.set_output(True).set_dim([key.batch_size, key.num_qo_heads, key.s_q, key.head_dim_vo]) \
         .set_stride([key.s_q * token, head, token, 1]).set_data_type(_dtype(cudnn, key.io_dtype)).set_uid(UID_O)
     o.set_ragged_offset(_offsets(g, cudnn, key, UID_OFF_O))
-    if key.lse_strides is not None:
+    if key.lse_padded:
+        stats.set_output(True).set_dim([key.batch_size, key.num_qo_heads, key.s_q, 1]) \
+            .set_stride(list(key.lse_strides)).set_data_type(_dtype(cudnn, "float32")).set_uid(UID_STATS)
+    elif key.lse_strides is not None:
         token, head = key.lse_strides
         stats.set_output(True).set_dim([key.batch_size, key.num_qo_heads, key.s_q, 1]) \
             .set_stride([key.s_q * token, head, token, 1]).set_data_type(_dtype(cudnn, "float32")).set_uid(UID_STATS)
         stats.set_ragged_offset(_offsets(g, cudnn, key, UID_OFF_STATS))
 
 
-def build_graph(cudnn, key: GraphKey, handle) -> Any:
-    """Declare, validate and build one SDPA graph (raises the vendor's errors)."""
+def build_graph(cudnn, key: GraphKey, handle, modes: Optional[list] = None) -> Any:
+    """Declare, validate and build one SDPA graph (raises the vendor's errors). ``modes``: the
+    heuristics asked for plans, by default heuristic A alone, as FlashInfer 0.5.3 builds its graph
+    (``cudnn.jit(heur_modes=[cudnn.heur_mode.A])``); ``CudnnBackend._build`` adds FALLBACK only when
+    A proposes no plan that builds."""
     g = cudnn.pygraph(io_data_type=_dtype(cudnn, key.io_dtype), intermediate_data_type=_dtype(cudnn, "float32"),
                       compute_data_type=_dtype(cudnn, "float32"), handle=handle)
-    q = _packed(g, cudnn, key, "q", UID_Q, key.num_qo_heads, key.head_dim_qk, key.q_strides, key.s_q, UID_OFF_Q)
+    # flashinfer 0.5.3 declares Q's batch stride as one token row (its ragged offsets locate requests)
+    q = _packed(g, cudnn, key, "q", UID_Q, key.num_qo_heads, key.head_dim_qk, key.q_strides, key.s_q, UID_OFF_Q,
+                key.q_strides[0] if key.exact else None)
     k, v, paged = _kv_operands(g, cudnn, key)
     o, stats = g.sdpa(name="sdpa", q=q, k=k, v=v, **paged, **_sdpa_kwargs(g, cudnn, key))
     _declare_outputs(g, cudnn, key, o, stats)
     g.validate()
     g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.create_execution_plans(modes or [cudnn.heur_mode.A])
     g.check_support()
     g.build_plans()
     return g
@@ -346,7 +402,7 @@ def pack_uids(key: GraphKey) -> tuple:
     uids = [UID_Q, UID_K, UID_V, UID_O, UID_SEQ_Q, UID_SEQ_KV, UID_OFF_Q, UID_OFF_O]
     uids += [UID_TABLE_K, UID_TABLE_V] if key.kv_storage == "paged" else [UID_OFF_K, UID_OFF_V]
     if key.lse_strides is not None:
-        uids += [UID_STATS, UID_OFF_STATS]
+        uids += [UID_STATS] if key.lse_padded else [UID_STATS, UID_OFF_STATS]
     if key.has_sinks:
         uids.append(UID_SINK)
     if key.scale is None:
@@ -378,7 +434,7 @@ def call_inputs(key: GraphKey, batch) -> dict:
                if given.get(name) is None}
     inputs.update((uid, _int32(given[name])) for uid, name in ((UID_OFF_Q, "off_q"), (UID_OFF_O, "off_o"))
                   if uid not in derived)
-    if key.lse_strides is not None:
+    if key.lse_strides is not None and not key.lse_padded:
         derived[UID_OFF_STATS] = key.lse_strides[0]
     inputs.update(_strided_offsets(batch.qo_indptr, derived))
     if key.kv_storage == "paged":
@@ -399,6 +455,12 @@ def _float32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float32).contiguous()
 
 
+def _stats_of(key: GraphKey, batch) -> torch.Tensor:
+    """The buffer cuDNN writes the Stats into: the entry's padded LSE when it gave one, else ours."""
+    padded = _padded_lse(batch) if key.lse_padded else None
+    return padded if padded is not None else batch.lse
+
+
 def _scale_tensor(key: GraphKey, batch) -> Optional[torch.Tensor]:
     if key.scale is not None:
         return None
@@ -415,6 +477,12 @@ def _operand_getter(key: GraphKey, pool_views: bool, given: dict):
     batch's caller buffers (a repeat's have the same keys): the entry's own pool tensors, already
     the (pages, Hkv, P, D) views cuDNN reads, save a view per pool per call."""
     get = operator.attrgetter(*("q", "k", "v", "out") + (("lse",) if key.lse_strides is not None else ()))
+    if key.lse_strides is not None and "lse_padded" in given:  # the entry's padded buffer, not the packed
+        plain = get
+
+        def get(batch) -> tuple:
+            *rest, _ = plain(batch)
+            return (*rest, batch.extras["cudnn"]["lse_padded"])
     if key.kv_storage != "paged" or not pool_views:
         return get
     if "pool_k" in given:
@@ -472,7 +540,7 @@ def _index_binders(plan: CudnnPlan, batch) -> list:
             binders.append(((uid,), caller_buffer(name)))
         else:
             derived[uid] = stride
-    if key.lse_strides is not None:
+    if key.lse_strides is not None and not key.lse_padded:
         derived[UID_OFF_STATS] = key.lse_strides[0]
     binders += _offset_binders(qo, derived)
     if key.kv_storage == "paged":
@@ -681,7 +749,11 @@ class CudnnBackend(Backend):
         start = time.perf_counter()
         try:
             with on_device(device):
-                graph = build_graph(cudnn, key, self._handle(cudnn, device))
+                try:
+                    graph = build_graph(cudnn, key, self._handle(cudnn, device))
+                except Exception:  # noqa: BLE001 - heuristic A proposed nothing that builds: add FALLBACK
+                    graph = build_graph(cudnn, key, self._handle(cudnn, device),
+                                        [cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
             size = int(graph.get_workspace_size())
         except Exception as exc:  # noqa: BLE001 - nothing launched yet: a plan-time refusal
             reason = Reason("cudnn graph", f"{type(exc).__name__}: {str(exc).strip()[:300]}",
@@ -744,14 +816,17 @@ class CudnnBackend(Backend):
         if plan.key.kv_storage == "paged" and entry.pool_views:
             k, v = _pool_view(k), _pool_view(v)
         pack.update({UID_Q: batch.q, UID_K: k, UID_V: v, UID_O: batch.out})
+        stats = None
         if plan.key.lse_strides is not None:
-            pack[UID_STATS] = batch.lse
+            stats = pack[UID_STATS] = _stats_of(plan.key, batch)
+            if plan.key.lse_padded and plan.key.s_q > 1:
+                stats.fill_(float("-inf"))  # rows past a request's length: -inf (cuDNN writes valid rows)
         scale_tensor = _scale_tensor(plan.key, batch)  # per call: a device scale is a runtime input
         if scale_tensor is not None:
             pack[UID_SCALE] = scale_tensor
         entry.execute([pack[uid] for uid in entry.order], self._stream_handle(cudnn, batch.q.device))
-        if batch.lse is not None:
-            batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
+        if stats is not None:
+            stats.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
         if _is_tensor_scale(batch.out_scale) or float(batch.out_scale) != 1.0:
             batch.out.mul_(batch.out_scale)
 
@@ -818,7 +893,8 @@ class CudnnBackend(Backend):
         operands = _operand_getter(key, entry.pool_views, batch.extras.get("cudnn", _NONE_GIVEN))
         operand_slots = tuple(slot[u] for u in _operand_uids(key))
         handle_now, execute = self._handle_on_stream(cudnn, device), entry.execute
-        lse = key.lse_strides is not None
+        stats_slot = slot[UID_STATS] if key.lse_strides is not None else None
+        fill = key.lse_padded and key.s_q > 1  # rows past a request's length: -inf
         out_scale = float(batch.out_scale)
 
         def launch(batch) -> None:
@@ -829,9 +905,11 @@ class CudnnBackend(Backend):
                 tensor = derive(batch)
                 for i in slots:
                     buffers[i] = tensor
+            if fill:
+                buffers[stats_slot].fill_(float("-inf"))
             execute(buffers, handle_now())
-            if lse:
-                batch.lse.mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
+            if stats_slot is not None:
+                buffers[stats_slot].mul_(_numerics.LOG2E)  # cuDNN Stats are natural-log; our LSE is base 2
             if out_scale != 1.0:
                 batch.out.mul_(out_scale)
 

@@ -173,8 +173,8 @@ def test_native_plan_remembers_its_gpu_and_runs_under_the_tensors_gpu(monkeypatc
     backend = tb.NativeTritonBackend()
     plan = backend.plan(problem, batch)
     assert plan.device == torch.device("cpu")
-    with pytest.raises(ValueError, match="plan again on this device"):
-        backend.run(replace(plan, device=CUDA1), batch)
+    moved = replace(plan, device=CUDA1, facts=(*plan.facts[:-1], CUDA1))  # a plan made on another GPU
+    assert backend.plan_for(moved, batch) is not moved  # never launched with another GPU's buffers
     guarded = []
     monkeypatch.setattr(tb, "on_device", lambda d: guarded.append(d) or _device.on_device(d))
     backend.run(plan, batch)

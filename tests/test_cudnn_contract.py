@@ -463,8 +463,16 @@ def test_capability_data(changes, field):
     assert [r.field for r in reasons][:1] == ([field] if field else [])
 
 
-def test_one_token_queries_with_lse_or_sinks_get_two_rows(fake):
-    _, _, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode"))
+def test_one_token_queries_with_sinks_get_two_rows_with_lse_one(fake):
+    """cuDNN refuses sink_token on a one-row graph; a one-row LSE is declared in FlashInfer's form
+    (Stats (B, Hq, 1, 1) at the packed LSE's strides, no ragged offset) on a one-row graph."""
+    case = fp32_case("d", ((1, 1), (9, 20)), phase="decode")
+    _, batch, plan = run_adapter(case)
+    assert plan.key.s_q == 1 and plan.key.lse_padded and adapter.UID_OFF_STATS not in plan.inputs
+    assert fake.graphs[-1].stats.ragged is None and tuple(fake.graphs[-1].stats.stride) == (8, 1, 8, 1)
+    ref_out, ref_lse = oracle(case.problem, batch)
+    assert rel_error(batch.out, ref_out) < 1e-5 and rel_error(batch.lse, ref_lse) < 1e-5
+    _, _, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode", has_sinks=True))
     assert plan.key.s_q == 2
     _, batch, plan = run_adapter(fp32_case("d", ((1, 1), (9, 20)), phase="decode", return_lse=False))
     problem = fp32_case("d", ((1, 1), (9, 20)), phase="decode", return_lse=False).problem

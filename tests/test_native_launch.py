@@ -222,14 +222,23 @@ def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
         assert not plan.split_count.any()
 
 
-def test_backend_launcher_refuses_what_run_would_refuse():
+def test_backend_launcher_serves_other_sizes_as_run_does():
+    """A batch larger than planned: the launcher launches the plan of the batch's own sizes, the one
+    run uses (kept by the first plan), never the small plan's buffers; its output is run's."""
     from dispatch.lab.native import BACKEND, Case, problem_of
 
     c = Case(q_lens=(2, 2), kv_lens=(5, 6))
     small, *_ = _fresh_batch(c, 3)
     plan = BACKEND.plan(problem_of(c), small)
     big, *_ = _fresh_batch(Case(q_lens=(3, 3), kv_lens=(5, 6)), 4)
-    assert BACKEND.launcher(plan, big) is None
+    launch = BACKEND.launcher(plan, big)
+    assert launch is not None and len(plan.others) == 1
+    launch(big)
+    got, got_lse = big.out.clone(), big.lse.clone()
+    assert not got.isnan().any()
+    big.out.fill_(float("nan"))
+    BACKEND.run(plan, big)
+    assert torch.equal(big.out, got) and torch.equal(big.lse, got_lse) and len(plan.others) == 1
 
 
 class CudaLauncher:

@@ -170,17 +170,25 @@ def test_plan_names_missing_arguments():
         BACKEND.plan(problem_of(c), AttentionBatch(out=out, **kw))
 
 
-def test_run_refuses_a_batch_larger_than_planned():
+def test_run_serves_a_larger_batch_with_the_plan_of_its_own_sizes():
+    """The entry points keep one plan per call key (plan_reusable) and its lanes differ in exact
+    sizes: a batch larger than planned is served by a plan of its own facts, made once and kept by
+    the first plan (whose buffers are never written past their size), and matches the oracle."""
     c = Case(q_lens=(2, 2), kv_lens=(5, 6))
     kw, _, _ = build(c)
     out = torch.empty((4, c.hq, c.dvo), device=DEVICE, dtype=torch.float16)
-    plan = BACKEND.plan(problem_of(c), AttentionBatch(out=out, **kw))
-    big = replace(Case(), q_lens=(3, 3), kv_lens=(5, 6))
-    kw2, _, _ = build(big)
-    out2 = torch.full((6, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=torch.float16)
-    with pytest.raises(ValueError, match="plan again"):
-        BACKEND.run(plan, AttentionBatch(out=out2, **kw2))
-    assert out2.isnan().all(), "nothing may be written when run refuses"
+    plan = BACKEND.plan(problem_of(c), AttentionBatch(out=out, lse=torch.empty(4, c.hq, device=DEVICE), **kw))
+    assert BACKEND.plan_reusable(plan.problem)
+    big = replace(c, q_lens=(3, 3), kv_lens=(9, 6))
+    for _ in range(2):
+        kw2, dense_k, dense_v = build(big)
+        out2 = torch.full((6, c.hq, c.dvo), float("nan"), device=DEVICE, dtype=torch.float16)
+        lse2 = torch.full((6, c.hq), float("nan"), device=DEVICE)
+        batch = AttentionBatch(out=out2, lse=lse2, sm_scale=0.3, **kw2)
+        BACKEND.run(plan, batch)
+        assert_agrees_with_oracle(big, kw2, dense_k, dense_v, out2, lse2, sm_scale=0.3, causal=big.causal)
+    assert plan.total_q_capacity == 4 and list(plan.others) == [tb.plan_facts(batch)]
+    assert plan.others[tb.plan_facts(batch)].total_q_capacity == 6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run this file on the GPU host)")

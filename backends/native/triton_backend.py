@@ -13,8 +13,10 @@ Caches (name: key -> bound):
   per constexpr specialization) is Triton's; each plan's ``KernelLaunch`` keeps at most
   ``MAX_VARIANTS`` compiled-kernel handles;
 * no buffer outlives its plan: split-KV scratch, ALiBi slopes and RoPE frequencies are made in
-  ``plan`` on the batch's device and held by the plan (the caller's plan cache keys on the
-  device; a run on another GPU than its plan is refused).
+  ``plan`` on the batch's device and held by the plan;
+* ``TritonPlan.others``: ``plan_facts`` -> plan, at most ``MAX_OTHERS`` per plan: a batch whose
+  sizes or GPU differ from its plan's is served by the plan of its own facts, made once (the entry
+  points keep one plan per call key, ``plan_reusable``, and its lanes differ in exact sizes).
 Every launch runs under the tensors' GPU (Triton launches on the *current* device).
 Any sm_scale sign is served: the kernel moves a negative scale's sign into q.
 """
@@ -81,6 +83,9 @@ class TritonPlan:
     merge: Optional[KernelLaunch] = None
     pointer_attention: Optional[KernelLaunch] = None  # kv_tma plans: calls whose K/V a TMA cannot read
     fixed_ints: tuple = ()  # the kernel's integer arguments the plan fixes (see _attention_ints)
+    facts: tuple = ()  # plan_facts of the batch it was made for: a batch with other facts gets its own plan
+    overrides: tuple = (None, None)  # plan()'s (num_splits, config), kept for the plans of other facts
+    others: Optional[dict] = None  # plan_facts -> the plan of those facts (run / launcher, at most MAX_OTHERS)
 
 
 class NativeTritonBackend(Backend):
@@ -120,6 +125,34 @@ class NativeTritonBackend(Backend):
     def plan(self, problem: AttentionProblem, batch: AttentionBatch, *, num_splits: Optional[int] = None,
              config: Optional[TileConfig] = None) -> TritonPlan:
         """Host-side choices only. ``num_splits``/``config`` override the heuristics (tests, tuning)."""
+        plan = self._plan(problem, batch, num_splits, config)
+        plan.facts, plan.overrides = plan_facts(batch), (num_splits, config)
+        return plan
+
+    def plan_reusable(self, problem: AttentionProblem) -> bool:
+        # A plan reads from the batch only its plan_facts (sizes, device) and records them; run and
+        # launcher serve a batch of other facts with the plan of its own facts (plan_for), so the
+        # entry points keep one plan per call key and its lanes take the launcher on repeats.
+        return True
+
+    def plan_for(self, plan: TritonPlan, batch: AttentionBatch) -> TritonPlan:
+        """The plan serving ``batch``: ``plan`` when the batch's facts are its own, else the plan of
+        those facts (made once and kept by ``plan``: a call key's lanes share one kept plan)."""
+        facts = plan_facts(batch)
+        if facts == plan.facts:
+            return plan
+        others = plan.others if plan.others is not None else {}
+        found = others.get(facts)
+        if found is None:
+            found = self.plan(plan.problem, batch, num_splits=plan.overrides[0], config=plan.overrides[1])
+            if len(others) >= MAX_OTHERS:
+                others.pop(next(iter(others)))
+            others[facts] = found
+            plan.others = others
+        return found
+
+    def _plan(self, problem: AttentionProblem, batch: AttentionBatch, num_splits: Optional[int],
+              config: Optional[TileConfig]) -> TritonPlan:
         _check_batch(problem, batch)
         device = batch.q.device
         cfg = config or fit_shared_memory(problem, choose_config(problem, batch.max_q_len, device), device)
@@ -153,12 +186,7 @@ class NativeTritonBackend(Backend):
 
     # -- run -----------------------------------------------------------------
     def run(self, plan: TritonPlan, batch: AttentionBatch) -> None:
-        if batch.total_q > plan.total_q_capacity:
-            raise ValueError(f"q has {batch.total_q} rows but the plan was made for at most "
-                             f"{plan.total_q_capacity}; plan again for this batch")
-        if plan.device is not None and device_key(batch.q.device) != plan.device:
-            raise ValueError(f"q is on {batch.q.device} but the plan's buffers are on {plan.device}; "
-                             "plan again on this device")
+        plan = self.plan_for(plan, batch)  # other sizes or another GPU: the plan of the batch's facts
         if plan.device.type == "cuda" and torch.cuda.current_device() == plan.device.index:
             _launch(plan, batch)  # already current: skip the guard's device exchange (~1 us)
         else:
@@ -169,8 +197,8 @@ class NativeTritonBackend(Backend):
         """Exact repeats of ``batch`` (Backend.launcher): what run checks and derives per call (capacity,
         device, scale kinds, strides, the split-buffer and merge arguments, the specialization key) is
         fixed now; a call reads the tensors' addresses and calls the compiled kernels (one or two launches)."""
-        if (batch.total_q > plan.total_q_capacity or plan.device is None
-                or device_key(batch.q.device) != plan.device or _readable_indices(batch) is not batch):
+        plan = self.plan_for(plan, batch)
+        if _readable_indices(batch) is not batch:
             return None  # an index tensor needs a copy per call: run makes it
         return on_device_launch(plan.device, _launcher(plan, batch))
 
@@ -178,6 +206,15 @@ class NativeTritonBackend(Backend):
 # ---------------------------------------------------------------------------
 # planning helpers
 # ---------------------------------------------------------------------------
+MAX_OTHERS = 8  # plans of other facts kept by one plan (the lanes of one call key)
+
+
+def plan_facts(batch: AttentionBatch) -> tuple:
+    """Everything of a batch that ``plan`` reads besides the problem (grid, splits, scratch sizes,
+    tile shape and the device of the buffers): equal facts, equal plan."""
+    return (batch.batch_size, batch.max_q_len, batch.max_kv_len, batch.total_q, device_key(batch.q.device))
+
+
 def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
     """The few things data cannot say; ValueError names the argument before any launch."""
     if problem.kv_storage == "paged" and (batch.block_table is None or batch.k.dim() != 4):

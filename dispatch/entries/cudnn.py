@@ -77,15 +77,19 @@ def cudnn_batch_prefill_with_kv_cache(
                      batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
                      k_scale, v_scale, batch_offsets_units, o_data_type, explicit, hot)
     z = lane.sizes
+    padded = None  # the padded LSE: cuDNN writes it in place, as FlashInfer's graph does; others' is scattered
+    if return_lse:
+        padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
+                                                         device=q.device)
     batch = _batch(z, q, k_cache, v_cache, fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale),
                    max_token_per_sequence, max_sequence_kv, actual_seq_lens_q, actual_seq_lens_kv, block_tables,
-                   return_lse, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_units == "tokens", out)
-    B.remember(cudnn_batch_prefill_with_kv_cache, lane.launch(batch))
+                   return_lse, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_units == "tokens", out,
+                   padded)
+    ran = lane.launch(batch)
+    B.remember(cudnn_batch_prefill_with_kv_cache, ran)
     if not return_lse:
         return batch.out, None
-    padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
-                                                     device=q.device)
-    if not B.is_dry():
+    if not B.is_dry() and ran.backend != "cudnn":
         scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
     return batch.out, padded
 
@@ -135,7 +139,7 @@ def _lane(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, se
 
 
 def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, seq_kv, block_tables, return_lse,
-           offsets_q, offsets_o, offsets_k, tokens: bool, out) -> AttentionBatch:
+           offsets_q, offsets_o, offsets_k, tokens: bool, out, padded_lse=None) -> AttentionBatch:
     """The batch of a checked call: logical NHD pages, token-unit indices, the caller's cuDNN
     buffers in extras, out and the packed LSE allocated when not given."""
     if z.paged:  # the logical NHD pages (as the spec's), kept per cache object
@@ -144,7 +148,7 @@ def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, se
         k, v = k_cache, v_cache
     qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, seq_q, seq_kv, offsets_q, offsets_k)
     out = out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
-    given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache)
+    given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache, padded_lse)
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     return AttentionBatch(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
                           block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None,
@@ -194,11 +198,13 @@ def _sizes(args: dict, d) -> SimpleNamespace:
     return z
 
 
-def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache):
+def _cudnn_buffers(z: SimpleNamespace, tokens: bool, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache,
+                   padded_lse=None):
     """The caller's buffers already in cuDNN's convention (int32 query lengths; element offsets
-    that match packed Q / O rows; the paged pools as declared), for the cuDNN backend to use as
-    they are (batch.extras; it binds their pointers, whatever their shape: no view is made here)."""
-    given = {}
+    that match packed Q / O rows; the paged pools as declared; the padded (B, max_q, Hq) LSE that
+    cuDNN's Stats fill in place), for the cuDNN backend to use as they are (batch.extras; it binds
+    their pointers, whatever their shape: no view is made here)."""
+    given = {} if padded_lse is None else {"lse_padded": padded_lse}
     if seq_q is not None and seq_q.dtype is torch.int32:
         given["seq_q"] = seq_q
     row_q, row_o = z.hq * z.dqk, z.hq * z.dvo
