@@ -32,4 +32,11 @@ def get_backend(name: str) -> Backend:
     return inst
 
 
-__all__ = ["Backend", "BackendRejected", "DeviceDesc", "Reason", "REGISTRY", "get_backend"]
+def installed_defects(backend: Backend) -> list:
+    """The known defects (capability_db/defects.json) of the provider versions behind ``backend``
+    installed here (``attn-dispatch info``)."""
+    from ._providers import installed_defects as of_installed
+    return of_installed(backend)
+
+
+__all__ = ["Backend", "BackendRejected", "DeviceDesc", "Reason", "REGISTRY", "get_backend", "installed_defects"]

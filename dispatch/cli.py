@@ -337,7 +337,7 @@ def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
         backend = get_backend(name)
         missing = backend.available()
         row["version"] = backend.version() if missing is None else None
-        from backends._providers import installed_defects  # known defects of the installed versions
+        from backends import installed_defects  # known defects of the installed versions
         row["defects"] = [{"id": d.id, "text": d.summary(), "sources": d.sources or [d.report]}
                           for d in installed_defects(backend)] if missing is None else []
     except Exception as exc:  # noqa: BLE001 - shown to the user as the reason
