@@ -3,6 +3,7 @@
 Prefill logits and greedy ``generate`` are compared with the same weights on transformers' sdpa.
 Run: python examples/transformers_attention.py   (CPU, a tiny random Llama; exit status 1 on a mismatch)
 """
+import copy
 import sys
 
 import torch
@@ -16,7 +17,8 @@ def main() -> int:
     cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=32, vocab_size=512)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=register()).eval()  # the one line
-    sdpa = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    sdpa = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa").eval()  # own config:
+    # from_config writes attn_implementation into the config it is given
     sdpa.load_state_dict(model.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (2, 24))
     with torch.no_grad():
