@@ -138,6 +138,14 @@ def test_masks_additive_or_refused():
         dispatch_attention_forward(module, q, k, k, None, s_aux=torch.zeros(4))
 
 
+def test_readme_python_blocks_run():
+    """examples/README.md's python blocks run as written."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "examples" / "README.md").read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "examples/README.md", "exec"), {})
+
+
 def test_import_dispatch_does_not_import_transformers():
     code = "import sys, dispatch; assert 'transformers' not in sys.modules and 'dispatch.integrations' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
