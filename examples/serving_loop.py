@@ -117,15 +117,16 @@ class Engine:
             o = attend(i, q)
             h = h + F.linear(o.reshape(t, self.hq * self.head_dim), att.o_proj.weight, att.o_proj.bias)
             x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
-            gate, up = F.linear(x, mlp.gate_proj.weight), F.linear(x, mlp.up_proj.weight)
-            h = h + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            h = h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         return rms_norm(h, self.model.norm.weight, eps)
 
     def prefill(self, prompts: list[torch.Tensor]) -> torch.Tensor:
         """All prompts in one ragged batch; returns the logits of each prompt's last token (B, vocab)."""
         dev, p = self.device, self.page_size
         lens = torch.tensor([len(x) for x in prompts])
-        pages = -(-lens // p)
+        pages = (lens + p - 1) // p
         qo_indptr = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
         kv_indptr = torch.cat([torch.zeros(1, dtype=torch.long), pages.cumsum(0)])
         kv_indices = torch.cat([self.block_tables[r, :n].cpu() for r, n in enumerate(pages.tolist())])
