@@ -1,0 +1,249 @@
+"""A paged-KV serving loop on dispatch: batched prefill, then greedy decode in one CUDA graph per step.
+
+A Llama-shaped model from a transformers ``LlamaConfig`` with random weights serves a batch of
+requests with ragged prompt lengths the way an engine does: one paged KV cache per layer (NHD
+pages handed out in shuffled order), the prompts prefilled in one batch through
+``dispatch.BatchPrefillWithPagedKVCacheWrapper`` (``plan`` once, ``run`` per layer), then greedy
+decode through ``dispatch.xqa_batch_decode_with_kv_cache``. On a GPU the whole decode step (every
+layer, the KV writes, the LM head and the argmax) is captured once in a CUDA graph and replayed;
+on the CPU it runs eagerly. RoPE, RMSNorm and the MLP are plain torch; attention goes through
+dispatch only.
+
+The check is teacher-forced: transformers' own ``LlamaForCausalLM`` (same weights, sdpa or eager
+attention) reads each prompt followed by the tokens the loop generated, and its next-token
+predictions are compared with the loop's at every generated position (top-1 agreement and the
+largest logit difference). Exit status 1 when agreement is below ``--min-agreement``.
+
+    python examples/serving_loop.py                       # CPU, tiny model, fp32
+    python examples/serving_loop.py --device cuda --dtype bfloat16 --model llama3-8b-4layers
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import dispatch
+
+MODELS = {
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=1024),
+    # Llama-3-8B's shapes (and its llama3 RoPE), 4 of its 32 layers
+    "llama3-8b-4layers": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
+                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                              max_position_embeddings=8192, rms_norm_eps=1e-5,
+                              rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                                   low_freq_factor=1.0, high_freq_factor=4.0,
+                                                   original_max_position_embeddings=8192)),
+}
+PROMPT_LENS = {"tiny": (8, 48), "llama3-8b-4layers": (128, 1024)}  # ragged prompt lengths drawn from
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: normalize in fp32, scale in the model's dtype."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on (tokens, heads, head_dim), rotate-half convention; cos/sin (tokens, head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class Engine:
+    """The model's weights (shared with the transformers model), a paged KV cache per layer and the
+    static buffers a captured decode step reads and writes."""
+
+    def __init__(self, model, prompt_lens: list[int], new_tokens: int, page_size: int):
+        cfg, dev = model.config, model.device
+        self.cfg, self.dtype, self.device, self.page_size = cfg, model.dtype, dev, page_size
+        self.hq, self.hkv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.model = model.model
+        self.lm_head = model.lm_head.weight
+        self.inv_freq = self.model.rotary_emb.inv_freq.float()
+        self.rope_scaling = self.model.rotary_emb.attention_scaling
+        batch = len(prompt_lens)
+        self.max_seq_len = max(prompt_lens) + new_tokens
+        pages_per = [-(-(n + new_tokens) // page_size) for n in prompt_lens]
+        num_pages = sum(pages_per)
+        order = torch.randperm(num_pages).tolist()  # pages handed out in no particular order, as after churn
+        self.block_tables = torch.zeros(batch, max(pages_per), dtype=torch.int32)
+        for r, n in enumerate(pages_per):
+            self.block_tables[r, :n] = torch.tensor(order[:n], dtype=torch.int32)
+            order = order[n:]
+        self.block_tables = self.block_tables.to(dev)
+        self.caches = [torch.zeros(num_pages, 2, page_size, self.hkv, self.head_dim, dtype=self.dtype, device=dev)
+                       for _ in range(cfg.num_hidden_layers)]
+        workspace = 128 << 20 if dev.type == "cuda" else 1 << 20
+        self.prefill_wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(workspace, dtype=torch.uint8, device=dev), "NHD")
+        self.decode_workspace = torch.zeros(workspace, dtype=torch.uint8, device=dev)  # xqa: zeroed once
+        # static buffers of the decode step (a CUDA graph replays against these addresses)
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.seq_lens = torch.zeros(batch, dtype=torch.int32, device=dev)
+        self.rows = torch.arange(batch, device=dev)
+        self.logits = torch.zeros(batch, cfg.vocab_size, dtype=self.dtype, device=dev)
+        self.graph = None
+
+    def forward(self, tokens, positions, rows, attend):
+        """The layers on a flat list of tokens (token j of request ``rows[j]`` at ``positions[j]``):
+        writes each layer's K/V into its pages, then ``attend(layer, q)`` reads them. Returns the
+        final hidden states (after the last norm)."""
+        t, eps = tokens.shape[0], self.cfg.rms_norm_eps
+        freqs = positions[:, None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(self.dtype)
+        sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+        pages = self.block_tables[rows, positions // self.page_size].long()
+        offsets = positions % self.page_size
+        h = F.embedding(tokens, self.model.embed_tokens.weight)
+        for i, layer in enumerate(self.model.layers):
+            att, mlp = layer.self_attn, layer.mlp  # their weights; the arithmetic is ours
+            x = rms_norm(h, layer.input_layernorm.weight, eps)
+            q = F.linear(x, att.q_proj.weight, att.q_proj.bias).view(t, self.hq, self.head_dim)
+            k = F.linear(x, att.k_proj.weight, att.k_proj.bias).view(t, self.hkv, self.head_dim)
+            v = F.linear(x, att.v_proj.weight, att.v_proj.bias).view(t, self.hkv, self.head_dim)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            self.caches[i][pages, 0, offsets] = k
+            self.caches[i][pages, 1, offsets] = v
+            o = attend(i, q)
+            h = h + F.linear(o.reshape(t, self.hq * self.head_dim), att.o_proj.weight, att.o_proj.bias)
+            x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
+            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+            h = h + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        return rms_norm(h, self.model.norm.weight, eps)
+
+    def prefill(self, prompts: list[torch.Tensor]) -> torch.Tensor:
+        """All prompts in one ragged batch; returns the logits of each prompt's last token (B, vocab)."""
+        dev, p = self.device, self.page_size
+        lens = torch.tensor([len(x) for x in prompts])
+        pages = (lens + p - 1) // p
+        qo_indptr = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
+        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.long), pages.cumsum(0)])
+        kv_indices = torch.cat([self.block_tables[r, :n].cpu() for r, n in enumerate(pages.tolist())])
+        last_page_len = (lens - 1) % p + 1
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.prefill_wrapper.plan(qo_indptr.to(**i32), kv_indptr.to(**i32), kv_indices.to(**i32),
+                                  last_page_len.to(**i32), self.hq, self.hkv, self.head_dim, p, causal=True,
+                                  sm_scale=self.scale, q_data_type=self.dtype)
+        tokens = torch.cat(prompts).to(dev)
+        positions = torch.cat([torch.arange(n) for n in lens.tolist()]).to(dev)
+        rows = torch.repeat_interleave(torch.arange(len(prompts)), lens).to(dev)
+        h = self.forward(tokens, positions, rows, lambda i, q: self.prefill_wrapper.run(q, self.caches[i]))
+        return F.linear(h[qo_indptr[1:].to(dev) - 1], self.lm_head)
+
+    def decode_step(self) -> None:
+        """One token per request at ``positions``: writes ``logits``. Graph-safe (no host syncs)."""
+        self.seq_lens.copy_(self.positions + 1)  # the new token's K/V is in the cache before attention
+        h = self.forward(self.tokens, self.positions, self.rows, lambda i, q: dispatch.xqa_batch_decode_with_kv_cache(
+            q, self.caches[i], self.decode_workspace, self.block_tables, self.seq_lens, self.max_seq_len,
+            bmm1_scale=self.scale))
+        self.logits.copy_(F.linear(h, self.lm_head))
+
+    def step(self) -> None:
+        """A decode step: eager on the CPU; on a GPU the first one runs eagerly (dispatch decides and
+        plans), is then captured once, and every later step replays the graph."""
+        if self.device.type != "cuda":
+            self.decode_step()
+        elif self.graph is not None:
+            self.graph.replay()
+        else:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.decode_step()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # recorded, not run: the eager step above was the real one
+                self.decode_step()
+
+    def generate(self, prompts: list[torch.Tensor], new_tokens: int):
+        """Greedy: returns (tokens (B, new_tokens), logits (B, new_tokens, vocab) fp32, prefill s, decode s)."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        logits = [self.prefill(prompts).to(torch.float32, copy=True)]
+        sync()
+        t1 = time.perf_counter()
+        self.positions.copy_(torch.tensor([len(x) for x in prompts]))
+        for _ in range(new_tokens - 1):
+            self.tokens.copy_(logits[-1].argmax(-1))
+            self.step()
+            logits.append(self.logits.to(torch.float32, copy=True))  # the next step overwrites it
+            self.positions += 1
+        sync()
+        t2 = time.perf_counter()
+        logits = torch.stack(logits, dim=1)
+        return logits.argmax(-1), logits, t1 - t0, t2 - t1
+
+
+def teacher_forced(model, prompts, tokens, logits):
+    """transformers' forward over prompt + generated tokens: (top-1 agreement, max |logit diff|)."""
+    agree, total, err = 0, 0, 0.0
+    with torch.no_grad():
+        for prompt, gen, ours in zip(prompts, tokens, logits):
+            seq = torch.cat([prompt.to(gen.device), gen[:-1]])[None]
+            theirs = model(seq).logits[0, len(prompt) - 1:].float()
+            agree += (theirs.argmax(-1) == gen).sum().item()
+            total += gen.numel()
+            err = max(err, (theirs - ours).abs().max().item())
+    return agree / total, err
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--reference-attn", choices=["sdpa", "eager"], default="sdpa")
+    ap.add_argument("--min-agreement", type=float, default=None,
+                    help="top-1 agreement required (default 0.99 at fp32, 0.95 at bf16/fp16)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    dtype, device = getattr(torch, args.dtype), torch.device(args.device)
+    min_agreement = args.min_agreement if args.min_agreement is not None else (
+        0.99 if dtype == torch.float32 else 0.95)
+    torch.manual_seed(args.seed)
+    cfg = LlamaConfig(**MODELS[args.model])
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=args.reference_attn)
+    model = model.to(device).eval()  # a no-op where the device context already placed it
+    lo, hi = PROMPT_LENS[args.model]
+    prompts = [torch.randint(0, cfg.vocab_size, (n,)) for n in torch.randint(lo, hi + 1, (args.requests,)).tolist()]
+    engine = Engine(model, [len(x) for x in prompts], args.new_tokens, args.page_size)
+    with torch.no_grad():
+        if device.type == "cuda":  # warm-up: kernels compile, dispatch decides, the decode graph is captured
+            engine.generate(prompts, args.new_tokens)
+        tokens, logits, t_prefill, t_decode = engine.generate(prompts, args.new_tokens)
+    agreement, err = teacher_forced(model, prompts, tokens, logits)
+    n_prompt = sum(len(x) for x in prompts)
+    print(f"model {args.model} ({cfg.num_hidden_layers} layers, {cfg.num_attention_heads}/{cfg.num_key_value_heads} "
+          f"heads, head_dim {cfg.head_dim}) on {device.type} {args.dtype}; {args.requests} requests, prompts "
+          f"{min(len(x) for x in prompts)}..{max(len(x) for x in prompts)} tokens, page size {args.page_size}")
+    print(f"prefill: {n_prompt} tokens in {t_prefill * 1e3:.1f} ms ({n_prompt / t_prefill:,.0f} tokens/s) "
+          f"on {engine.prefill_wrapper.decision.chosen}")
+    steps = args.new_tokens - 1
+    mode = "CUDA graph replays" if engine.graph is not None else "eager"
+    print(f"decode: {steps} steps x {args.requests} requests in {t_decode * 1e3:.1f} ms "
+          f"({steps * args.requests / max(t_decode, 1e-9):,.0f} tokens/s, {mode}) "
+          f"on {dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen}")
+    ok = agreement >= min_agreement
+    print(f"teacher-forced vs transformers ({args.reference_attn}): top-1 agreement {agreement:.2%} "
+          f"(need {min_agreement:.0%}), max |logit diff| {err:.2e}: {'OK' if ok else 'DISAGREE'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
