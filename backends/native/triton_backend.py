@@ -224,6 +224,8 @@ def _general_config(problem: AttentionProblem, max_q_len: int) -> TileConfig:
     group = problem.gqa_group
     dmax = max(_pow2(problem.head_dim_qk), _pow2(problem.head_dim_vo))
     rows = max(max_q_len, 1) * group
+    if dmax > 256:
+        return _wide_head_config(problem, rows)
     if rows <= 64 or problem.phase != "prefill":
         # Decode-like: pack the whole group (and all drafts) into the M dimension.
         # Long key tiles keep more bytes in flight per program (H100: N128 2.86 TB/s vs N64 2.33).
@@ -243,6 +245,23 @@ def _general_config(problem: AttentionProblem, max_q_len: int) -> TileConfig:
             return TileConfig(256, 64, hpp, num_warps=8, num_stages=stages)
         return TileConfig(128, 64, 1, num_warps=4, num_stages=3)
     return TileConfig(64, 32, 1, num_warps=4, num_stages=2)
+
+
+def _wide_head_config(problem: AttentionProblem, rows: int) -> TileConfig:
+    """Tiles of head dims above 256 (up to 512, padded to 512 with masks): the fp32 accumulator
+    of M x 512 outputs is what limits them. Picked by compiling for sm_90a without a GPU (Triton 3.9,
+    cuobjdump -res-usage of the cubin; bf16 512/512, tests/test_native_wide.py): M32 N32, 8 warps, 2 stages:
+    145-190 registers, no spills, 98 KB shared (M64 N32 spilled 416 B at 8 warps, 2.2 KB at 4); RoPE
+    spills 8-16 B. Decode-like (the group's rows in M): M16 N32, 8 warps, 3 stages (paged): 166
+    registers, no spills, 81 KB. fp32 inputs (q, K in fp32 for the ieee dots): M16 N16, 8 warps (M32 N32 spilled 12 KB).
+    Not yet timed on a GPU."""
+    if problem.q_dtype == "float32":
+        return TileConfig(16, 16, problem.gqa_group if problem.phase != "prefill" or rows <= 16 else 1,
+                          num_warps=8, num_stages=2)
+    if rows <= 32 or problem.phase != "prefill":  # paged K/V at 3 stages prefetch one tile, as ragged at 2
+        return TileConfig(min(max(16, _pow2(rows)), 32), 32, problem.gqa_group, num_warps=8,
+                          num_stages=3 if problem.kv_storage == "paged" else 2)
+    return TileConfig(32, 32, 1, num_warps=8, num_stages=2)
 
 
 def _custom_mask_config(group: int) -> TileConfig:
