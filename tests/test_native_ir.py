@@ -290,10 +290,12 @@ def _resources(cubin: bytes) -> dict:
                          kv_lens=(75, 20))),
     ("decode M16 paged", Case(dtype="bfloat16", dqk=512, dvo=512, hq=8, hkv=2, page_size=16, phase="decode",
                               q_lens=(1, 1), kv_lens=(70, 9))),
+    ("RoPE fp8 K/V prefill M16", Case(dtype="bfloat16", kv_dtype="float8_e4m3fn", pos="ROPE_LLAMA", dqk=512, dvo=512,
+                                      hq=2, hkv=2, page_size=16, q_lens=(40, 9), kv_lens=(75, 20))),
 ])
 def test_wide_head_tiles_compile_for_sm90_within_its_resources(frontend, monkeypatch, name, case):
     """The 512/512 tiles (triton_backend._wide_head_config) compiled on to a cubin for sm_90a (ptxas, no GPU;
-    a few seconds each): shared memory within the 227 KB a block may use and, where cuobjdump is at hand,
+    5-15 s each; RoPE with fp8 K/V is the tile with the most registers): shared memory within the 227 KB a block may use and, where cuobjdump is at hand,
     no spills (Triton reports running out of shared memory only at launch, on a GPU; spills never)."""
     import triton
 

@@ -33,6 +33,9 @@ WIDE_SCENARIOS = {
     "dense_d384_window_soft_cap_sinks": Case(storage="dense", dqk=384, dvo=384, q_lens=(6,), kv_lens=(40,),
                                              window_left=9, soft_cap=3.0, sinks=True),
     "ragged_d320_rope": Case(storage="ragged", dqk=320, dvo=320, pos="ROPE_LLAMA", dtype="bfloat16"),
+    # 20 rows of one head: RoPE's prefill tile (M16), fp8 K/V rotated in registers
+    "paged_d384_rope_prefill_tile_fp8": Case(page_size=4, dqk=384, dvo=384, pos="ROPE_LLAMA", kv_dtype="float8_e4m3fn",
+                                             dtype="bfloat16", hq=2, hkv=2, q_lens=(20, 5), kv_lens=(30, 9)),
     "paged_d512_decode_fp8_e5m2_gqa4": Case(page_size=16, dqk=512, dvo=512, kv_dtype="float8_e5m2", hq=8, hkv=2,
                                             **DECODE),
     "paged_d512_decode_rope_gqa4": Case(page_size=8, dqk=512, dvo=512, pos="ROPE_LLAMA", hq=8, hkv=2, **DECODE),
@@ -75,12 +78,15 @@ def _config(dqk: int, dvo: int, max_q_len: int, **case) -> TileConfig:
 
 def test_wide_head_tiles():
     """Above 256 (after padding): M32 N32 8 warps 2 stages for prefill, the group's rows in M16/M32 N32 with
-    3 stages for decode, M16 N16 for fp32; 256 and below keep the tiles tuned on the H100."""
+    3 stages for paged decode, M16 with RoPE, M16 N16 for fp32; 256 and below keep the H100-tuned tiles."""
     assert _config(512, 512, 2048, dtype="bfloat16") == TileConfig(32, 32, 1, 8, 2)
     assert _config(320, 320, 2048, storage="ragged") == TileConfig(32, 32, 1, 8, 2)
     assert _config(448, 256, 1, hq=8, hkv=2, phase="decode") == TileConfig(16, 32, 4, 8, 3)
     assert _config(512, 512, 4, hq=64, hkv=8, phase="decode") == TileConfig(32, 32, 8, 8, 3)
     assert _config(512, 512, 2048, dtype="float32") == TileConfig(16, 16, 1, 8, 2)
+    # RoPE rotates K's halves in registers: M16 (M32 spilled)
+    assert _config(384, 384, 2048, pos="ROPE_LLAMA") == TileConfig(16, 32, 1, 8, 2)
+    assert _config(512, 512, 1, hq=64, hkv=2, phase="decode", pos="ROPE_LLAMA") == TileConfig(16, 32, 32, 8, 3)
     # unchanged at 256 and below (the H100-tuned tiles)
     assert _config(256, 256, 2048) == TileConfig(64, 32, 1, 4, 2)
     assert _config(192, 128, 2048) == TileConfig(64, 32, 1, 4, 2)
