@@ -40,6 +40,7 @@ from dispatch.lab.native import BACKEND, Case, build, problem_of
 from dispatch.problem import NAME_DTYPES, AttentionBatch
 from test_native_rope import CASES as ROPE_CASES
 from test_native_triton import SCENARIOS
+from test_native_wide import WIDE_SCENARIOS
 
 pytestmark = pytest.mark.native_triton
 
@@ -188,9 +189,11 @@ def _check(frontend, monkeypatch, c: Case, flip_dot_f32: bool = False, module=No
 
 
 @compiles
-@pytest.mark.parametrize("name", list(SCENARIOS) + [f"rope:{n}" for n in ROPE_CASES])
+@pytest.mark.parametrize("name", list(SCENARIOS) + [f"rope:{n}" for n in ROPE_CASES]
+                         + [f"wide:{n}" for n in WIDE_SCENARIOS])
 def test_kernel_builds_ir_for_sm90(frontend, monkeypatch, name):
-    c = ROPE_CASES[name[5:]] if name.startswith("rope:") else SCENARIOS[name]
+    kind, _, short = name.rpartition(":")
+    c = {"rope": ROPE_CASES, "wide": WIDE_SCENARIOS, "": SCENARIOS}[kind][short]
     plan, _ = _check(frontend, monkeypatch, c)
     assert plan.constexprs["DOT_F32"] == (c.dtype == "float32")  # planned as on the GPU
 
@@ -256,3 +259,59 @@ def test_plain_kernel_builds_ir_for_sm90(frontend, monkeypatch, storage, switche
     assert [n for n, _, _ in calls] == ["_attn_fwd_plain"]
     for name, args, options in calls:
         assert "tt.func" in str(frontend.make_ir(name, args, options, triton_plain))
+
+
+H100_SHARED_PER_BLOCK = 232448  # bytes a block may opt into on sm_90 (227 KB)
+
+
+def _resources(cubin: bytes) -> dict:
+    """Registers and spill (local-memory) bytes of a cubin per cuobjdump -res-usage (Triton's own), or {}."""
+    import re
+    import shutil
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if tool is None:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return {"registers": int(found[1]), "stack": int(found[2])} if found else {}
+
+
+@compiles
+@pytest.mark.parametrize("name,case", [
+    ("prefill M32", Case(storage="ragged", dtype="bfloat16", dqk=512, dvo=512, hq=2, hkv=2, q_lens=(40, 9),
+                         kv_lens=(75, 20))),
+    ("decode M16 paged", Case(dtype="bfloat16", dqk=512, dvo=512, hq=8, hkv=2, page_size=16, phase="decode",
+                              q_lens=(1, 1), kv_lens=(70, 9))),
+    ("RoPE fp8 K/V prefill M16", Case(dtype="bfloat16", kv_dtype="float8_e4m3fn", pos="ROPE_LLAMA", dqk=512, dvo=512,
+                                      hq=2, hkv=2, page_size=16, q_lens=(40, 9), kv_lens=(75, 20))),
+])
+def test_wide_head_tiles_compile_for_sm90_within_its_resources(frontend, monkeypatch, name, case):
+    """The 512/512 tiles (triton_backend._wide_head_config) compiled on to a cubin for sm_90a (ptxas, no GPU;
+    5-15 s each; RoPE with fp8 K/V is the tile with the most registers): shared memory within the 227 KB a block may use and, where cuobjdump is at hand,
+    no spills (Triton reports running out of shared memory only at launch, on a GPU; spills never)."""
+    import triton
+
+    _, calls = _launches(monkeypatch, case)
+    kernel_name, args, options = calls[0]
+    assert kernel_name == "_attn_fwd"
+    kernel = getattr(frontend.module, kernel_name)
+    binder = frontend._binder_of(kernel.signature, kernel.params, frontend.backend)
+    bound, specialization, opts = binder(*args, **options)
+    opts, signature, constexprs, attrs = kernel._pack_args(frontend.backend, options, bound, specialization, opts)
+    try:
+        compiled = triton.compile(frontend._ast_source(kernel, signature, constexprs, attrs), target=frontend.target,
+                                  options=opts.__dict__)
+    except RuntimeError as exc:  # no ptxas for this target in this Triton
+        pytest.skip(f"triton {frontend.version} cannot compile a cubin for sm_90 here: {exc!r}"[:300])
+    assert 0 < compiled.metadata.shared <= H100_SHARED_PER_BLOCK, compiled.metadata.shared
+    used = _resources(compiled.asm["cubin"])
+    if used:
+        assert used["stack"] == 0, f"{name}: {used}"

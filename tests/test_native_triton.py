@@ -142,10 +142,10 @@ def test_check_accepts_every_scenario_on_this_device_and_h100():
 
 
 def test_check_rejects_with_field_value_and_allowed():
-    p = problem_of(Case(dqk=512, dvo=512))
+    p = problem_of(Case(dqk=520, dvo=520))  # 512 is served (tests/test_native_wide.py)
     reasons = BACKEND.check(p, resolve_device("h100"))
     assert [r.field for r in reasons] == ["head_dim_qk", "head_dim_vo"]
-    assert reasons[0].value == 512 and "256" in reasons[0].allowed
+    assert reasons[0].value == 520 and "512" in reasons[0].allowed
     fp8 = problem_of(Case(kv_dtype="float8_e4m3fn", dtype="bfloat16"))
     assert [r.field for r in BACKEND.check(fp8, resolve_device("a100"))] == ["sm"]
     mixed = problem_of(Case(dtype="float16", kv_dtype="bfloat16"))

@@ -24,8 +24,14 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
    of the agreement table); a variant that fails is timed but marked WRONG and kept out of the
    targets (about 1 more minute).
 
+6. with --wide (issue 19, head dims above 256): only the wide-head scenarios (WIDE_AGREEMENT: 192/128,
+   256, 320, 384, 448/256, 512/512 on every path: paged/ragged prefill, decode with splits, fp8 KV, spec
+   decode, RoPE, window + soft cap + sinks) against float64, and their timing rows (WIDE_ROWS); writes
+   native-h100-wide.json/.md (about 2 minutes with compilation).
+
     python tools/native_h100.py --out "$OUT"        # writes native-h100.json and native-h100.md
     python tools/native_h100.py --variants --out "$OUT"
+    python tools/native_h100.py --wide --out "$OUT"
 """
 from __future__ import annotations
 
@@ -79,6 +85,31 @@ AGREEMENT = {  # name: (case, rope_scale, rope_theta)
     "spec_decode_q4_tensor_scales": (Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(4,) * 3,
                                           kv_lens=(3000, 40, 777), q_len_per_req=4, tensor_scales=True, **BIG),
                                      1.0, 1e4),
+}
+
+
+# Head dims above 256 (issue 19; the tiles of triton_backend._wide_head_config), at GPU sizes: 16/4 heads.
+WIDE = dict(hq=16, hkv=4, page_size=PAGE, dtype="bfloat16")
+WIDE_AGREEMENT = {
+    "wide_paged_prefill_causal_d512": (Case(q_lens=(300, 37), kv_lens=(700, 37), dqk=512, dvo=512, **WIDE), 1.0, 1e4),
+    "wide_ragged_prefill_noncausal_d448_dv256": (Case(storage="ragged", causal=False, q_lens=(200, 64),
+                                                      kv_lens=(300, 900), dqk=448, dvo=256, **WIDE), 1.0, 1e4),
+    "wide_ragged_prefill_rope_d384": (Case(storage="ragged", q_lens=(256, 77), kv_lens=(256, 1000), dqk=384, dvo=384,
+                                           **WIDE, **ROPE), 1.0, 1e4),
+    "wide_paged_prefill_window_cap_sinks_d320": (Case(q_lens=(129, 40), kv_lens=(1000, 40), window_left=127,
+                                                      soft_cap=30.0, sinks=True, dqk=320, dvo=320, **WIDE), 1.0, 1e4),
+    "wide_paged_prefill_d192_dv128": (Case(q_lens=(300, 37), kv_lens=(700, 37), dqk=192, dvo=128, **WIDE), 1.0, 1e4),
+    "wide_decode_split_d512": (Case(q_lens=(1,) * 4, kv_lens=(20000, 4096, 33, 700), dqk=512, dvo=512, **WIDE, **DEC),
+                               1.0, 1e4),
+    "wide_decode_fp8_d512": (Case(kv_dtype="float8_e4m3fn", q_lens=(1,) * 3, kv_lens=(4000, 17, 900), dqk=512,
+                                  dvo=512, **WIDE, **DEC), 1.0, 1e4),
+    "wide_decode_rope_long_positions_d512": (Case(q_lens=(1,) * 2, kv_lens=(100_000, 3000), dqk=512, dvo=512,
+                                                  **WIDE, **DEC, **ROPE), 8.0, 5e5),
+    "wide_decode_d256": (Case(q_lens=(1,) * 3, kv_lens=(5000, 900, 64), dqk=256, dvo=256, **WIDE, **DEC), 1.0, 1e4),
+    "wide_spec_decode_q4_d512": (Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(4,) * 3,
+                                      kv_lens=(3000, 40, 777), q_len_per_req=4, dqk=512, dvo=512, **WIDE), 1.0, 1e4),
+    "wide_prefill_fp16_d512_ragged": (Case(storage="ragged", q_lens=(100, 3), kv_lens=(100, 400), dqk=512, dvo=512,
+                                           **{**WIDE, "dtype": "float16"}), 1.0, 1e4),
 }
 
 
@@ -190,13 +221,13 @@ def _timing_inputs(c: Case) -> dict:
         per = max(math.ceil(n / c.page_size) for n in c.kv_lens)
         pages = per * len(c.kv_lens)
         kw["block_table"] = torch.randperm(pages, device="cuda").to(torch.int32).view(len(c.kv_lens), per)
-        shape = (pages, c.page_size, c.hkv, c.dqk)
+        shape = (pages, c.page_size, c.hkv)
     else:
         kw["kv_indptr"] = torch.tensor([0, *torch.tensor(c.kv_lens).cumsum(0).tolist()], dtype=torch.int32,
                                        device="cuda")
-        shape = (sum(c.kv_lens), c.hkv, c.dqk)
-    kw["k"] = torch.randn(shape, device="cuda").to(dt)
-    kw["v"] = torch.randn(shape, device="cuda").to(dt)
+        shape = (sum(c.kv_lens), c.hkv)
+    kw["k"] = torch.randn((*shape, c.dqk), device="cuda").to(dt)
+    kw["v"] = torch.randn((*shape, c.dvo), device="cuda").to(dt)  # V has its own head dim
     if c.mask == "custom":  # FlashInfer's flattened bool mask, about 60% of the pairs kept
         sizes = torch.tensor([ql * kl for ql, kl in zip(c.q_lens, c.kv_lens)])
         kw["custom_mask"] = torch.rand(int(sizes.sum()), device="cuda") > 0.4
@@ -214,7 +245,7 @@ def _batches(c: Case) -> list:
     base = AttentionBatch(out=torch.empty((total_q, c.hq, c.dvo), device="cuda", dtype=torch.bfloat16),
                           lse=torch.empty((total_q, c.hq), device="cuda"), sm_scale=1 / math.sqrt(c.dqk), sinks=sinks,
                           **kw)
-    kv_bytes = kw["k"].numel() * kw["k"].element_size() * 2
+    kv_bytes = (kw["k"].numel() + kw["v"].numel()) * kw["k"].element_size()
     n = min(16, max(1, math.ceil(3 * L2_BYTES / kv_bytes)))
     return [base] + [replace(base, k=kw["k"].clone(), v=kw["v"].clone()) for _ in range(n - 1)]
 
@@ -247,17 +278,17 @@ def kv_tb_s(c: Case, ms: float) -> float:
     """Bytes of K and V read (a window reads its last window_left + 1 keys) per second."""
     elem = 1 if (c.kv_dtype or "").startswith("float8") else 2
     keys = sum(min(n, c.window_left + 1) if c.window_left >= 0 else n for n in c.kv_lens)
-    return 2 * keys * c.hkv * c.dqk * elem / (ms * 1e-3) / 1e12
+    return keys * c.hkv * (c.dqk + c.dvo) * elem / (ms * 1e-3) / 1e12
 
 
 def causal_tflop_s(c: Case, ms: float) -> float:
-    flops = sum(4.0 * c.hq * c.dqk * (q * k - q * (q - 1) / 2) for q, k in zip(c.q_lens, c.kv_lens))
+    flops = sum(2.0 * c.hq * (c.dqk + c.dvo) * (q * k - q * (q - 1) / 2) for q, k in zip(c.q_lens, c.kv_lens))
     return flops / (ms * 1e-3) / 1e12
 
 
 def dense_tflop_s(c: Case, ms: float) -> float:
     """Every (query, key) pair visited: a custom mask's kernel reads every key, as a non-causal one."""
-    return sum(4.0 * c.hq * c.dqk * q * k for q, k in zip(c.q_lens, c.kv_lens)) / (ms * 1e-3) / 1e12
+    return sum(2.0 * c.hq * (c.dqk + c.dvo) * q * k for q, k in zip(c.q_lens, c.kv_lens)) / (ms * 1e-3) / 1e12
 
 
 RATES = {"kv": (kv_tb_s, "TB/s"), "flops": (causal_tflop_s, "TFLOP/s"), "dense": (dense_tflop_s, "TFLOP/s")}
@@ -329,6 +360,19 @@ FEATURE_ROWS = [
 ]
 
 
+# --wide (issue 19): head dims above 256 beside d128 and d256 at the same shapes (16/4 heads, bf16, pages of 16).
+WIDE_DEC = Case(q_lens=(1,) * 64, kv_lens=(4096,) * 64, **WIDE, **DEC)
+WIDE_PRE = Case(q_lens=(2048,) * 4, kv_lens=(2048,) * 4, **WIDE)
+WIDE_ROWS = [
+    *[(f"decode b64 x 4096 d{dqk}/{dvo}", replace(WIDE_DEC, dqk=dqk, dvo=dvo), "kv", {})
+      for dqk, dvo in ((128, 128), (256, 256), (192, 128), (448, 256), (512, 512))],
+    ("decode b64 x 4096 d512 fp8 KV", replace(WIDE_DEC, dqk=512, dvo=512, kv_dtype="float8_e4m3fn"), "kv", {}),
+    *[(f"prefill causal 4 x 2048 d{dqk}/{dvo}", replace(WIDE_PRE, dqk=dqk, dvo=dvo), "flops", {})
+      for dqk, dvo in ((128, 128), (256, 256), (192, 128), (384, 384), (448, 256), (512, 512))],
+    ("prefill causal 4 x 2048 d512, M64 N32 w8", replace(WIDE_PRE, dqk=512, dvo=512), "flops", _tile(64, 32, 1, 8, 2)),
+]
+
+
 # Issue 11 candidates (--variants): the plain-path prefill kernel (backends/native/triton_plain.py) and fp8
 # decode tiles and splits, each checked against float64 at a smaller shape with the same plan overrides
 # first (VARIANT_CHECKS); a variant that disagrees is timed but marked wrong and kept out of the targets.
@@ -397,18 +441,21 @@ BASELINES = ("decode b64 x 4096", "decode b64 x 4096 fp8 KV", "decode b64 x 4096
              "prefill causal 8 x 2048 ragged RoPE")
 
 
-def _row_order(variants: bool) -> list:
+def _row_order(variants: bool, wide: bool = False) -> list:
+    if wide:
+        return WIDE_ROWS
     if not variants:
         return FEATURE_ROWS
     first = [r for r in FEATURE_ROWS if r[0] in BASELINES]
     return first + VARIANT_ROWS + [r for r in FEATURE_ROWS if r[0] not in BASELINES]
 
 
-def feature_rows(start: float, variants: bool = False, wrong: frozenset = frozenset()) -> list:
-    """The feature rows, then with ``variants`` the candidates (a name in ``wrong`` failed its check)."""
+def feature_rows(start: float, variants: bool = False, wrong: frozenset = frozenset(), wide: bool = False) -> list:
+    """The feature rows, then with ``variants`` the candidates (a name in ``wrong`` failed its check);
+    with ``wide`` only the wide-head rows."""
     rows = []
     deadline = DEADLINE_S + VARIANTS_EXTRA_S * variants
-    for name, c, metric, plan_kw in _row_order(variants):
+    for name, c, metric, plan_kw in _row_order(variants, wide):
         if time.time() - start > deadline:
             rows.append({"case": name, "skipped": "deadline"})
             continue
@@ -544,7 +591,11 @@ def main() -> int:
     parser.add_argument("--grid", action="store_true", help="also the decode split grid (about 2 more minutes)")
     parser.add_argument("--variants", action="store_true",
                         help="also issue 11's candidate kernels and tiles, each checked against float64 first")
+    parser.add_argument("--wide", action="store_true",
+                        help="only head dims above 256 (issue 19): their fp64 checks and timing rows")
     args = parser.parse_args()
+    if args.wide:
+        return wide_main(Path(args.out))
     start = time.time()
     torch.manual_seed(0)
     res = {"environment": environment(),
@@ -565,6 +616,34 @@ def main() -> int:
     (out / "native-h100.md").write_text(text)
     print(text)
     return 0 if all(a["ok"] for a in res["agreement"] if not a["scenario"].startswith("variant: ")) else 1
+
+
+def _checked(name: str, spec: tuple) -> dict:
+    """check(), a failure to plan, compile or launch being a failed row with its error (the run goes on)."""
+    try:
+        return check(name, *spec)
+    except Exception as exc:  # noqa: BLE001
+        return {"scenario": name, "ok": False, "out_err": [], "lse_err": [], "splits": 0, "tile": "",
+                "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+
+
+def wide_main(out: Path) -> int:
+    """--wide: WIDE_AGREEMENT against float64, then WIDE_ROWS timed; native-h100-wide.json/.md."""
+    start = time.time()
+    torch.manual_seed(0)
+    res = {"environment": environment(), "command": "python tools/native_h100.py --wide", "summary": [],
+           "host": [], "copy_tb_s": copy_ceiling_tb_s(), "decode_grid": []}
+    res["agreement"] = [_checked(name, spec) for name, spec in WIDE_AGREEMENT.items()]
+    res["features"] = feature_rows(start, wide=True)
+    res["seconds"] = time.time() - start
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "native-h100-wide.json").write_text(json.dumps(res, indent=1, default=str))
+    text = markdown(res).replace("issue 11 on", "head dims above 256 (issue 19) on", 1).replace(
+        "RoPE, fp8 KV and the plain path (bf16 q, 32/8 heads, d128, pages of 16)",
+        "Head dims above 256 beside d128/d256 (bf16 q, 16/4 heads, pages of 16)", 1)
+    (out / "native-h100-wide.md").write_text(text)
+    print(text)
+    return 0 if all(a["ok"] for a in res["agreement"]) else 1
 
 
 if __name__ == "__main__":
