@@ -14,7 +14,7 @@ import torch
 
 from backends._device import kept_views
 
-from ._cache import BoundedCache
+from backends._device import BoundedCache
 from .policy import RAW_ENVIRON, getenv
 from .problem import dtype_name
 

@@ -85,8 +85,6 @@ class _PlanCommon(_Spec):
         return vals
 
     def mask_checks(self, d, q_lens, kv_lens) -> None:
-        if self.custom_mask is not None and self.packed_custom_mask is not None:
-            raise bad("packed_custom_mask", self.packed_custom_mask, "None when custom_mask is given (pass one)")
         sizes = [a * b for a, b in zip(q_lens, kv_lens)]
         if self.custom_mask is not None:
             need_tensor("custom_mask", self.custom_mask, ranks=(1,), dtypes=(torch.bool,))

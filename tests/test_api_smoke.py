@@ -208,3 +208,18 @@ def test_paged_run_takes_sinks_as_a_list():
     sinks = torch.randn(HQ)
     want = w.run(c["q"], c["cache"], sinks=sinks)
     assert torch.equal(w.run(c["q"], c["cache"], sinks=sinks.tolist()), want)
+
+
+@pytest.mark.parametrize("entry", ["paged", "ragged"])
+def test_plan_packed_mask_wins_over_custom_mask(entry):
+    """The seed: "packed_custom_mask, if provided, the custom_mask will be ignored" (issue 19)."""
+    from _calls import make
+    import numpy as np
+    call = make(entry, 5)  # causal by default: its expectation is the causal answer
+    cfg = call.cfg
+    rows = [torch.ones(n, m, dtype=torch.bool).tril(diagonal=m - n).reshape(-1)
+            for n, m in zip(cfg.q_lens, cfg.kv_lens)]
+    packed = torch.cat([torch.from_numpy(np.packbits(r.numpy(), bitorder="little")) for r in rows])
+    wrong = torch.ones(sum(r.numel() for r in rows), dtype=torch.bool)  # no mask at all: must be ignored
+    call.plan_kw.update(causal=False, custom_mask=wrong, packed_custom_mask=packed)
+    call.check(call.invoke())

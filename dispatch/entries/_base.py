@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
 import torch
 
-from .._cache import BoundedCache
+from backends._device import BoundedCache
 from .._normalize import cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected

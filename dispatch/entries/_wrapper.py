@@ -20,7 +20,7 @@ from backends import get_backend
 from backends.base import BackendRejected
 
 from .. import autotune, ops, policy, router, specs
-from .._cache import BoundedCache
+from backends._device import BoundedCache
 from .._normalize import bad, check_scale, cumsum0, unpack_bits
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from . import _base as B

@@ -47,6 +47,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
         qo_indptr, kv_indptr: (B+1,) int32 prefix sums, on the CPU or the device.
         """
+        if packed_custom_mask is not None:
+            custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
         dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
                  use_fp16_qk_reduction, False)

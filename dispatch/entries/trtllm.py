@@ -19,7 +19,7 @@ from ._base import UNSET
 
 ENTRY = "trtllm_batch_context_with_kv_cache"
 _PER_CALL = ("max_q_len", "max_kv_len", "batch_size", "bmm1_scale", "bmm2_scale")
-_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "cum_seq_lens_q": B.ALL_DIMS}
+_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "cum_seq_lens_q": B.ALL_DIMS, "sinks": B.FULL}
 
 
 def trtllm_batch_context_with_kv_cache(

@@ -18,7 +18,8 @@ from . import _base as B
 
 ENTRY = "xqa_batch_decode_with_kv_cache"
 _PER_CALL = ("max_seq_len", "bmm1_scale", "bmm2_scale", "o_scale")
-_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "mask": B.ALL_DIMS, "q_cu_seq_lens": B.ALL_DIMS}
+_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "mask": B.ALL_DIMS, "q_cu_seq_lens": B.ALL_DIMS,
+         "sinks": B.FULL}
 
 
 def xqa_batch_decode_with_kv_cache(
