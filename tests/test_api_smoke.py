@@ -193,7 +193,7 @@ def test_cudnn_offsets_derived_from_lengths_when_absent():
 
 def test_validate_env_values(monkeypatch):
     """ATTN_DISPATCH_VALIDATE takes full/first (any case) or nothing; anything else names the variable."""
-    from dispatch._normalize import full_validation
+    from dispatch.checks import full_validation
     for value, full in (("", False), ("first", False), ("FULL", True), ("full", True)):
         monkeypatch.setenv("ATTN_DISPATCH_VALIDATE", value)
         assert full_validation() is full

@@ -7,7 +7,7 @@ import gc
 import torch
 
 from backends import _device
-from dispatch._normalize import cache_halves
+from dispatch.checks import cache_halves
 
 
 def _halves(t: torch.Tensor) -> tuple:

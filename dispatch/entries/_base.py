@@ -29,11 +29,11 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 import torch
 
 from backends._device import BoundedCache
-from .._normalize import cache_halves, full_validation, paged_nhd, split_kv
+from ..checks import cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected
 
-from .. import autotune, policy, router, specs
+from .. import autotune, checks, policy, router
 from ..problem import AttentionProblem, size_class
 
 
@@ -228,7 +228,7 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
     or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
     plan = PLANS.get(key)
     if plan is None:
-        spec, derived = specs.validate(spec_cls, args)
+        spec, derived = checks.validate(spec_cls, args)
         plan = CallPlan(build(spec, derived))
         PLANS.put(key, plan)
         return plan, spec, derived

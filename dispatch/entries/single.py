@@ -7,14 +7,15 @@ from __future__ import annotations
 import functools
 import math
 from types import SimpleNamespace
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
 from .. import ops, policy
-from .._normalize import unpack_bits, uniform_indptr, fold_scale
+from ..checks import (Layout, OUT_DTYPES, PosMode, Scale, Spec, bad, check_scale, fold_scale, need_finite, need_heads,
+                      need_kv_dtype, need_query, need_soft_cap, need_tensor, need_window, out_dtype_of, uniform_indptr,
+                      unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
-from ..specs import SinglePrefillSpec
 from . import _base as B
 from ._base import UNSET
 
@@ -194,3 +195,89 @@ def _flat_mask(custom_mask, packed_custom_mask, z) -> Optional[torch.Tensor]:
         n = z.qo_len * z.kv_len
         return unpack_bits(packed_custom_mask, [(n + 7) // 8], [n])
     return None
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class SinglePrefillSpec(Spec):
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale_q: Optional[torch.Tensor] = None
+    scale_k: Optional[torch.Tensor] = None
+    scale_v: Optional[torch.Tensor] = None
+    o_dtype: Any = None
+    custom_mask: Optional[torch.Tensor] = None
+    packed_custom_mask: Optional[torch.Tensor] = None
+    causal: bool = False
+    kv_layout: Layout = "NHD"
+    pos_encoding_mode: PosMode = "NONE"
+    sm_scale: Optional[float] = None
+    window_left: int = -1
+    logits_soft_cap: Optional[float] = None
+    rope_scale: Optional[float] = None
+    rope_theta: Optional[float] = None
+    backend: str = "auto"
+    return_lse: bool = False
+    kv_cache_sf: Any = None
+    k_scale: Optional[Scale] = None
+    v_scale: Optional[Scale] = None
+
+    def derive(self):
+        need_query("q", self.q)
+        need_tensor("k", self.k, ranks=(3,))
+        need_tensor("v", self.v, ranks=(3,))
+        k = self.k.transpose(0, 1) if self.kv_layout == "HND" else self.k
+        v = self.v.transpose(0, 1) if self.kv_layout == "HND" else self.v
+        out_dtype = out_dtype_of(self.q.dtype, self.o_dtype)
+        return SimpleNamespace(k=k, v=v, qo_len=self.q.shape[0], kv_len=k.shape[0], hq=self.q.shape[1],
+                               hkv=k.shape[1], dqk=k.shape[2], dvo=v.shape[2], out_dtype=out_dtype)
+
+    def static_checks(self, d):
+        q, dev = self.q, self.q.device
+        for name in ("scale_q", "scale_k", "scale_v"):
+            if getattr(self, name) is not None:
+                raise bad(name, getattr(self, name), "None (per-head fp8 scales are not supported; "
+                          "pass the scalar k_scale / v_scale)")
+        if self.kv_cache_sf is not None:
+            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+        for name, t in (("k", self.k), ("v", self.v)):
+            need_tensor(name, t, device=dev)
+            need_kv_dtype(name, t, q.dtype)
+            if t.stride(-1) != 1:
+                raise bad(f"{name}.stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
+        if d.dqk != q.shape[2]:
+            raise bad("k.shape", tuple(self.k.shape), f"head_dim {q.shape[2]} = q.shape[2]")
+        if self.v.dtype != self.k.dtype:
+            raise bad("v.dtype", self.v.dtype, f"{dtype_name(self.k.dtype)}, the dtype of k")
+        need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
+        if d.out_dtype not in OUT_DTYPES:
+            raise bad("o_dtype", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        need_window(self.window_left)
+        need_soft_cap(self.logits_soft_cap)
+        need_finite("rope_scale", self.rope_scale, positive=True)
+        need_finite("rope_theta", self.rope_theta, positive=True)
+
+    def size_checks(self, d):
+        # Per call: kv_len and sm_scale vary from call to call, so the cache key leaves them out.
+        dev = self.q.device
+        need_finite("sm_scale", self.sm_scale)
+        if d.v.shape[:2] != d.k.shape[:2]:
+            raise bad("v.shape", tuple(self.v.shape), f"the leading dims of k {tuple(self.k.shape)} "
+                      f"(kv_len and num_kv_heads in the {self.kv_layout} layout)")
+        if self.custom_mask is not None and self.packed_custom_mask is not None:
+            raise bad("packed_custom_mask", self.packed_custom_mask, "None when custom_mask is given (pass one)")
+        if self.custom_mask is not None:
+            need_tensor("custom_mask", self.custom_mask, dtypes=(torch.bool,), device=dev)
+            if tuple(self.custom_mask.shape) != (d.qo_len, d.kv_len):
+                raise bad("custom_mask.shape", tuple(self.custom_mask.shape), f"({d.qo_len}, {d.kv_len}) = (qo_len, kv_len)")
+        if self.packed_custom_mask is not None:
+            need_tensor("packed_custom_mask", self.packed_custom_mask, ranks=(1,), dtypes=(torch.uint8,), device=dev)
+            nbytes = (d.qo_len * d.kv_len + 7) // 8
+            if self.packed_custom_mask.numel() != nbytes:
+                raise bad("packed_custom_mask.shape", tuple(self.packed_custom_mask.shape), f"({nbytes},)")
+        check_scale("k_scale", self.k_scale, dev, values=False)
+        check_scale("v_scale", self.v_scale, dev, values=False)
+
+    def value_checks(self, d):
+        check_scale("k_scale", self.k_scale, self.q.device, values=True)
+        check_scale("v_scale", self.v_scale, self.q.device, values=True)

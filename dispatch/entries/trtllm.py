@@ -7,13 +7,15 @@ own tests pass page counts there).
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
 from .. import ops, policy
+from ..checks import (Layout, OUT_DTYPES, Scale, Spec, bad, check_indptr_values, check_paged_values, check_scale,
+                      need_index, need_int, need_kv_static, need_out, need_query, need_sinks, need_tensor, need_window,
+                      out_dtype_of, paged_kv_spec)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
-from ..specs import TrtllmContextSpec
 from . import _base as B
 from ._base import UNSET
 
@@ -176,3 +178,88 @@ def _sizes(args: dict, d) -> SimpleNamespace:
 
 
 ops.register_eager('trtllm_batch_context_with_kv_cache', trtllm_batch_context_with_kv_cache)
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class TrtllmContextSpec(Spec):
+    """``trtllm_batch_context_with_kv_cache``: paged 5-D/tuple cache, seq_lens incl. new tokens."""
+
+    query: torch.Tensor
+    kv_cache: Any
+    workspace_buffer: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    max_q_len: int
+    max_kv_len: int
+    bmm1_scale: Scale
+    bmm2_scale: Scale
+    batch_size: int
+    cum_seq_lens_q: torch.Tensor
+    cum_seq_lens_kv: Any = None  # ignored for paged KV (FlashInfer tests pass page counts)
+    window_left: int = -1
+    out: Optional[torch.Tensor] = None
+    out_dtype: Any = None
+    o_sf_scale: Optional[float] = None
+    o_sf_vec_size: Optional[int] = None
+    kv_layout: Layout = "HND"
+    sinks: Optional[torch.Tensor] = None
+    kv_cache_sf: Any = None
+    uses_shared_paged_kv_idx: bool = True
+    causal: bool = True
+    lse: Optional[torch.Tensor] = None
+    return_lse: bool = False
+
+    def derive(self):
+        need_query("query", self.query)
+        d = paged_kv_spec(self.kv_cache, self.kv_layout, allow_squeezed=False)
+        d.hq, d.total_q = self.query.shape[1], self.query.shape[0]
+        if isinstance(self.out_dtype, str) and self.out_dtype == "nvfp4":
+            raise bad("out_dtype", "nvfp4", "float16, bfloat16, float32 or an fp8 dtype (NVFP4 output is not supported)")
+        d.out_dtype = out_dtype_of(self.query.dtype, self.out_dtype if self.out_dtype is not None else
+                                   (self.out.dtype if self.out is not None else None))
+        return d
+
+    def static_checks(self, d):
+        q, dev = self.query, self.query.device
+        need_kv_static(d, q)
+        if not self.uses_shared_paged_kv_idx:
+            raise bad("uses_shared_paged_kv_idx", False, "True (separate K/V page tables are not supported)")
+        for name in ("kv_cache_sf", "o_sf_scale", "o_sf_vec_size"):
+            if getattr(self, name) is not None:
+                raise bad(name, getattr(self, name), "None (NVFP4 KV/output is not supported)")
+        if d.out_dtype not in OUT_DTYPES:  # blame the argument the dtype came from
+            raise bad("out_dtype" if self.out_dtype is not None else "out.dtype", d.out_dtype,
+                      "float16, bfloat16, float32 or an fp8 dtype")
+        need_window(self.window_left)
+        need_index("block_tables", self.block_tables, None, dev)
+        need_tensor("block_tables", self.block_tables, ranks=(2,))
+        need_index("seq_lens", self.seq_lens, None, dev)
+        need_tensor("seq_lens", self.seq_lens, ranks=(1,))
+        need_index("cum_seq_lens_q", self.cum_seq_lens_q, None, dev)
+        need_sinks(self.sinks, d.hq, dev)
+
+    def size_checks(self, d):
+        dev, b = self.query.device, self.batch_size
+        need_int("batch_size", b, 1)
+        need_int("max_q_len", self.max_q_len, 1)
+        need_int("max_kv_len", self.max_kv_len, 1)
+        if self.block_tables.shape[0] != b:
+            raise bad("block_tables.shape", tuple(self.block_tables.shape), f"({b}, max_pages) for batch_size={b}")
+        need_index("seq_lens", self.seq_lens, b, dev)
+        need_index("cum_seq_lens_q", self.cum_seq_lens_q, b + 1, dev)
+        check_scale("bmm1_scale", self.bmm1_scale, dev, values=False)
+        check_scale("bmm2_scale", self.bmm2_scale, dev, values=False)
+        need_out(self.out, (d.total_q, d.hq, d.dvo), d.out_dtype, dev)
+        need_out(self.lse, (d.total_q, d.hq), torch.float32, dev, name="lse")
+
+    def value_checks(self, d):
+        dev = self.query.device
+        qo = check_indptr_values("cum_seq_lens_q", self.cum_seq_lens_q, d.total_q, "query.shape[0]")
+        longest = max((b - a for a, b in zip(qo[:-1], qo[1:])), default=0)
+        if longest > self.max_q_len:
+            raise bad("max_q_len", self.max_q_len, f">= the longest query ({longest} tokens from cum_seq_lens_q)")
+        if self.seq_lens.numel() and int(self.seq_lens.max()) > self.max_kv_len:
+            raise bad("max_kv_len", self.max_kv_len, f">= max(seq_lens) = {int(self.seq_lens.max())}")
+        check_paged_values(self.block_tables, self.seq_lens, d.page_size, d.pages)
+        check_scale("bmm1_scale", self.bmm1_scale, dev, values=True)
+        check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
