@@ -27,7 +27,7 @@ def explain(entry, *args, **kwargs) -> router.Decision:
         raise ValueError(f"entry={entry!r}: allowed one of {names}, or a planned wrapper")
     with _base.dry_run():
         entry(*args, **kwargs)
-    return target.last_decision
+        return _base.last_decision()
 
 
 def _explain_wrapper(wrapper: PrefillWrapper, args, kwargs) -> router.Decision:
@@ -35,8 +35,6 @@ def _explain_wrapper(wrapper: PrefillWrapper, args, kwargs) -> router.Decision:
         raise ValueError(f"entry={type(wrapper).__name__}(...): allowed a wrapper after plan(...)")
     if not args and not kwargs:
         return wrapper.decision
-    saved = wrapper._last
     with _base.dry_run():
         wrapper.run(*args, **kwargs)
-    decision, wrapper._last = wrapper.decision, saved
-    return decision
+        return _base.last_decision()

@@ -21,8 +21,9 @@ is built from, and the backend's plan when it is reusable.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import contextvars
+import inspect
+import operator
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
@@ -243,9 +244,6 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
 # decode step do, skips every check, the problem and the decision: its lane holds the call plan
 # and the sizes the batch is built from. The key is built from the arguments as they arrive.
 LANES = BoundedCache(maxsize=1024, refresh=False)  # first in, first out: a hit costs one dict lookup
-# An entry's default-option calls: a short key of the few options such a call can vary and the
-# tensors' facts -> the Lane its full key holds (found without building that key; entries fill it).
-HOT_LANES = BoundedCache(maxsize=1024, refresh=False)
 _TENSOR = torch.Tensor
 
 
@@ -263,7 +261,6 @@ def _facts(value: Any):
 
 
 _PLAIN_TYPES = frozenset(_PLAIN)
-_ALL_PLAIN: dict[tuple, bool] = {}  # option types -> all plain (a few entries per call site)
 
 
 def lanes_open(query: torch.Tensor) -> bool:
@@ -272,43 +269,59 @@ def lanes_open(query: torch.Tensor) -> bool:
     return not (CPU_VALUE_CHECKS and query.is_cpu) and not _DRY.get() and not full_validation()
 
 
-def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -> Optional[tuple]:
-    """The whole-call key of a call that may take the fast lane, or None: a query (``tensors[0]``)
-    that is not a tensor, a CPU query while CPU value checks are on, ATTN_DISPATCH_VALIDATE=full,
-    a dry run (explain), or an argument the key cannot hold. ``tensors``: the arguments that must
-    be tensors; ``others``: the rest; ``explicit``: the call's explicit choice (the functions:
-    it and strict mode join the key; a wrapper's run leaves it out, its plan fixed both). The
-    argument types lead the key, so the flat run of facts after them reads one way only."""
-    query = tensors[0]
+class _Form:
+    """How a lane key reads one sequence of argument types (cached per types): the positions whose
+    values join the key (plain values), whose facts join it (tensors; sequences of them), and
+    those only typed (``unread``: a workspace nothing reads). ``closed``: an argument the key
+    cannot hold (the call is checked)."""
+
+    __slots__ = ("plain", "tensors", "nested", "closed")
+
+    def __init__(self, kinds: tuple, unread: frozenset):
+        plain, self.tensors, self.nested, self.closed = [], [], [], False
+        for i, kind in enumerate(kinds):
+            if i in unread:
+                continue
+            if kind is _TENSOR:
+                self.tensors.append(i)
+            elif kind in _PLAIN_TYPES:
+                plain.append(i)
+            elif kind is tuple or kind is list:
+                self.nested.append(i)
+            else:
+                self.closed = True
+        self.tensors, self.nested = tuple(self.tensors), tuple(self.nested)
+        if len(plain) > 1:
+            self.plain = operator.itemgetter(*plain)
+        else:
+            self.plain = (lambda values, i=plain[0]: values[i]) if plain else (lambda values: None)
+
+
+NONE_UNREAD: frozenset = frozenset()  # every argument is read
+
+
+def lane_key(forms: dict, unread: frozenset, values: tuple, explicit) -> Optional[tuple]:
+    """The key of an exact repeat, or None (the call is checked): every argument's type (through
+    its form), every plain value, every tensor's dtype, device, shape and strides, the explicit
+    choice and strict mode. ``values[0]`` is the query; ``forms`` caches the forms per types."""
+    query = values[0]
     if type(query) is not _TENSOR or not lanes_open(query):
         return None
-    kinds = tuple(map(type, tensors))
-    if kinds.count(_TENSOR) != len(kinds):
-        return None  # the checked path names the argument that is not a tensor
-    other_kinds = tuple(map(type, others))
-    plain = _ALL_PLAIN.get(other_kinds)
-    if plain is None:
-        plain = _ALL_PLAIN[other_kinds] = _PLAIN_TYPES.issuperset(other_kinds)
-    if explicit is UNSET:
-        parts = [entry, kinds, other_kinds, others] if plain else [entry, kinds, other_kinds]
-    else:
-        parts = [entry, explicit, policy.strict_mode(), kinds, other_kinds]
-        if plain:
-            parts.append(others)
-    if not plain:  # an option is a tensor (out, lse, sinks, a device scale) or a sequence
-        for value in others:
-            kind = type(value)
-            if kind is _TENSOR:
-                parts += (value.dtype, value.device, value.shape, value.stride())
-            elif kind in _PLAIN:
-                parts.append(value)
-            else:
-                facts = _facts(value)
-                if facts is None:
-                    return None
-                parts.append(facts)
-    for t in tensors:
+    kinds = tuple(map(type, values))
+    form = forms.get(kinds)
+    if form is None:
+        form = forms[kinds] = _Form(kinds, unread)  # a few type sequences per entry
+    if form.closed:
+        return None
+    parts = [form, explicit, policy.strict_mode(), form.plain(values)]
+    for i in form.tensors:
+        t = values[i]
         parts += (t.dtype, t.device, t.shape, t.stride())
+    for i in form.nested:
+        facts = _facts(values[i])
+        if facts is None:
+            return None
+        parts.append(facts)
     return tuple(parts)
 
 
@@ -323,12 +336,6 @@ def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
 def rows(t: Any, dim: int = 0) -> Any:
     """``t.shape[dim]`` of a tensor of rank > dim, else None (the checks name a bad argument)."""
     return t.shape[dim] if isinstance(t, torch.Tensor) and t.dim() > dim else None
-
-
-def kv_parts(kv_cache: Any) -> tuple:
-    """A KV cache argument as lane-key tensors: (cache,) or the (k, v) pair (a pair and a single
-    cache differ in count, so they never share a key)."""
-    return tuple(kv_cache) if type(kv_cache) in (tuple, list) else (kv_cache,)
 
 
 class Lane:
@@ -346,19 +353,20 @@ class Lane:
 
     def launch(self, batch) -> router.Planned:
         """The backend's launcher on a repeat; else its plan (kept when reusable) and the launch;
-        only the decision when dry."""
+        only the decision when dry. The decision that served is this context's last decision."""
         fast = self.fast
         if fast is not None:
             try:
                 fast(batch)
+                _LAST.set(self.planned.decision)
                 return self.planned
             except BackendRejected:  # refused before launching: the router hands the call over
-                return router.run(self.planned, batch)
+                return remember(router.run(self.planned, batch))
         planned = self.planned
         if planned is None:
             if is_dry():
                 decision = self.plan.decision(batch.q, self.explicit)
-                return router.Planned(decision, decision.chosen, None)
+                return remember(router.Planned(decision, decision.chosen, None))
             planned = self.plan.planned(batch, self.explicit)
             if self.plan.keeps(planned):
                 self.planned = planned
@@ -366,23 +374,58 @@ class Lane:
         if ran is self.planned and not self.asked:
             self.asked = True
             self.fast = get_backend(ran.backend).launcher(ran.plan, batch)
-        return ran
+        return remember(ran)
 
 
-def lane(key: Optional[tuple], spec_cls: type, args: Callable[[], dict], call_key_of: Callable[[dict], tuple],
-         build: Callable, sizes: Callable, explicit) -> Lane:
-    """The lane of ``key``; else a checked call's (``checked``: the full checks once per call key,
-    the size checks on every call) with ``sizes(args, derived)``, kept under ``key`` if any."""
-    found = LANES.get(key) if key is not None else None
-    if found is not None:
+class Declaration:
+    """One entry point's per-call facts, declared once in its module (see the glossary above).
+
+    ``params``: the spec's argument names in the order the entry passes their values; ``spec``:
+    its pydantic model; ``problem(spec, derived, size)`` -> AttentionProblem; ``sizes(args,
+    derived)``: what a repeat builds its batch from; ``size(args)`` -> (batch, max q, max kv);
+    ``vary`` (a mapping, or a function of the arguments): per tensor, the dims that vary per
+    call; ``per_call``: scalars whose value varies per call; ``facts(args)``: more call-key
+    facts; ``unread``: arguments nothing reads (their type alone joins the keys)."""
+
+    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "unread",
+                 "_forms")
+
+    def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
+                 size: Callable, vary: Any = None, per_call: tuple = (), facts: Optional[Callable] = None,
+                 unread: tuple = ()):
+        unknown = set(params) - set(spec.model_fields)
+        if unknown:
+            raise TypeError(f"{entry}: {sorted(unknown)} are not fields of {spec.__name__}")
+        self.entry, self.spec, self.params = entry, spec, params
+        self.problem, self.sizes, self.size = problem, sizes, size
+        self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
+        self.unread = frozenset(params.index(name) for name in unread)
+        self._forms: dict = {}
+
+    def lane(self, values: tuple, explicit) -> "Lane":
+        """The lane of the call whose argument values are ``values`` (in ``params`` order): an exact
+        repeat's, else a checked call's (the full checks once per call key, the size checks on
+        every call), kept under its lane key."""
+        key = lane_key(self._forms, self.unread, values, explicit)
+        found = LANES.get(key) if key is not None else None
+        if found is not None:
+            return found
+        args = dict(zip(self.params, values))
+        size = self.size_class(args)
+        plan, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
+                                   lambda spec, d: self.problem(spec, d, size or ()))
+        found = Lane(plan, explicit, self.sizes(args, derived))
+        if key is not None:
+            LANES.put(key, found)
         return found
-    values = args()
-    plan, _, derived = checked(spec_cls, values, call_key_of(values), values.get("query", values.get("q")),
-                               lambda spec, d: build(spec, d, values))
-    found = Lane(plan, explicit, sizes(values, derived))
-    if key is not None:
-        LANES.put(key, found)
-    return found
+
+    def size_class(self, args: dict) -> Optional[tuple]:
+        return size_key(*self.size(args))
+
+    def call_key(self, args: dict, size: Optional[tuple]) -> tuple:
+        vary = self.vary(args) if callable(self.vary) else self.vary
+        key = call_key(self.entry, args, vary, self.per_call)
+        return key + self.facts(args) + (size,) if self.facts is not None else key + (size,)
 
 
 def paged_kv(kv_cache, layout: str) -> tuple:
@@ -416,26 +459,38 @@ _DRY: contextvars.ContextVar[bool] = contextvars.ContextVar("attn_dispatch_dry_r
 def dry_run() -> Iterator[None]:
     """Inside the block an entry validates, decides and records its decision, but neither
     plans a vendor nor launches (``dispatch.explain``)."""
-    token = _DRY.set(True)
+    token, last = _DRY.set(True), _LAST.get()
     try:
         yield
     finally:
         _DRY.reset(token)
+        _LAST.set(last)
 
 
 def is_dry() -> bool:
     return _DRY.get()
 
 
-def remember(entry: Callable, planned) -> None:
-    """``entry.last_decision``: the decision that served the entry's latest call."""
-    entry.last_decision = planned.decision
+_LAST: contextvars.ContextVar[Optional[router.Decision]] = contextvars.ContextVar("attn_dispatch_last_decision",
+                                                                             default=None)
+
+
+def remember(planned: router.Planned) -> router.Planned:
+    """Make ``planned``'s decision this context's last decision (``last_decision``)."""
+    _LAST.set(planned.decision)
+    return planned
+
+
+def last_decision() -> Optional[router.Decision]:
+    """The router's decision that served the latest call of an entry point or a wrapper's run in
+    this context (this thread, this asyncio task); None before any. ``dispatch.explain`` leaves it
+    as it was."""
+    return _LAST.get()
 
 
 def clear_caches() -> None:
     PLANS.clear()
     LANES.clear()
-    HOT_LANES.clear()
 
 
 autotune._on_switch.append(clear_caches)  # the call plans hold decisions: a switch makes them stale

@@ -260,15 +260,15 @@ class PrefillWrapper:
         if fast is not None:
             try:
                 fast(batch)
-                self._last = lane.planned
+                self._last = B.remember(lane.planned)
                 return (out, lse) if return_lse else out
             except BackendRejected:  # refused before launching: the generic path hands it over
                 pass
         planned = self._variants.get(lane.overrides) or self._variant(lane.overrides, batch)
-        if B.is_dry():
-            self._last = planned
+        if B.is_dry():  # explain: the decision is the context's, the wrapper's own stays as it was
+            B.remember(planned)
         else:
-            self._last = ran = router.run(planned, batch)
+            self._last = ran = B.remember(router.run(planned, batch))
             if lane.kept and lane.planned is None and ran is planned:
                 lane.planned = planned
                 lane.fast = get_backend(planned.backend).launcher(planned.plan, batch)

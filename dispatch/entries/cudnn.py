@@ -23,10 +23,8 @@ from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from . import _base as B
 
 ENTRY = "cudnn_batch_prefill_with_kv_cache"
-_PER_CALL = ("max_token_per_sequence", "max_sequence_kv", "scale", "q_scale", "k_scale", "v_scale")
 _INDEX_ARGS = ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q", "batch_offsets_o",
                "batch_offsets_k", "batch_offsets_v")
-_VARY = {**{name: B.ALL_DIMS for name in _INDEX_ARGS}, "lse": B.ALL_DIMS}
 
 
 def cudnn_batch_prefill_with_kv_cache(
@@ -68,21 +66,15 @@ def cudnn_batch_prefill_with_kv_cache(
     explicit = policy.explicit_choice(backend)
     if isinstance(q, torch.Tensor) and not q.is_cpu:  # lengths may come on the CPU (the seed's example)
         actual_seq_lens_q, actual_seq_lens_kv = _on_device(actual_seq_lens_q, q), _on_device(actual_seq_lens_kv, q)
-    hot = _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
-                   actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
-                   batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
-                   k_scale, v_scale, batch_offsets_units, o_data_type, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
-                     actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
-                     batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
-                     k_scale, v_scale, batch_offsets_units, o_data_type, explicit, hot)
+    lane = DECLARATION.lane((q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
+                             actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, q_scale,
+                             k_scale, v_scale, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_v,
+                             batch_offsets_units, out, lse, is_cuda_graph_compatible, o_data_type), explicit)
     z = lane.sizes
     batch = _batch(z, q, k_cache, v_cache, fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale),
                    max_token_per_sequence, max_sequence_kv, actual_seq_lens_q, actual_seq_lens_kv, block_tables,
                    return_lse, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_units == "tokens", out)
-    B.remember(cudnn_batch_prefill_with_kv_cache, lane.launch(batch))
+    lane.launch(batch)
     if not return_lse:
         return batch.out, None
     padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
@@ -90,50 +82,6 @@ def cudnn_batch_prefill_with_kv_cache(
     if not B.is_dry():
         scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
     return batch.out, padded
-
-
-def _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, seq_kv, block_tables, causal,
-             return_lse, offsets_q, offsets_o, offsets_k, offsets_v, out, lse, cuda_graph, q_scale, k_scale, v_scale,
-             units, o_data_type, explicit) -> Optional[tuple]:
-    """The short key of a call with the default options (a float scale, lengths on q's device, no
-    offsets, out, lse or q/k/v scales), or None: each value it holds is of a fixed type, so it maps
-    to one full key (``_lane``) and repeats skip building that."""
-    if not (offsets_q is None and offsets_o is None and offsets_k is None and offsets_v is None and out is None
-            and lse is None and q_scale is None and k_scale is None and v_scale is None and o_data_type is None
-            and units == "elements" and type(scale) is float and type(max_q) is int and type(max_kv) is int
-            and type(causal) is bool and type(return_lse) is bool and type(cuda_graph) is bool
-            and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T and type(workspace_buffer) is _T
-            and type(seq_q) is _T and type(seq_kv) is _T and (block_tables is None or type(block_tables) is _T)
-            and B.lanes_open(q)):
-        return None
-    key = [ENTRY, explicit, policy.strict_mode(), scale, max_q, max_kv, causal, return_lse, cuda_graph]
-    for t in (q, k_cache, v_cache, seq_q, seq_kv):  # the workspace: its type only (nothing reads it)
-        key += (t.dtype, t.device, t.shape, t.stride())
-    if block_tables is not None:
-        key += (block_tables.dtype, block_tables.device, block_tables.shape, block_tables.stride())
-    return tuple(key)
-
-
-_T = torch.Tensor
-
-
-def _lane(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, seq_kv, block_tables, causal,
-          return_lse, offsets_q, offsets_o, offsets_k, offsets_v, out, lse, cuda_graph, q_scale, k_scale, v_scale,
-          units, o_data_type, explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (q, k_cache, v_cache, workspace_buffer, seq_q, seq_kv), (
-        scale, max_q, max_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale, offsets_q, offsets_o,
-        offsets_k, offsets_v, units, out, lse, cuda_graph, o_data_type), explicit)
-    lane = B.lane(key, CudnnPrefillSpec, lambda: dict(
-        q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
-        max_token_per_sequence=max_q, max_sequence_kv=max_kv, actual_seq_lens_q=seq_q, actual_seq_lens_kv=seq_kv,
-        block_tables=block_tables, causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale,
-        v_scale=v_scale, batch_offsets_q=offsets_q, batch_offsets_o=offsets_o, batch_offsets_k=offsets_k,
-        batch_offsets_v=offsets_v, batch_offsets_units=units, out=out, lse=lse, is_cuda_graph_compatible=cuda_graph,
-        o_data_type=o_data_type), _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
 
 
 def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, seq_kv, block_tables, return_lse,
@@ -165,7 +113,7 @@ def _on_device(lengths, q):
     return lengths
 
 
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     return AttentionProblem(
         entry=ENTRY, phase="decode" if spec.max_token_per_sequence == 1 else "prefill",
         kv_storage="paged" if d.paged else "ragged", kv_layout="HND" if d.paged else "NHD",
@@ -173,15 +121,7 @@ def _problem(spec, d, args: dict) -> AttentionProblem:
         q_dtype=dtype_name(spec.q.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size if d.paged else 0, causal=spec.causal, return_lse=spec.return_lse,
         cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
-        sizes=_size(args) or ())
-
-
-def _size(args: dict):
-    return B.size_key(B.rows(args["actual_seq_lens_kv"]), args["max_token_per_sequence"], args["max_sequence_kv"])
-
-
-def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1, _size(args))
+        sizes=size)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -428,3 +368,16 @@ class CudnnPrefillSpec(Spec):
         if kv_lens is not None and any(n > s for n, s in zip(kv_lens, spans)):
             raise bad("actual_seq_lens_kv", kv_lens, f"lengths <= the spans of batch_offsets_k: {spans}")
         return kv_lens if kv_lens is not None else spans
+
+
+DECLARATION = B.Declaration(
+    ENTRY, CudnnPrefillSpec, ("q", "k_cache", "v_cache", "scale", "workspace_buffer", "max_token_per_sequence",
+                              "max_sequence_kv", "actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "causal",
+                              "return_lse", "q_scale", "k_scale", "v_scale", "batch_offsets_q", "batch_offsets_o",
+                              "batch_offsets_k", "batch_offsets_v", "batch_offsets_units", "out", "lse",
+                              "is_cuda_graph_compatible", "o_data_type"),
+    problem=_problem, sizes=_sizes, unread=("workspace_buffer",),
+    size=lambda a: (B.rows(a["actual_seq_lens_kv"]), a["max_token_per_sequence"], a["max_sequence_kv"]),
+    vary={**{name: B.ALL_DIMS for name in _INDEX_ARGS}, "lse": B.ALL_DIMS},
+    per_call=("max_token_per_sequence", "max_sequence_kv", "scale", "q_scale", "k_scale", "v_scale"),
+    facts=lambda a: (a["max_token_per_sequence"] == 1,))

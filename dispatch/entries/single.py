@@ -20,7 +20,6 @@ from . import _base as B
 from ._base import UNSET
 
 ENTRY = "single_prefill_with_kv_cache"
-_PER_CALL = ("sm_scale", "k_scale", "v_scale")
 
 
 def single_prefill_with_kv_cache(
@@ -67,14 +66,9 @@ def single_prefill_with_kv_cache(
         custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
     elif isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1:
         custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
-    hot = _hot_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                   window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v,
-                   o_dtype, kv_cache_sf, k_scale, v_scale, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                     window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v,
-                     o_dtype, kv_cache_sf, k_scale, v_scale, explicit, hot)
+    lane = DECLARATION.lane((q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+                             kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                             rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
     z = lane.sizes
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
@@ -86,7 +80,7 @@ def single_prefill_with_kv_cache(
                            z.sm_scale if k_scale is None else fold_scale(z.sm_scale, k_scale),
                            1.0 if v_scale is None else fold_scale(1.0, v_scale), z.kv_indptr, None, lse, None,
                            _flat_mask(custom_mask, packed_custom_mask, z), z.mask_indptr, None, B.NO_EXTRAS)
-    B.remember(single_prefill_with_kv_cache, lane.launch(batch))
+    lane.launch(batch)
     return (out, lse) if return_lse else out
 
 
@@ -94,44 +88,6 @@ B.seed_signature(single_prefill_with_kv_cache, {"allow_fp16_qk_reduction": False
                                                 "use_fp16_qk_reduction": None})
 ops.register_eager("single_prefill_with_kv_cache", single_prefill_with_kv_cache)
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
-
-
-def _hot_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
-             logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v, o_dtype, kv_cache_sf,
-             k_scale, v_scale, explicit) -> Optional[tuple]:
-    """The short key of a default-option call (no mask, scales, soft cap or RoPE; a float or no
-    sm_scale), or None: each value it holds is of a fixed type, so it maps to one full key."""
-    if not (custom_mask is None and packed_custom_mask is None and scale_q is None and scale_k is None
-            and scale_v is None and o_dtype is None and kv_cache_sf is None and k_scale is None and v_scale is None
-            and logits_soft_cap is None and rope_scale is None and rope_theta is None and pos_encoding_mode == "NONE"
-            and (sm_scale is None or type(sm_scale) is float) and type(window_left) is int and type(causal) is bool
-            and type(return_lse) is bool and type(kv_layout) is str and type(q) is _T and type(k) is _T
-            and type(v) is _T and B.lanes_open(q)):
-        return None
-    return (ENTRY, explicit, policy.strict_mode(), causal, kv_layout, sm_scale, window_left, return_lse,
-            q.dtype, q.device, q.shape, q.stride(), k.dtype, k.device, k.shape, k.stride(),
-            v.dtype, v.device, v.shape, v.stride())
-
-
-_T = torch.Tensor
-
-
-def _lane(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
-          logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v, o_dtype, kv_cache_sf,
-          k_scale, v_scale, explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (q, k, v), (scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
-                                        kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
-                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
-    lane = B.lane(key, SinglePrefillSpec, lambda: dict(
-        q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype, custom_mask=custom_mask,
-        packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
-        sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
-        rope_theta=rope_theta, return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale),
-        _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
 
 
 def _unflatten_mask(mask: torch.Tensor, q, k, kv_layout) -> torch.Tensor:
@@ -149,11 +105,11 @@ _HND_ROWS = (1,)  # (num_kv_heads, kv_len, head_dim): kv_len varies
 
 
 def _vary(args: dict) -> dict:
-    kv_dim = _HND_ROWS if args["kv_layout"] == "HND" else B.ROWS
+    kv_dim = _HND_ROWS if _hnd(args) else B.ROWS
     return {"k": kv_dim, "v": kv_dim, "custom_mask": B.ALL_DIMS, "packed_custom_mask": B.ALL_DIMS}
 
 
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     masked = spec.custom_mask is not None or spec.packed_custom_mask is not None
     return AttentionProblem(
         entry=ENTRY, phase="decode" if d.qo_len == 1 else "prefill", kv_storage="dense", kv_layout=spec.kv_layout,
@@ -162,18 +118,16 @@ def _problem(spec, d, args: dict) -> AttentionProblem:
         causal=spec.causal, window_left=spec.window_left, mask="custom" if masked else "none",
         logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
         rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
-        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
-        sizes=_size(args) or ())
+        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda", sizes=size)
 
 
-def _size(args: dict):
-    return B.size_key(1, B.rows(args["q"]), B.rows(args["k"], 1 if args["kv_layout"] == "HND" else 0))
+def _size(args: dict) -> tuple:
+    return 1, B.rows(args["q"]), B.rows(args["k"], 1 if _hnd(args) else 0)
 
 
-def _call_key(args: dict) -> tuple:
-    if not isinstance(args["kv_layout"], str):
-        return (ENTRY, None)
-    return B.call_key(ENTRY, args, _vary(args), _PER_CALL) + (_size(args),)
+def _hnd(args: dict) -> bool:
+    layout = args["kv_layout"]  # any value: the spec names a bad one
+    return type(layout) is str and layout == "HND"
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -281,3 +235,11 @@ class SinglePrefillSpec(Spec):
     def value_checks(self, d):
         check_scale("k_scale", self.k_scale, self.q.device, values=True)
         check_scale("v_scale", self.v_scale, self.q.device, values=True)
+
+
+DECLARATION = B.Declaration(
+    ENTRY, SinglePrefillSpec, ("q", "k", "v", "scale_q", "scale_k", "scale_v", "o_dtype", "custom_mask",
+                               "packed_custom_mask", "causal", "kv_layout", "pos_encoding_mode", "sm_scale",
+                               "window_left", "logits_soft_cap", "rope_scale", "rope_theta", "return_lse",
+                               "kv_cache_sf", "k_scale", "v_scale"),
+    problem=_problem, sizes=_sizes, size=_size, vary=_vary, per_call=("sm_scale", "k_scale", "v_scale"))

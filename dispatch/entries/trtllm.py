@@ -20,8 +20,6 @@ from . import _base as B
 from ._base import UNSET
 
 ENTRY = "trtllm_batch_context_with_kv_cache"
-_PER_CALL = ("max_q_len", "max_kv_len", "batch_size", "bmm1_scale", "bmm2_scale")
-_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "cum_seq_lens_q": B.ALL_DIMS, "sinks": B.FULL}
 
 
 def trtllm_batch_context_with_kv_cache(
@@ -63,15 +61,10 @@ def trtllm_batch_context_with_kv_cache(
     seq_lens = B.int32_lengths(seq_lens)
     if sinks is not None:
         sinks = B.sinks_tensor(sinks, query)
-    explicit = policy.explicit_choice()
-    hot = _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
-                   bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
-                   kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
-                     bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size,
-                     kv_layout, sinks, block_scales, uses_shared_paged_kv_idx, causal, lse, return_lse, explicit, hot)
+    lane = DECLARATION.lane((query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len,
+                             bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype,
+                             o_sf_scale, o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared_paged_kv_idx,
+                             causal, lse, return_lse), policy.explicit_choice())
     k, v = B.paged_kv(kv_cache, kv_layout)
     z = lane.sizes
     device = query.device
@@ -80,59 +73,9 @@ def trtllm_batch_context_with_kv_cache(
     if lse is None and return_lse:
         lse = torch.empty(z.total_q, z.hq, dtype=torch.float32, device=device)
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
-    batch = AttentionBatch(query, k, v, cum_seq_lens_q, seq_lens, out, batch_size, max_q_len, max_kv_len, bmm1_scale,
-                           bmm2_scale, None, block_tables, lse, sinks, None, None, None, B.NO_EXTRAS)
-    B.remember(trtllm_batch_context_with_kv_cache, lane.launch(batch))
+    lane.launch(AttentionBatch(query, k, v, cum_seq_lens_q, seq_lens, out, batch_size, max_q_len, max_kv_len,
+                               bmm1_scale, bmm2_scale, None, block_tables, lse, sinks, None, None, None, B.NO_EXTRAS))
     return (out, lse) if return_lse else out
-
-
-def _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
-             bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size, kv_layout,
-             sinks, block_scales, uses_shared, causal, lse, return_lse, explicit) -> Optional[tuple]:
-    """The short key of a default-option call (float scales, a 5-D cache or a (k, v) pair; no out,
-    lse, sinks or NVFP4), or None: each value it holds is of a fixed type, so it maps to one full key."""
-    if not (out is None and out_dtype is None and o_sf_scale is None and o_sf_vec_size is None and sinks is None
-            and block_scales is None and lse is None and type(return_lse) is bool and type(causal) is bool
-            and type(window_left) is int and type(kv_layout) is str and type(uses_shared) is bool
-            and type(bmm1_scale) is float and type(bmm2_scale) is float and type(max_q_len) is int
-            and type(max_kv_len) is int and type(batch_size) is int and type(query) is _T
-            and type(workspace_buffer) is _T and type(block_tables) is _T and type(seq_lens) is _T
-            and type(cum_seq_lens_q) is _T and B.lanes_open(query)):
-        return None
-    if type(kv_cache) is _T:
-        kv = (kv_cache,)
-    elif type(kv_cache) is tuple and len(kv_cache) == 2 and type(kv_cache[0]) is _T and type(kv_cache[1]) is _T:
-        kv = kv_cache
-    else:
-        return None
-    key = [ENTRY, explicit, policy.strict_mode(), max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size,
-           window_left, kv_layout, uses_shared, causal, return_lse, len(kv)]
-    for t in (query, block_tables, seq_lens, cum_seq_lens_q) + kv:  # the workspace: its type only (unread)
-        key += (t.dtype, t.device, t.shape, t.stride())
-    return tuple(key)
-
-
-_T = torch.Tensor
-
-
-def _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale, bmm2_scale,
-          batch_size, cum_seq_lens_q, window_left, out, out_dtype, o_sf_scale, o_sf_vec_size, kv_layout, sinks,
-          block_scales, uses_shared, causal, lse, return_lse, explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens, cum_seq_lens_q) + B.kv_parts(kv_cache),
-                     (max_q_len, max_kv_len, bmm1_scale, bmm2_scale, batch_size, window_left, out, out_dtype,
-                      o_sf_scale, o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared, causal, lse, return_lse),
-                     explicit)
-    lane = B.lane(key, TrtllmContextSpec, lambda: dict(
-        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
-        seq_lens=seq_lens, max_q_len=max_q_len, max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-        batch_size=batch_size, cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out, out_dtype=out_dtype,
-        o_sf_scale=o_sf_scale, o_sf_vec_size=o_sf_vec_size, kv_layout=kv_layout, sinks=sinks,
-        kv_cache_sf=block_scales, uses_shared_paged_kv_idx=uses_shared, causal=causal, lse=lse,
-        return_lse=return_lse), _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
 
 
 def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
@@ -154,23 +97,14 @@ def _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_l
 B.seed_signature(trtllm_batch_context_with_kv_cache, {"kv_block_scales": None, "kv_cache_sf": None})
 
 
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     return AttentionProblem(
         entry=ENTRY, phase="decode" if spec.max_q_len == 1 else "prefill", kv_storage="paged",
         kv_layout=spec.kv_layout, num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
         q_dtype=dtype_name(spec.query.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size, causal=spec.causal, window_left=spec.window_left, has_sinks=spec.sinks is not None,
         return_lse=spec.return_lse or spec.lse is not None,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=_size(args) or ())
-
-
-def _size(args: dict):
-    return B.size_key(args["batch_size"], args["max_q_len"], args["max_kv_len"])
-
-
-def _call_key(args: dict) -> tuple:
-    # max_q_len == 1 makes it a decode problem: a fact of the key, not only a per-call size.
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_q_len"] == 1, _size(args))
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -263,3 +197,15 @@ class TrtllmContextSpec(Spec):
         check_paged_values(self.block_tables, self.seq_lens, d.page_size, d.pages)
         check_scale("bmm1_scale", self.bmm1_scale, dev, values=True)
         check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
+
+
+DECLARATION = B.Declaration(
+    ENTRY, TrtllmContextSpec, ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_q_len",
+                               "max_kv_len", "bmm1_scale", "bmm2_scale", "batch_size", "cum_seq_lens_q", "window_left",
+                               "out", "out_dtype", "o_sf_scale", "o_sf_vec_size", "kv_layout", "sinks", "kv_cache_sf",
+                               "uses_shared_paged_kv_idx", "causal", "lse", "return_lse"),
+    problem=_problem, sizes=_sizes, unread=("workspace_buffer",),
+    size=lambda a: (a["batch_size"], a["max_q_len"], a["max_kv_len"]),
+    vary={"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "cum_seq_lens_q": B.ALL_DIMS, "sinks": B.FULL},
+    per_call=("max_q_len", "max_kv_len", "batch_size", "bmm1_scale", "bmm2_scale"),
+    facts=lambda a: (a["max_q_len"] == 1,))  # a decode problem: a fact of the key, not only a per-call size

@@ -18,9 +18,6 @@ from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from . import _base as B
 
 ENTRY = "xqa_batch_decode_with_kv_cache"
-_PER_CALL = ("max_seq_len", "bmm1_scale", "bmm2_scale", "o_scale")
-_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "mask": B.ALL_DIMS, "q_cu_seq_lens": B.ALL_DIMS,
-         "sinks": B.FULL}
 
 
 def xqa_batch_decode_with_kv_cache(
@@ -59,15 +56,9 @@ def xqa_batch_decode_with_kv_cache(
     seq_lens = B.int32_lengths(seq_lens)
     if sinks is not None:
         sinks = B.sinks_tensor(sinks, query)
-    explicit = policy.explicit_choice()
-    hot = _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-                   window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
-                   q_cu_seq_lens, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-                     window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
-                     q_cu_seq_lens, explicit, hot)
+    lane = DECLARATION.lane((query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale,
+                             bmm2_scale, window_left, out, sinks, kv_layout, q_len_per_req, o_scale, mask, kv_cache_sf,
+                             q_cu_seq_lens), policy.explicit_choice())
     k, v = B.paged_kv(kv_cache, kv_layout)
     z = lane.sizes
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
@@ -76,56 +67,11 @@ def xqa_batch_decode_with_kv_cache(
         out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=query.device),
         z.batch, q_len_per_req, max_seq_len, bmm1_scale, bmm2_scale, None, block_tables, None, sinks, None, None,
         mask if q_len_per_req > 1 else None, B.NO_EXTRAS)
-    B.remember(xqa_batch_decode_with_kv_cache, lane.launch(batch))
+    lane.launch(batch)
     return batch.out
 
 
-def _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-             window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens,
-             explicit) -> Optional[tuple]:
-    """The short key of a default-option decode call (float scales, an NHD cache, no out, sinks,
-    window or mask), or None: every value it holds is of a fixed type, so it maps to one full key."""
-    if not (out is None and sinks is None and mask is None and kv_cache_sf is None and q_cu_seq_lens is None
-            and window_left == -1 and type(window_left) is int and q_len_per_req == 1 and type(q_len_per_req) is int
-            and kv_layout == "NHD" and type(bmm1_scale) is float and type(bmm2_scale) is float
-            and type(o_scale) is float and type(max_seq_len) is int and (enable_pdl is None or type(enable_pdl) is bool)
-            and type(query) is _T and type(workspace_buffer) is _T and type(block_tables) is _T
-            and type(seq_lens) is _T and B.lanes_open(query)):
-        return None
-    if type(kv_cache) is _T and kv_cache.dim() == 5 and kv_cache.shape[1] == 2:
-        kv = (kv_cache,)
-    elif type(kv_cache) is tuple and len(kv_cache) == 2 and type(kv_cache[0]) is _T and type(kv_cache[1]) is _T:
-        kv = kv_cache
-    else:
-        return None
-    key = [explicit, policy.strict_mode(), max_seq_len, bmm1_scale, bmm2_scale, o_scale, enable_pdl, len(kv)]
-    for t in (query, block_tables, seq_lens) + kv:  # the workspace: its type only (nothing reads it)
-        key += (t.dtype, t.device, t.shape, t.stride())
-    return tuple(key)
-
-
-_T = torch.Tensor
-
-
-def _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-          window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens,
-          explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens) + B.kv_parts(kv_cache),
-                     (max_seq_len, bmm1_scale, bmm2_scale, window_left, out, sinks, kv_layout, enable_pdl,
-                      q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens), explicit)
-    lane = B.lane(key, XqaDecodeSpec, lambda: dict(
-        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
-        seq_lens=seq_lens, max_seq_len=max_seq_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-        window_left=window_left, out=out, sinks=sinks, kv_layout=kv_layout, q_len_per_req=q_len_per_req,
-        o_scale=o_scale, mask=mask, kv_cache_sf=kv_cache_sf, q_cu_seq_lens=q_cu_seq_lens),
-        _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
-
-
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     spec_decode = spec.q_len_per_req > 1
     return AttentionProblem(
         entry=ENTRY, phase="spec_decode" if spec_decode else "decode", kv_storage="paged", kv_layout=spec.kv_layout,
@@ -134,15 +80,7 @@ def _problem(spec, d, args: dict) -> AttentionProblem:
         page_size=d.page_size, causal=not spec_decode, window_left=spec.window_left,
         mask="spec_bits" if spec_decode else "none", has_sinks=spec.sinks is not None,
         q_len_per_req=spec.q_len_per_req if spec_decode and spec.q_cu_seq_lens is None else 0,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=_size(args) or ())
-
-
-def _size(args: dict):
-    return B.size_key(B.rows(args["block_tables"]), args["q_len_per_req"], args["max_seq_len"])
-
-
-def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (_size(args),)
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -257,3 +195,14 @@ class XqaDecodeSpec(Spec):
         check_paged_values(self.block_tables, self.seq_lens, d.page_size, d.pages)
         check_scale("bmm1_scale", self.bmm1_scale, dev, values=True)
         check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
+
+
+DECLARATION = B.Declaration(
+    ENTRY, XqaDecodeSpec, ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_seq_len",
+                           "bmm1_scale", "bmm2_scale", "window_left", "out", "sinks", "kv_layout", "q_len_per_req",
+                           "o_scale", "mask", "kv_cache_sf", "q_cu_seq_lens"),
+    problem=_problem, sizes=_sizes, unread=("workspace_buffer",),
+    size=lambda a: (B.rows(a["block_tables"]), a["q_len_per_req"], a["max_seq_len"]),
+    vary={"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "mask": B.ALL_DIMS, "q_cu_seq_lens": B.ALL_DIMS,
+          "sinks": B.FULL},
+    per_call=("max_seq_len", "bmm1_scale", "bmm2_scale", "o_scale"))

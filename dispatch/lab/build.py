@@ -9,7 +9,6 @@ made and planned there, so call it inside ``dispatch.use_backend(name)`` to forc
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import torch
 
 from . import cases as lab
 from ..entries import ENTRIES
+from ..entries._base import last_decision
 from ..problem import NAME_DTYPES
 from .oracle import attention_fp64, band, relative_error
 from .problems import CUDNN, PAGED, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
@@ -61,8 +61,7 @@ class Built:
         if self.wrappers:
             decision = self.wrappers[-1].decision
         else:
-            obj = ENTRIES[self.problem.entry].obj
-            decision = getattr(obj.func if isinstance(obj, functools.partial) else obj, "last_decision", None)
+            decision = last_decision()
         return None if decision is None else (decision.ran or decision.chosen)
 
     def poison(self) -> None:
