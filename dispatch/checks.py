@@ -29,11 +29,10 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_
 
 from backends._device import BoundedCache, kept_views
 
-from .policy import RAW_ENVIRON, getenv
+from .policy import getenv
 from .problem import dtype_name
 
 ENV_VALIDATE = "ATTN_DISPATCH_VALIDATE"
-_ENV_VALIDATE_RAW = ENV_VALIDATE.encode()  # its key in os.environ._data (policy.RAW_ENVIRON)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 INDEX_DTYPES = (torch.int32,)
@@ -63,8 +62,6 @@ def dtypes_text(dtypes: Sequence[torch.dtype]) -> str:
 def full_validation() -> bool:
     """ATTN_DISPATCH_VALIDATE=full: device-data checks on every call, not once per key
     ('' or 'first', the default: CPU tensors every call, device tensors on a key's first call)."""
-    if RAW_ENVIRON is not None and _ENV_VALIDATE_RAW not in RAW_ENVIRON:  # unset: every call's case
-        return False
     value = getenv(ENV_VALIDATE)
     if not value:  # empty: the default
         return False

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import operator
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
@@ -270,59 +269,76 @@ def lanes_open(query: torch.Tensor) -> bool:
 
 
 class _Form:
-    """How a lane key reads one sequence of argument types (cached per types): the positions whose
-    values join the key (plain values), whose facts join it (tensors; sequences of them), and
-    those only typed (``unread``: a workspace nothing reads). ``closed``: an argument the key
-    cannot hold (the call is checked)."""
+    """How a lane key reads one sequence of argument types (cached per types): the values of the
+    plain ones, the dtype, device, shape and strides of the tensors, the facts of sequences (a
+    (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's). ``key``
+    is compiled per form: one tuple expression, no loop (a repeat's whole host cost matters).
+    ``closed``: an argument the key cannot hold (the call is checked)."""
 
-    __slots__ = ("plain", "tensors", "nested", "closed")
+    __slots__ = ("key", "nested", "closed")
 
     def __init__(self, kinds: tuple, unread: frozenset):
-        plain, self.tensors, self.nested, self.closed = [], [], [], False
+        fields, nested, self.closed = [], [], False
         for i, kind in enumerate(kinds):
-            if i in unread:
+            if i in unread or kind is _NONE:  # None: the form (its types) says all there is
                 continue
             if kind is _TENSOR:
-                self.tensors.append(i)
+                fields.append(f"a{i}.dtype, a{i}.device, a{i}.shape, a{i}.stride()")
             elif kind in _PLAIN_TYPES:
-                plain.append(i)
+                fields.append(f"a{i}")
             elif kind is tuple or kind is list:
-                self.nested.append(i)
+                nested.append(i)
             else:
                 self.closed = True
-        self.tensors, self.nested = tuple(self.tensors), tuple(self.nested)
-        if len(plain) > 1:
-            self.plain = operator.itemgetter(*plain)
-        else:
-            self.plain = (lambda values, i=plain[0]: values[i]) if plain else (lambda values: None)
+        self.nested = tuple(nested)
+        # (form, explicit, strict, facts...): generated from positions only, never from user text;
+        # the values unpacked once into locals (cheaper than indexing the tuple per fact)
+        names = ", ".join(f"a{i}" for i in range(len(kinds)))
+        self.key = _compile(f"def key(f, v, e, s):\n    {names}, = v\n    return (f, e, s, {', '.join(fields)})\n")
 
 
-NONE_UNREAD: frozenset = frozenset()  # every argument is read
+def _compile(source: str) -> Callable:
+    space: dict = {}
+    exec(source, space)  # noqa: S102 (positions and attribute names only)
+    return space["key"]
 
 
-def lane_key(forms: dict, unread: frozenset, values: tuple, explicit) -> Optional[tuple]:
-    """The key of an exact repeat, or None (the call is checked): every argument's type (through
-    its form), every plain value, every tensor's dtype, device, shape and strides, the explicit
-    choice and strict mode. ``values[0]`` is the query; ``forms`` caches the forms per types."""
-    query = values[0]
-    if type(query) is not _TENSOR or not lanes_open(query):
-        return None
-    kinds = tuple(map(type, values))
-    form = forms.get(kinds)
-    if form is None:
-        form = forms[kinds] = _Form(kinds, unread)  # a few type sequences per entry
-    if form.closed:
-        return None
-    parts = [form, explicit, policy.strict_mode(), form.plain(values)]
-    for i in form.tensors:
-        t = values[i]
-        parts += (t.dtype, t.device, t.shape, t.stride())
-    for i in form.nested:
-        facts = _facts(values[i])
-        if facts is None:
+_NONE = type(None)
+
+
+class Forms:
+    """The forms of one caller's lane keys, per sequence of argument types (a few per entry), with
+    the latest kept aside: a repeat's types equal it (one tuple comparison, no hashing)."""
+
+    __slots__ = ("unread", "_forms", "_last")
+
+    def __init__(self, unread: frozenset = frozenset()):
+        self.unread, self._forms, self._last = unread, {}, (None, None)  # _last: one (types, form) pair
+
+    def key(self, values: tuple, explicit) -> Optional[tuple]:
+        """The lane key of ``values`` (``values[0]``: the query), or None (the call is checked): every
+        argument's type (through its form), every plain value, every tensor's dtype, device, shape
+        and strides, the explicit choice and strict mode. No key for a CPU query while CPU value
+        checks are on, under ATTN_DISPATCH_VALIDATE=full, or in a dry run (explain)."""
+        query = values[0]
+        if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation():
             return None
-        parts.append(facts)
-    return tuple(parts)
+        kinds = tuple(map(type, values))
+        last = self._last  # one attribute: another thread replaces the pair whole
+        if kinds == last[0]:
+            form = last[1]
+        else:
+            form = self._forms.get(kinds)
+            if form is None:
+                form = self._forms[kinds] = _Form(kinds, self.unread)
+            self._last = (kinds, form)
+        if form.closed:
+            return None
+        key = form.key(form, values, explicit, policy.strict_mode())
+        if form.nested:
+            nested = tuple(_facts(values[i]) for i in form.nested)
+            return None if None in nested else key + nested
+        return key
 
 
 def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
@@ -387,8 +403,7 @@ class Declaration:
     call; ``per_call``: scalars whose value varies per call; ``facts(args)``: more call-key
     facts; ``unread``: arguments nothing reads (their type alone joins the keys)."""
 
-    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "unread",
-                 "_forms")
+    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms")
 
     def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
                  size: Callable, vary: Any = None, per_call: tuple = (), facts: Optional[Callable] = None,
@@ -399,14 +414,13 @@ class Declaration:
         self.entry, self.spec, self.params = entry, spec, params
         self.problem, self.sizes, self.size = problem, sizes, size
         self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
-        self.unread = frozenset(params.index(name) for name in unread)
-        self._forms: dict = {}
+        self.forms = Forms(frozenset(params.index(name) for name in unread))
 
     def lane(self, values: tuple, explicit) -> "Lane":
         """The lane of the call whose argument values are ``values`` (in ``params`` order): an exact
         repeat's, else a checked call's (the full checks once per call key, the size checks on
         every call), kept under its lane key."""
-        key = lane_key(self._forms, self.unread, values, explicit)
+        key = self.forms.key(values, explicit)
         found = LANES.get(key) if key is not None else None
         if found is not None:
             return found

@@ -16,7 +16,7 @@ from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase
 _RUN_PER_CALL = ("q_scale", "k_scale", "v_scale")
 
 
-_RUN_FORMS: dict = {}  # the lane key forms of run() (B.lane_key)
+_RUN_FORMS = B.Forms()  # how run() reads its lane keys
 
 
 class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
@@ -122,9 +122,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
              kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
-        lane_key = B.lane_key(_RUN_FORMS, B.NONE_UNREAD, (q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse,
-                                                           return_lse, window_left, sinks, kv_cache_sf, overrides or None,
-                                                           sm_scale), None)
+        lane_key = _RUN_FORMS.key((q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
+                                   sinks, kv_cache_sf, overrides or None, sm_scale), None)
         lane = self._lanes.get(lane_key) if lane_key is not None else None
         if lane is not None:  # an exact repeat on this plan: nothing to check
             k, v = self._kv_views(paged_kv_cache)

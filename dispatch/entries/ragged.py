@@ -16,7 +16,7 @@ from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase
 _RUN_PER_CALL = ("q_scale", "k_scale", "v_scale", "o_scale")
 
 
-_RUN_FORMS: dict = {}  # the lane key forms of run() (B.lane_key)
+_RUN_FORMS = B.Forms()  # how run() reads its lane keys
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
@@ -99,8 +99,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, overrides,
              sm_scale: Optional[float] = None):
-        lane_key = B.lane_key(_RUN_FORMS, B.NONE_UNREAD, (q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse,
-                                                           return_lse, kv_cache_sf, overrides or None, sm_scale), None)
+        lane_key = _RUN_FORMS.key((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf,
+                                   overrides or None, sm_scale), None)
         lane = self._lanes.get(lane_key) if lane_key is not None else None
         if lane is not None:  # an exact repeat on this plan: nothing to check
             return self._go(lane, q, k, v, out, lse, return_lse, None)

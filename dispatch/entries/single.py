@@ -52,8 +52,9 @@ def single_prefill_with_kv_cache(
     base 2 when ``return_lse``. ``allow_fp16_qk_reduction`` is a speed hint and never lowers
     precision here. Per-head fp8 ``scale_q/k/v`` and NVFP4 ``kv_cache_sf`` are refused.
     """
-    B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
-             use_fp16_qk_reduction, False)
+    if use_fp16_qk_reduction is not UNSET:  # a speed hint; given twice is an error
+        B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
+                 use_fp16_qk_reduction, False)
     if torch.compiler.is_compiling() and scale_q is None and scale_k is None and scale_v is None \
             and kv_cache_sf is None:
         (k1, k2), (v1, v2) = ops.split_scale(k_scale), ops.split_scale(v_scale)

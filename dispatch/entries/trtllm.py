@@ -53,7 +53,8 @@ def trtllm_batch_context_with_kv_cache(
     the skip-softmax threshold and the fp16-softmax/spcompress hints never change the result
     and are ignored. NVFP4 (``kv_block_scales``/``kv_cache_sf``, ``o_sf_*``) is refused.
     """
-    block_scales = B.one_of("kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
+    block_scales = None if kv_block_scales is UNSET and kv_cache_sf is UNSET else B.one_of(
+        "kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
     if torch.compiler.is_compiling() and block_scales is None and o_sf_scale is None and o_sf_vec_size is None:
         return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
                          bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
