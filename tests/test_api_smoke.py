@@ -223,3 +223,19 @@ def test_plan_packed_mask_wins_over_custom_mask(entry):
     wrong = torch.ones(sum(r.numel() for r in rows), dtype=torch.bool)  # no mask at all: must be ignored
     call.plan_kw.update(causal=False, custom_mask=wrong, packed_custom_mask=packed)
     call.check(call.invoke())
+
+
+def test_return_lse_overloads_and_last_decision():
+    """typing.overload gives ``return_lse=True`` a (Tensor, Tensor) and False a Tensor (issue 21),
+    with the seed signatures unchanged at runtime; dispatch.last_decision() is this context's."""
+    import typing
+    targets = [dispatch.single_prefill_with_kv_cache, dispatch.trtllm_batch_context_with_kv_cache,
+               dispatch.cudnn_batch_prefill_with_kv_cache, dispatch.BatchPrefillWithPagedKVCacheWrapper.run,
+               dispatch.BatchPrefillWithRaggedKVCacheWrapper.run]
+    for fn in targets:
+        returns = [typing.get_type_hints(o, globalns=fn.__globals__)["return"] for o in typing.get_overloads(fn)]
+        assert len(returns) == 2, fn
+        assert typing.get_origin(returns[0]) is tuple and typing.get_args(returns[0])[1] is torch.Tensor, fn
+    c = ragged()
+    out = dispatch.single_prefill_with_kv_cache(c["q"][:3], c["k"][:5], c["v"][:5], causal=True)
+    assert out.shape == (3, HQ, D) and dispatch.last_decision().chosen == "reference"

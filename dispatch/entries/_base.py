@@ -1,4 +1,38 @@
-"""What every entry module shares: seed signatures with keyword aliases, cache keys, call caches.
+"""The call pipeline every entry point shares: signatures, keys, lanes, launch.
+
+Glossary (one word per concept; a reader of the hot path needs these ten):
+
+entry        a public function or wrapper method with FlashInfer's signature (``ENTRIES``).
+declaration  what an entry module states once (``Declaration``): its spec's argument names in
+             call order, how to build the problem, the sizes a repeat needs, which dims and
+             scalars vary per call, which arguments nothing reads.
+spec         the pydantic model of one entry's arguments, in that entry's module; its checks
+             (static, size, value: ``dispatch.checks``) name the argument, its value, what is allowed.
+key          the call key: every fact the spec's static checks read (types, dtypes, devices, fixed
+             dims, options, the size class); it maps to a ``Proof`` (the problem, its decisions,
+             the reusable plans), so a known key runs only the size checks.
+problem      ``AttentionProblem``: the hashable facts that decide the backend (no per-call sizes).
+decision     the router's choice for (problem, device, explicit choice, strict mode), with every
+             backend's reasons; ``dispatch.last_decision()`` is this context's latest.
+plan         a backend's prepared state for one problem (a vendor plan: a FlashInfer wrapper, a
+             cuDNN graph); kept per key when the backend says it is reusable. FlashInfer's
+             wrappers make theirs in ``plan()``; nothing else is called a plan.
+lane         what an exact repeat finds by its lane key (every argument's type and value, every
+             tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
+             launcher. One ``LANES`` cache for functions; one per plan for a wrapper's runs.
+batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
+launcher     the backend's closure that launches a kept plan on a new batch (no host work).
+
+The call path (functions and wrapper runs alike)::
+
+    entry(*args) -- values in declared order --> lane key --hit--> lane ------------+
+                                                   | miss                          |
+                                                   v                               |
+              spec checks (static: once per key; size: every call)                 |
+                                                   v                               |
+              key -> proof: problem -> decision (router) -> plan (backend)          |
+                                                   v                               v
+                                           lane (kept) --> batch --> launcher or backend.run --> kernel
 
 **Signatures.** The seed documents fix every parameter's name, order, kind and default. Newer
 FlashInfer spellings are extra keyword-only parameters. Where a seed parameter has such an
@@ -6,17 +40,11 @@ alias, both default to the ``UNSET`` sentinel in the code (so "given twice" is d
 even when the value given equals the default) and ``seed_signature`` publishes the seed's own
 defaults through ``__signature__`` (what ``inspect.signature`` and ``help`` show).
 
-**Cache keys.** A call's key holds every fact the cached path does not re-check: for each
-tensor its dtype, device (with its index), rank, every dimension that does not vary from call
-to call, and whether its last stride is 1; every scalar option's value; for per-call numbers
-(lengths, maxima, scales) only their type. The dims that vary per call are named per entry
-(``vary``); the spec's ``size_checks`` re-check them on every call. The call key also holds the
-call's size class (batch, max q, max kv as powers of two): the measured choice ranks at it.
-
-**Lanes.** A call that repeats another exactly takes the fast lane (``lane_key``, ``Lane``): its
-key holds every argument's type, every tensor's dtype, device, shape and strides and every other
-argument's value, so it proves every check; the lane keeps the call plan and the sizes the batch
-is built from, and the backend's plan when it is reusable.
+**What a repeat may skip.** A lane key holds every argument's type and value (tensors: dtype,
+device, shape, strides), so an exact repeat skips every check; a call key holds what the static
+checks read, and the dims that vary per call (``vary``) and per-call scalars (``per_call``) are
+re-checked by the spec's size checks on every call. CPU tensors and ATTN_DISPATCH_VALIDATE=full
+re-read device data on every call. Only these two keys decide what is skipped.
 """
 from __future__ import annotations
 
@@ -173,7 +201,7 @@ def call_key(entry: str, args: Mapping[str, Any], vary: Optional[Mapping[str, tu
     return tuple(parts)
 
 
-class CallPlan:
+class Proof:
     """What a call key proves, kept between calls: the problem, and its routing decisions per
     (explicit choice, strict mode) — so a repeated call neither rebuilds nor re-hashes the
     problem. The decision is the device's: the key holds the device index."""
@@ -209,7 +237,7 @@ class CallPlan:
         return planned
 
 
-PLANS = BoundedCache(maxsize=4096)  # call key -> CallPlan (model configurations)
+PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
 
 
 # CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
@@ -223,18 +251,18 @@ def values_every_call(device: torch.device) -> bool:
 
 
 def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable):
-    """(call plan, spec, derived). A new key: the full spec (every check, device reads included)
+    """(proof, spec, derived). A new key: the full spec (every check, device reads included)
     and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
     or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
-    plan = PLANS.get(key)
-    if plan is None:
+    proof = PROOFS.get(key)
+    if proof is None:
         spec, derived = checks.validate(spec_cls, args)
-        plan = CallPlan(build(spec, derived))
-        PLANS.put(key, plan)
-        return plan, spec, derived
+        proof = Proof(build(spec, derived))
+        PROOFS.put(key, proof)
+        return proof, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
     spec, derived = spec_cls.fast(args, values=values_every_call(query.device))
-    return plan, spec, derived
+    return proof, spec, derived
 
 
 # -- the fast lane -------------------------------------------------------------------------------
@@ -355,14 +383,14 @@ def rows(t: Any, dim: int = 0) -> Any:
 
 
 class Lane:
-    """What a lane key proves: the call plan, the explicit choice and strict mode of the key, the
-    sizes the batch is built from, the backend's plan once it is known to be reusable, and the
+    """What a lane key proves: the proof of its call key, the explicit choice and strict mode of
+    the key, the sizes the batch is built from, the backend's plan once it is known to be reusable, and the
     backend's launcher for repeats once that plan has served a call (``Backend.launcher``)."""
 
-    __slots__ = ("plan", "explicit", "strict", "sizes", "planned", "fast", "asked")
+    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked")
 
-    def __init__(self, plan: CallPlan, explicit, sizes: SimpleNamespace):
-        self.plan, self.explicit, self.strict, self.sizes = plan, explicit, policy.strict_mode(), sizes
+    def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace):
+        self.proof, self.explicit, self.strict, self.sizes = proof, explicit, policy.strict_mode(), sizes
         self.planned: Optional[router.Planned] = None
         self.fast: Optional[Callable] = None
         self.asked = False  # the backend was asked for a launcher (it may have none)
@@ -381,10 +409,10 @@ class Lane:
         planned = self.planned
         if planned is None:
             if is_dry():
-                decision = self.plan.decision(batch.q, self.explicit)
+                decision = self.proof.decision(batch.q, self.explicit)
                 return remember(router.Planned(decision, decision.chosen, None))
-            planned = self.plan.planned(batch, self.explicit)
-            if self.plan.keeps(planned):
+            planned = self.proof.planned(batch, self.explicit)
+            if self.proof.keeps(planned):
                 self.planned = planned
         ran = router.run(planned, batch)
         if ran is self.planned and not self.asked:
@@ -426,9 +454,9 @@ class Declaration:
             return found
         args = dict(zip(self.params, values))
         size = self.size_class(args)
-        plan, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
-                                   lambda spec, d: self.problem(spec, d, size or ()))
-        found = Lane(plan, explicit, self.sizes(args, derived))
+        proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
+                                    lambda spec, d: self.problem(spec, d, size or ()))
+        found = Lane(proof, explicit, self.sizes(args, derived))
         if key is not None:
             LANES.put(key, found)
         return found
@@ -503,8 +531,8 @@ def last_decision() -> Optional[router.Decision]:
 
 
 def clear_caches() -> None:
-    PLANS.clear()
+    PROOFS.clear()
     LANES.clear()
 
 
-autotune._on_switch.append(clear_caches)  # the call plans hold decisions: a switch makes them stale
+autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale

@@ -31,7 +31,7 @@ from . import _base as B
 
 
 @dataclasses.dataclass
-class Plan:
+class Setup:
     """What plan() fixed: sizes, dtypes, index tensors on the device, the problem."""
 
     hq: int
@@ -96,7 +96,7 @@ class PrefillWrapper:
         self._device = float_workspace_buffer.device
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
-        self._plan: Optional[Plan] = None
+        self._plan: Optional[Setup] = None
         self._lanes = BoundedCache(maxsize=1)  # none before plan()
         self._hot = BoundedCache(maxsize=1)
         self._newest_lane: Optional[RunLane] = None  # the lane the latest checked run kept
@@ -141,7 +141,7 @@ class PrefillWrapper:
             rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
             device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph,
             sizes=size_class(len(q_lens), max(q_lens, default=1), max(d.kv_lens, default=1)) if q_lens else ())
-        self._plan = Plan(
+        self._plan = Setup(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
             total_q=d.qo[-1] - d.qo[0], sm_scale=spec.sm_scale if spec.sm_scale is not None else 1.0 / math.sqrt(d.dqk),

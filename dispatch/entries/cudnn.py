@@ -8,7 +8,7 @@ by default (q: x Hq*Dqk, o: x Hq*Dvo, k: x Hkv*Dqk, v: x Hkv*Dvo) or tokens with
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
@@ -25,6 +25,15 @@ from . import _base as B
 ENTRY = "cudnn_batch_prefill_with_kv_cache"
 _INDEX_ARGS = ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q", "batch_offsets_o",
                "batch_offsets_k", "batch_offsets_v")
+
+
+# The types return_lse gives (typing.overload: no runtime effect; the signature is the seed's below)
+@overload
+def cudnn_batch_prefill_with_kv_cache(q: torch.Tensor, *args: Any,
+                                      return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def cudnn_batch_prefill_with_kv_cache(q: torch.Tensor, *args: Any,
+                                      return_lse: Literal[False] = ..., **kwargs: Any) -> tuple[torch.Tensor, None]: ...
 
 
 def cudnn_batch_prefill_with_kv_cache(

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
@@ -88,6 +88,13 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     def _kv_shape(self) -> tuple:
         p = self._plan
         return (p.max_page_id + 1, p.page_size, p.hkv)
+
+    # the types return_lse gives (typing.overload: no runtime effect)
+    @overload
+    def run(self, q: torch.Tensor, *args: Any,
+            return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def run(self, q: torch.Tensor, *args: Any, return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
     def run(self, q: torch.Tensor, paged_kv_cache, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
             return_lse: bool = False, *, q_scale=None, out: Optional[torch.Tensor] = None,

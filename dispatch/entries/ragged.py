@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
-from typing import Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
@@ -72,6 +72,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
     def _kv_shape(self) -> tuple:
         p = self._plan
         return (p.total_kv, p.hkv)
+
+    # the types return_lse gives (typing.overload: no runtime effect)
+    @overload
+    def run(self, q: torch.Tensor, *args: Any,
+            return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def run(self, q: torch.Tensor, *args: Any, return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False, *, q_scale=None,
             k_scale=None, v_scale=None, o_scale=None, out: Optional[torch.Tensor] = None,

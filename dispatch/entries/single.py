@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from types import SimpleNamespace
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
@@ -20,6 +20,15 @@ from . import _base as B
 from ._base import UNSET
 
 ENTRY = "single_prefill_with_kv_cache"
+
+
+# The types return_lse gives (typing.overload: no runtime effect; the signature is the seed's below)
+@overload
+def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
+                                 return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
+                                 return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
 
 def single_prefill_with_kv_cache(

@@ -7,7 +7,7 @@ own tests pass page counts there).
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
@@ -20,6 +20,15 @@ from . import _base as B
 from ._base import UNSET
 
 ENTRY = "trtllm_batch_context_with_kv_cache"
+
+
+# The types return_lse gives (typing.overload: no runtime effect; the signature is the seed's below)
+@overload
+def trtllm_batch_context_with_kv_cache(query: torch.Tensor, *args: Any,
+                                       return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def trtllm_batch_context_with_kv_cache(query: torch.Tensor, *args: Any,
+                                       return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
 
 def trtllm_batch_context_with_kv_cache(
