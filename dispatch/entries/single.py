@@ -71,20 +71,18 @@ def single_prefill_with_kv_cache(
                                       sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, return_lse,
                                       backend, k1, k2, v1, v2, o_dtype)
         return (out, lse) if return_lse else out
-    explicit = policy.explicit_choice(backend)
     if packed_custom_mask is not None:
         custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
     elif isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1:
         custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
     lane = DECLARATION.lane((q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
                              kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
-                             rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
+                             rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), policy.explicit_choice(backend))
     z = lane.sizes
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
-    device = q.device
-    out = torch.empty(z.qo_len, z.hq, z.dvo, dtype=z.out_dtype, device=device)
-    lse = torch.empty(z.qo_len, z.hq, dtype=torch.float32, device=device) if return_lse else None
+    out = torch.empty(z.qo_len, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
+    lse = torch.empty(z.qo_len, z.hq, dtype=torch.float32, device=q.device) if return_lse else None
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     batch = AttentionBatch(q, k, v, z.qo_indptr, z.kv_lens, out, 1, z.qo_len, z.kv_len,
                            z.sm_scale if k_scale is None else fold_scale(z.sm_scale, k_scale),
