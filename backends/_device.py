@@ -56,9 +56,13 @@ def on_device_launch(device: DeviceLike, launch: Callable[[Any], None]) -> Calla
     return launch_on_device
 
 
-_KEPT_VIEWS: dict = {}  # (id(tensor), what) -> (the tensor's facts, its weak reference, the views)
-_SEEN: dict = {}  # (id(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
+_KEPT_VIEWS: dict = {}  # (_identity(tensor), what) -> (the tensor's facts, its weak reference, the views)
+_SEEN: dict = {}  # (_identity(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
 _SEEN_MAX = 1024
+# The object's identity as an int without id(): object.__hash__ is the address rotated (one value
+# per live object, as id's), and id() raises an audit event that an installed hook pays for
+# (dispatch.policy watches os.environ writes through one) on every call of every layer.
+_identity = object.__hash__
 
 
 def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]) -> tuple:
@@ -70,7 +74,7 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
     the entry holds its data pointer, dtype, device, shape and strides. A tensor met for the first
     time gets plain views: one made afresh for each call (``cache[:, 0]`` in the call) would
     pay for keeping on every call."""
-    key = (id(t), what)
+    key = (_identity(t), what)
     facts = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
     entry = _KEPT_VIEWS.get(key)
     if entry is not None:

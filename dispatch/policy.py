@@ -52,6 +52,11 @@ def _env_audit(event: str, args: tuple) -> None:
 sys.addaudithook(_env_audit)
 
 
+def read_environment() -> dict:
+    """The values read so far (variable -> value, None: unset), forgotten on a write (read-only)."""
+    return _ENV
+
+
 def getenv(variable: str) -> Optional[str]:
     """os.environ.get(variable), read again only after os.environ was written."""
     try:

@@ -57,7 +57,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 import torch
 
 from backends._device import BoundedCache
-from ..checks import cache_halves, full_validation, paged_nhd, split_kv
+from ..checks import ENV_VALIDATE, cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected
 
@@ -332,6 +332,7 @@ def _compile(source: str) -> Callable:
 
 
 _NONE = type(None)
+_READ_ENV = policy.read_environment()  # variable -> value as last read (None: unset)
 
 
 class Forms:
@@ -349,7 +350,9 @@ class Forms:
         and strides, the explicit choice and strict mode. No key for a CPU query while CPU value
         checks are on, under ATTN_DISPATCH_VALIDATE=full, or in a dry run (explain)."""
         query = values[0]
-        if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation():
+        if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get():
+            return None
+        if _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation():  # read and unset: no call
             return None
         kinds = tuple(map(type, values))
         last = self._last  # one attribute: another thread replaces the pair whole
