@@ -9,6 +9,7 @@ launch on the current device instead of the tensors' device fails the same way.
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterator, Union
@@ -55,9 +56,13 @@ def on_device_launch(device: DeviceLike, launch: Callable[[Any], None]) -> Calla
     return launch_on_device
 
 
-_KEPT_VIEWS: dict = {}  # (id(tensor), what) -> (the tensor's facts, its weak reference, the views)
-_SEEN: dict = {}  # (id(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
+_KEPT_VIEWS: dict = {}  # (_identity(tensor), what) -> (the tensor's facts, its weak reference, the views)
+_SEEN: dict = {}  # (_identity(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
 _SEEN_MAX = 1024
+# The object's identity as an int without id(): object.__hash__ is the address rotated (one value
+# per live object, as id's), and id() raises an audit event that an installed hook pays for
+# (dispatch.policy watches os.environ writes through one) on every call of every layer.
+_identity = object.__hash__
 
 
 def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]) -> tuple:
@@ -69,7 +74,7 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
     the entry holds its data pointer, dtype, device, shape and strides. A tensor met for the first
     time gets plain views: one made afresh for each call (``cache[:, 0]`` in the call) would
     pay for keeping on every call."""
-    key = (id(t), what)
+    key = (_identity(t), what)
     facts = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
     entry = _KEPT_VIEWS.get(key)
     if entry is not None:
@@ -103,34 +108,46 @@ _CURRENT_GPU = getattr(torch._C, "_cuda_getDevice", None)  # absent from CPU-onl
 
 
 class BoundedCache:
-    """A dict that keeps the ``maxsize`` most recently used entries (an LRU).
+    """A thread-safe dict that keeps the ``maxsize`` most recently used entries (an LRU): the one
+    cache class of the house (backends and dispatch alike).
 
     For caches keyed on per-call sizes (lengths, batch sizes, float scales): without a
     bound a serving loop with varying lengths grows them without limit. Evicting only
     drops the cache's reference: a plan that holds an entry keeps it alive.
     """
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, refresh: bool = True):
+        """``refresh=False``: a hit does not move its key to the end, so the oldest insertion is
+        evicted first (a lookup that costs one dict read, for the hottest caches)."""
         if maxsize < 1:
             raise ValueError(f"maxsize={maxsize}: allowed >= 1")
         self.maxsize = maxsize
+        self.refresh = refresh
         self._data: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        if not refresh:
+            self.get = self._data.get  # type: ignore[method-assign]  # a hit is one C-level dict read
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        if key not in self._data:
-            return default
-        self._data.move_to_end(key)
-        return self._data[key]
+        value = self._data.get(key, default)
+        if value is not default:
+            try:
+                self._data.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile: still a valid answer
+                pass
+        return value
 
     def put(self, key: Hashable, value: Any) -> Any:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
         return value
 
     def clear(self) -> None:
-        self._data.clear()
+        with self._lock:
+            self._data.clear()
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data

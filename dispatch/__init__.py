@@ -27,6 +27,7 @@ __all__ = [
 # FlashInfer-compatible entry points (added by the API work; the names above are unchanged).
 from .decode import xqa_batch_decode_with_kv_cache  # noqa: E402
 from .explain import explain  # noqa: E402
+from .entries._base import last_decision  # noqa: E402
 from .prefill import (cudnn_batch_prefill_with_kv_cache, single_prefill_with_kv_cache,  # noqa: E402
                       single_prefill_with_kv_cache_return_lse, trtllm_batch_context_with_kv_cache)
 from .wrappers import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper  # noqa: E402
@@ -36,5 +37,5 @@ __all__ += [
     "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
     "cudnn_batch_prefill_with_kv_cache", "explain", "single_prefill_with_kv_cache",
     "single_prefill_with_kv_cache_return_lse", "trtllm_batch_context_with_kv_cache",
-    "xqa_batch_decode_with_kv_cache", "autotune",
+    "xqa_batch_decode_with_kv_cache", "autotune", "last_decision",
 ]

@@ -29,7 +29,7 @@ def explain(entry, *args, **kwargs) -> router.Decision:
     target = entry.func if isinstance(entry, functools.partial) else entry
     with _base.dry_run():
         entry(*args, **kwargs)
-    return target.last_decision
+        return _base.last_decision()
 
 
 def _entry_function(entry):
@@ -55,8 +55,6 @@ def _explain_wrapper(wrapper: PrefillWrapper, args, kwargs) -> router.Decision:
         raise ValueError(f"entry={type(wrapper).__name__}(...): allowed a wrapper after plan(...)")
     if not args and not kwargs:
         return wrapper.decision
-    saved = wrapper._last
     with _base.dry_run():
         wrapper.run(*args, **kwargs)
-    decision, wrapper._last = wrapper.decision, saved
-    return decision
+        return _base.last_decision()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
 from typing import Iterator, Optional
 
 from capability_db import BACKEND_NAMES, backend_aliases
@@ -32,21 +33,42 @@ _ALIASES = backend_aliases()
 TRUE_WORDS = ("1", "true", "yes", "on")
 
 # os.environ.get encodes the name and decodes the value on every call (~0.7 us); every call of an
-# entry point reads three variables, so on POSIX the raw bytes mapping behind os.environ is read
-# (os.environ's own writes keep it current, monkeypatch.setenv included).
-RAW_ENVIRON = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_ENCODED: dict[str, bytes] = {}
+# entry point reads three variables. So the values read are kept, and forgotten whenever
+# os.environ is written: its writes call os.putenv / os.unsetenv, which raise the audit events
+# of PEP 578 (sys.addaudithook, public since Python 3.8); monkeypatch.setenv included. The hook
+# does a set lookup per audit event of the process. A write through C (setenv) was never seen
+# by os.environ either.
+_ENV: dict[str, Optional[str]] = {}  # variable -> its value (None: unset), as last read
+_ENV_EVENTS = frozenset(("os.putenv", "os.unsetenv"))
+_written = [0]  # os.environ writes seen (a read that raced with one is not kept)
 
 
-def getenv(variable: str):
-    """os.environ.get(variable), without its per-call encoding where the platform allows."""
-    if RAW_ENVIRON is None:
-        return os.environ.get(variable)
-    name = _ENCODED.get(variable)
-    if name is None:
-        name = _ENCODED[variable] = variable.encode()
-    raw = RAW_ENVIRON.get(name)
-    return None if raw is None else raw.decode()
+def _env_audit(event: str, args: tuple) -> None:
+    if event in _ENV_EVENTS:
+        _written[0] += 1
+        _ENV.clear()
+
+
+sys.addaudithook(_env_audit)
+
+
+def read_environment() -> dict:
+    """The values read so far (variable -> value, None: unset), forgotten on a write (read-only)."""
+    return _ENV
+
+
+def getenv(variable: str) -> Optional[str]:
+    """os.environ.get(variable), read again only after os.environ was written."""
+    try:
+        return _ENV[variable]
+    except KeyError:
+        seen = _written[0]
+        value = os.environ.get(variable)
+        if seen == _written[0]:
+            _ENV[variable] = value
+        return value
+
+
 FALSE_WORDS = ("0", "false", "no", "off", "")
 
 
@@ -98,14 +120,12 @@ def strict(enabled: bool = True) -> Iterator[None]:
 
 def explicit_choice(argument: Optional[str] = None) -> Optional[tuple[str, str]]:
     """(backend, where the choice came from), or None for automatic choice."""
-    name = normalize_backend_name(argument) if argument is not None else None
+    name = None if argument is None or argument == "auto" else normalize_backend_name(argument)
     if name is not None:
         return name, "backend= argument"
     scoped = _scoped_backend.get()
     if scoped is not None:
         return scoped, "dispatch.use_backend()"
-    if RAW_ENVIRON is not None and _ENV_BACKEND_RAW not in RAW_ENVIRON:  # unset: the hot path
-        return None
     env = getenv(ENV_BACKEND)
     if env:
         name = normalize_backend_name(env, ENV_BACKEND)
@@ -118,9 +138,6 @@ def strict_mode() -> bool:
     scoped = _scoped_strict.get()
     if scoped is not None:
         return scoped
-    if RAW_ENVIRON is not None and _ENV_STRICT_RAW not in RAW_ENVIRON:  # unset: the hot path
+    if _ENV.get(ENV_STRICT, "") is None:  # read and unset: the hot path
         return False
     return env_flag(ENV_STRICT)
-
-
-_ENV_BACKEND_RAW, _ENV_STRICT_RAW = ENV_BACKEND.encode(), ENV_STRICT.encode()  # names as os.environ._data keys

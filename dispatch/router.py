@@ -17,6 +17,7 @@ import torch
 import backends
 import capability_db
 from backends import BackendRejected, DeviceDesc, Reason, get_backend
+from backends._device import BoundedCache
 from backends._providers import defect_reason, defects_for
 
 from . import autotune, choice, policy
@@ -174,8 +175,9 @@ class Decision:
         return self.explain()
 
 
-_decisions: dict[tuple, Decision] = {}
-_logged: set[tuple] = set()
+# bounded like every cache: a model's new size classes add decisions for as long as it serves
+_decisions = BoundedCache(maxsize=4096)  # (problem, device, explicit, strict, live) -> Decision
+_logged = BoundedCache(maxsize=4096)  # (problem, device) whose reference choice was logged -> True
 _lock = threading.Lock()
 _live_devices: dict[int, DeviceDesc] = {}
 
@@ -265,8 +267,7 @@ def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tup
     decision = _decisions.get(key)
     if decision is None:
         decision = _decide(problem, device, explicit, strict, live)
-        with _lock:
-            _decisions[key] = decision
+        _decisions.put(key, decision)
     return decision
 
 
@@ -287,8 +288,8 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
     if strict:
         _check_strict(problem, device, candidates, chosen)
     decision = Decision(problem, device, candidates, chosen, None, strict, ranking=ranking)
-    if (problem, device) not in _logged:
-        _logged.add((problem, device))
+    if _logged.get((problem, device)) is None:
+        _logged.put((problem, device), True)
         if chosen == "reference" and device.kind == "cuda":  # every faster backend refused: say so, once
             log.warning("attn_dispatch: the slow PyTorch reference serves %s on %s; the others: %s",
                         problem.describe(), device.name, "; ".join(

@@ -227,6 +227,7 @@ def main(argv=None) -> int:
         if device.type == "cuda":  # warm-up: kernels compile, dispatch decides, the decode graph is captured
             engine.generate(prompts, args.new_tokens)
         tokens, logits, t_prefill, t_decode = engine.generate(prompts, args.new_tokens)
+    decode_backend = dispatch.last_decision().chosen  # generate's last dispatch call is a decode step
     agreement, err = teacher_forced(model, prompts, tokens, logits)
     n_prompt = sum(len(x) for x in prompts)
     print(f"model {args.model} ({cfg.num_hidden_layers} layers, {cfg.num_attention_heads}/{cfg.num_key_value_heads} "
@@ -238,7 +239,7 @@ def main(argv=None) -> int:
     mode = "CUDA graph replays" if engine.graph is not None else "eager"
     print(f"decode: {steps} steps x {args.requests} requests in {t_decode * 1e3:.1f} ms "
           f"({steps * args.requests / max(t_decode, 1e-9):,.0f} tokens/s, {mode}) "
-          f"on {dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen}")
+          f"on {decode_backend}")
     ok = agreement >= min_agreement
     print(f"teacher-forced vs transformers ({args.reference_attn}): top-1 agreement {agreement:.2%} "
           f"(need {min_agreement:.0%}), max |logit diff| {err:.2e}: {'OK' if ok else 'DISAGREE'}")

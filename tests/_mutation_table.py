@@ -43,14 +43,19 @@ class M:
     exc: type
     words: tuple
     forbid: tuple = ()
+    base: tuple = ()  # changes made to the good call and the bad one alike (the warm key they share)
 
     @property
     def id(self) -> str:
         return f"{self.entry}-{self.kind}"
 
 
-def m(entry, kind, changes, exc, *words, forbid=()):
-    return M(entry, kind, changes, exc, words, forbid)
+def m(entry, kind, changes, exc, *words, forbid=(), base=None):
+    return M(entry, kind, changes, exc, words, forbid, tuple((base or {}).items()))
+
+
+# sinks that change nothing (exp(-inf) = 0): a good call with sinks keeps its fp64 expectation
+NO_SINKS = {"sinks": lambda c, t: torch.full((HQ,), -INF)}
 
 
 def where(call, name: str):
@@ -195,6 +200,7 @@ def _trtllm_rows():
         m(e, "kv-cache-sf", {"kv_cache_sf": randn(PAGES, 2)}, ValueError, "kv_cache_sf"),
         m(e, "causal-type", {"causal": "yes"}, TypeError, "causal", "'yes'"),
         m(e, "return-lse-type", {"return_lse": "no"}, TypeError, "return_lse", "'no'"),
+        m(e, "sinks-len-after-sinks", {"sinks": randn(HQ + 1)}, ValueError, "sinks", "(5,)", base=NO_SINKS),
     ]
 
 
@@ -227,6 +233,7 @@ def _xqa_rows():
         m(e, "window", {"window_left": -3}, ValueError, "window_left", "-3"),
         m(e, "sinks-shape", {"sinks": randn(2)}, ValueError, "sinks", "(2,)"),
         m(e, "sinks-dtype", {"sinks": randn(HQ, dtype=torch.float64)}, ValueError, "sinks", "float64"),
+        m(e, "sinks-len-after-sinks", {"sinks": randn(HQ + 1)}, ValueError, "sinks", "(5,)", base=NO_SINKS),
         m(e, "layout", {"kv_layout": "nhd"}, ValueError, "kv_layout", "'nhd'"),
         m(e, "q-len-zero", {"q_len_per_req": 0}, ValueError, "q_len_per_req", "0"),
         m(e, "mask-missing", {"q_len_per_req": 2}, ValueError, "mask", "None"),
@@ -373,6 +380,7 @@ def _paged_rows():
         m(e, "cache-too-few-pages", {"paged_kv_cache": lambda c, t: t[:3]}, ValueError, "paged_kv_cache", "3"),
         m(e, "sinks-shape", {"sinks": randn(HQ + 1)}, ValueError, "sinks", "(5,)"),
         m(e, "sinks-dtype", {"sinks": randn(HQ, dtype=torch.float16)}, ValueError, "sinks", "float16"),
+        m(e, "sinks-len-after-sinks", {"sinks": randn(HQ + 1)}, ValueError, "sinks", "(5,)", base=NO_SINKS),
         m(e, "window-vs-plan", {"window_left": 7}, ValueError, "window_left", "7"),
     ]
 

@@ -29,7 +29,7 @@ def test_trtllm_out_and_provided_lse(layout):
     out, lse = poisoned(9, HQ, D), poisoned(9, HQ)
     got_out, got_lse = dispatch.trtllm_batch_context_with_kv_cache(*args, out=out, lse=lse, **kw)
     assert got_out is out and got_lse is lse and written(out) and written(lse)
-    assert dispatch.trtllm_batch_context_with_kv_cache.last_decision.chosen == "reference"
+    assert dispatch.last_decision().chosen == "reference"
 
 
 def test_trtllm_fills_lse_without_return_lse():
@@ -193,7 +193,7 @@ def test_cudnn_offsets_derived_from_lengths_when_absent():
 
 def test_validate_env_values(monkeypatch):
     """ATTN_DISPATCH_VALIDATE takes full/first (any case) or nothing; anything else names the variable."""
-    from dispatch._normalize import full_validation
+    from dispatch.checks import full_validation
     for value, full in (("", False), ("first", False), ("FULL", True), ("full", True)):
         monkeypatch.setenv("ATTN_DISPATCH_VALIDATE", value)
         assert full_validation() is full
@@ -208,3 +208,34 @@ def test_paged_run_takes_sinks_as_a_list():
     sinks = torch.randn(HQ)
     want = w.run(c["q"], c["cache"], sinks=sinks)
     assert torch.equal(w.run(c["q"], c["cache"], sinks=sinks.tolist()), want)
+
+
+@pytest.mark.parametrize("entry", ["paged", "ragged"])
+def test_plan_packed_mask_wins_over_custom_mask(entry):
+    """The seed: "packed_custom_mask, if provided, the custom_mask will be ignored" (issue 19)."""
+    from _calls import make
+    import numpy as np
+    call = make(entry, 5)  # causal by default: its expectation is the causal answer
+    cfg = call.cfg
+    rows = [torch.ones(n, m, dtype=torch.bool).tril(diagonal=m - n).reshape(-1)
+            for n, m in zip(cfg.q_lens, cfg.kv_lens)]
+    packed = torch.cat([torch.from_numpy(np.packbits(r.numpy(), bitorder="little")) for r in rows])
+    wrong = torch.ones(sum(r.numel() for r in rows), dtype=torch.bool)  # no mask at all: must be ignored
+    call.plan_kw.update(causal=False, custom_mask=wrong, packed_custom_mask=packed)
+    call.check(call.invoke())
+
+
+def test_return_lse_overloads_and_last_decision():
+    """typing.overload gives ``return_lse=True`` a (Tensor, Tensor) and False a Tensor (issue 21),
+    with the seed signatures unchanged at runtime; dispatch.last_decision() is this context's."""
+    import typing
+    targets = [dispatch.single_prefill_with_kv_cache, dispatch.trtllm_batch_context_with_kv_cache,
+               dispatch.cudnn_batch_prefill_with_kv_cache, dispatch.BatchPrefillWithPagedKVCacheWrapper.run,
+               dispatch.BatchPrefillWithRaggedKVCacheWrapper.run]
+    for fn in targets:
+        returns = [typing.get_type_hints(o, globalns=fn.__globals__)["return"] for o in typing.get_overloads(fn)]
+        assert len(returns) == 2, fn
+        assert typing.get_origin(returns[0]) is tuple and typing.get_args(returns[0])[1] is torch.Tensor, fn
+    c = ragged()
+    out = dispatch.single_prefill_with_kv_cache(c["q"][:3], c["k"][:5], c["v"][:5], causal=True)
+    assert out.shape == (3, HQ, D) and dispatch.last_decision().chosen == "reference"

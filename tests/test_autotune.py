@@ -198,9 +198,9 @@ def test_switching_autotune_forgets_the_entry_points_call_plans():
     from dispatch.lab.cases import ragged
     r = ragged()
     dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True)
-    assert len(_base.PLANS) > 0
+    assert len(_base.PROOFS) > 0
     autotune.autotune(False)
-    assert len(_base.PLANS) == 0 and len(_base.LANES) == 0
+    assert len(_base.PROOFS) == 0 and len(_base.LANES) == 0
 
 
 def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):

@@ -190,7 +190,7 @@ def test_32_layer_decode_step_in_one_graph(entry):
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(captured, eager))
     ran = w.decision.ran or w.decision.chosen if entry == "paged" else \
-        dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen
+        dispatch.last_decision().chosen
     print(f"32-layer {entry} decode step served by {ran}")
 
 
@@ -207,7 +207,7 @@ def test_single_prefill_on_flashinfer_single_request_kernel(backend, layout):
     with dispatch.use_backend("reference"):
         want, want_lse = dispatch.single_prefill_with_kv_cache(q, k, v, **kw)
     out, lse = forced(backend, lambda: dispatch.single_prefill_with_kv_cache(q.cuda(), k.cuda(), v.cuda(), **kw))
-    assert dispatch.single_prefill_with_kv_cache.last_decision.chosen == backend
+    assert dispatch.last_decision().chosen == backend
     assert (out.float().cpu() - want.float()).abs().max().item() < 3e-2
     assert (lse.cpu() - want_lse).abs().max().item() < 1e-2
 
@@ -238,7 +238,7 @@ def test_scales_as_device_tensors_and_sinks(entry, backend, with_sinks):
     targs[i1] = torch.tensor(args[i1], dtype=torch.float32, device="cuda")
     targs[i2] = torch.tensor(args[i2], dtype=torch.float32, device="cuda")
     tensors = forced(backend, lambda: fn(*targs, **gkw)).float().cpu()
-    assert fn.last_decision.chosen == backend
+    assert dispatch.last_decision().chosen == backend
     assert (floats - want).abs().max().item() < 3e-2
     assert (tensors - floats).abs().max().item() < 1e-2
 
@@ -297,5 +297,5 @@ def test_decode_reads_a_sliced_page_table_and_strided_lengths(backend):
     assert not gargs[3].is_contiguous() and not gargs[4].is_contiguous()
     for _ in range(3):  # the checked call, the lane's first run, the launcher
         got = forced(backend, lambda: dispatch.xqa_batch_decode_with_kv_cache(*gargs, **gkw)).float().cpu()
-        assert dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen == backend
+        assert dispatch.last_decision().chosen == backend
         assert (got - want).abs().max().item() < 3e-2

@@ -7,7 +7,7 @@ import gc
 import torch
 
 from backends import _device
-from dispatch._normalize import cache_halves
+from dispatch.checks import cache_halves
 
 
 def _halves(t: torch.Tensor) -> tuple:
@@ -33,7 +33,7 @@ def test_a_dropped_cache_drops_its_kept_views_and_its_memory():
     cache = torch.randn(6, 2, 4, 3, 8)
     for _ in range(2):
         _device.kept_views(cache, "t2", _halves)
-    key = (id(cache), "t2")
+    key = (_device._identity(cache), "t2")
     assert key in _device._KEPT_VIEWS
     view_ref = _device.weakref.ref(_device._KEPT_VIEWS[key][2][0])
     del cache

@@ -322,23 +322,25 @@ def test_fa2_batch_launcher_never_runs_another_lanes_scale(fake_flashinfer, monk
 
 
 @contextlib.contextmanager
-def full_key_forbidden():
-    """Inside the block an entry that builds its full lane key fails the test (a short key must serve)."""
-    real = _base.lane_key
-    _base.lane_key = lambda *a, **k: pytest.fail("the full lane key was built")
+def checks_forbidden():
+    """Inside the block a call that takes the checked path fails the test (its lane must serve)."""
+    from dispatch.entries._wrapper import PrefillWrapper
+    real, run_checks = _base.checked, PrefillWrapper._known_run
+    _base.checked = lambda *a, **k: pytest.fail("the call was checked again")
+    PrefillWrapper._known_run = lambda *a, **k: pytest.fail("the run was checked again")
     try:
         yield
     finally:
-        _base.lane_key = real
+        _base.checked, PrefillWrapper._known_run = real, run_checks
 
 
-def test_default_option_repeats_skip_the_full_lane_key(gpu_like):
+def test_default_option_repeats_take_their_lane(gpu_like):
     """A wrapper's default-option repeat finds its lane by the tensors' facts alone; any option
     (a scale, out, sinks) still builds the full key; results equal the checked path's."""
     c, r = paged(), ragged()
     pw, rw = paged_wrapper(c), ragged_wrapper(r)
     first_p, first_r = pw.run(c["q"], c["cache"]).clone(), rw.run(r["q"], r["k"], r["v"]).clone()
-    with full_key_forbidden():
+    with checks_forbidden():
         assert torch.equal(pw.run(c["q"], c["cache"]), first_p)
         assert torch.equal(rw.run(r["q"], r["k"], r["v"]), first_r)
     scaled = pw.run(c["q"], c["cache"], k_scale=0.5)  # an option: the full key, another lane
@@ -356,7 +358,7 @@ def test_default_option_repeats_with_a_k_is_v_cache(gpu_like):
 
 
 @pytest.mark.parametrize("tuple_cache", [False, True])
-def test_xqa_default_option_repeats_skip_the_full_lane_key(gpu_like, tuple_cache):
+def test_xqa_default_option_repeats_take_their_lane(gpu_like, tuple_cache):
     """An XQA decode call with default options finds its lane by a short key (a 5-D cache or a
     (k, v) tuple); a window or sinks still build the full key; results equal the checked path's."""
     c = paged(q_lens=(1, 1, 1))
@@ -364,13 +366,13 @@ def test_xqa_default_option_repeats_skip_the_full_lane_key(gpu_like, tuple_cache
     if tuple_cache:
         args[1] = (c["cache"][:, 0], c["cache"][:, 1])
     first = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw).clone()
-    with full_key_forbidden():
+    with checks_forbidden():
         assert torch.equal(dispatch.xqa_batch_decode_with_kv_cache(*args, **kw), first)
     windowed = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw, window_left=2)
     assert not torch.equal(windowed, first)
 
 
-def test_cudnn_default_option_repeats_skip_the_full_lane_key(gpu_like):
+def test_cudnn_default_option_repeats_take_their_lane(gpu_like):
     """A decode-shaped cuDNN entry call with default options (no offsets, out, lse or q/k/v scales)
     finds its lane by a short key; ``out=`` still builds the full key; results equal the checked
     path's, and the float64 oracle's."""
@@ -380,7 +382,7 @@ def test_cudnn_default_option_repeats_skip_the_full_lane_key(gpu_like):
         kw.pop(name)
     first, _ = dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
     first = first.clone()
-    with full_key_forbidden():
+    with checks_forbidden():
         for _ in range(2):
             assert torch.equal(dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)[0], first)
     out = torch.full_like(first, float("nan"))
@@ -401,7 +403,7 @@ def _paged_decode_fp64(c: dict) -> torch.Tensor:
     return batch_attention_fp64(qs, ks, vs, sm_scale=c["head_dim"] ** -0.5, causal=True)[0]
 
 
-def test_single_prefill_default_option_repeats_skip_the_full_lane_key(gpu_like):
+def test_single_prefill_default_option_repeats_take_their_lane(gpu_like):
     """A single prefill with default options (causal, window and sm_scale may vary: they are in
     the short key) finds its lane without the full key; a soft cap still builds it; results equal
     the checked path's and the float64 oracle's."""
@@ -409,7 +411,7 @@ def test_single_prefill_default_option_repeats_skip_the_full_lane_key(gpu_like):
     r = ragged(q_lens=(5,), kv_lens=(9,))
     first = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True).clone()
     windowed = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, window_left=2).clone()
-    with full_key_forbidden():
+    with checks_forbidden():
         assert torch.equal(dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True), first)
         assert torch.equal(dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, window_left=2),
                            windowed)
@@ -438,12 +440,12 @@ def test_decode_with_a_sliced_page_table_and_strided_lengths(gpu_like, backend):
     with dispatch.use_backend(backend):
         for _ in range(3):
             got = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
-            assert dispatch.xqa_batch_decode_with_kv_cache.last_decision.chosen == backend
+            assert dispatch.last_decision().chosen == backend
             assert (got.double() - want).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize("tuple_cache", [False, True])
-def test_trtllm_default_option_repeats_skip_the_full_lane_key(gpu_like, tuple_cache):
+def test_trtllm_default_option_repeats_take_their_lane(gpu_like, tuple_cache):
     """A trtllm context call with default options finds its lane by a short key (a 5-D cache or a
     (k, v) pair); sinks still build the full key; results equal the checked path's."""
     c = paged()
@@ -451,7 +453,7 @@ def test_trtllm_default_option_repeats_skip_the_full_lane_key(gpu_like, tuple_ca
     if tuple_cache:
         args[1] = (c["cache"][:, 0], c["cache"][:, 1])
     first = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw).clone()
-    with full_key_forbidden():
+    with checks_forbidden():
         assert torch.equal(dispatch.trtllm_batch_context_with_kv_cache(*args, **kw), first)
     sunk = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw, sinks=torch.randn(c["num_qo_heads"]))
     assert not torch.equal(sunk, first)

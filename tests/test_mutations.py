@@ -2,7 +2,7 @@
 
 Cold: fresh process state (every ``clear_caches`` dispatch exposes), then the bad call.
 Warm: the same valid call first (same shapes, fresh buffers; for a wrapper, on the same
-object), then the bad one, so a cache keyed on too little shows up as a missing check.
+object; a row's ``base`` changes made to both), then the bad one, so a cache keyed on too little shows up as a missing check.
 Each case asserts the exception type, that the message names the argument, its bad value and
 what is allowed (and no internal name instead of the caller's), and that the caller's poisoned
 out/lse buffers and every input tensor are bitwise unchanged. The rows: tests/_mutation_table.py.
@@ -21,10 +21,12 @@ ALLOWED = ("allowed", "valid options")
 def _raise_bad(row, warm: bool):
     clear_caches()
     bad = make(row.entry, SEED)
+    apply(bad, dict(row.base))
     stages = apply(bad, row.changes)
     wrapper = None
     if warm:
         good = make(row.entry, SEED)
+        apply(good, dict(row.base))
         if good.wrapper:
             wrapper = good.new_wrapper()
             good.check(good.invoke(wrapper))

@@ -117,7 +117,7 @@ def run_all(dev):
 
 def _served(entry) -> str:
     """The backend the last call of this entry point was served by (from its cached decision)."""
-    last = getattr(entry, "last_decision", None)
+    last = dispatch.last_decision()
     return last.chosen if last is not None else "?"
 
 

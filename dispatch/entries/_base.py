@@ -1,4 +1,38 @@
-"""What every entry module shares: seed signatures with keyword aliases, cache keys, call caches.
+"""The call pipeline every entry point shares: signatures, keys, lanes, launch.
+
+Glossary (one word per concept; a reader of the hot path needs these ten):
+
+entry        a public function or wrapper method with FlashInfer's signature (``ENTRIES``).
+declaration  what an entry module states once (``Declaration``): its spec's argument names in
+             call order, how to build the problem, the sizes a repeat needs, which dims and
+             scalars vary per call, which arguments nothing reads.
+spec         the pydantic model of one entry's arguments, in that entry's module; its checks
+             (static, size, value: ``dispatch.checks``) name the argument, its value, what is allowed.
+key          the call key: every fact the spec's static checks read (types, dtypes, devices, fixed
+             dims, options, the size class); it maps to a ``Proof`` (the problem, its decisions,
+             the reusable plans), so a known key runs only the size checks.
+problem      ``AttentionProblem``: the hashable facts that decide the backend (no per-call sizes).
+decision     the router's choice for (problem, device, explicit choice, strict mode), with every
+             backend's reasons; ``dispatch.last_decision()`` is this context's latest.
+plan         a backend's prepared state for one problem (a vendor plan: a FlashInfer wrapper, a
+             cuDNN graph); kept per key when the backend says it is reusable. FlashInfer's
+             wrappers make theirs in ``plan()``; nothing else is called a plan.
+lane         what an exact repeat finds by its lane key (every argument's type and value, every
+             tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
+             launcher. One ``LANES`` cache for functions; one per plan for a wrapper's runs.
+batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
+launcher     the backend's closure that launches a kept plan on a new batch (no host work).
+
+The call path (functions and wrapper runs alike)::
+
+    entry(*args) -- values in declared order --> lane key --hit--> lane ------------+
+                                                   | miss                          |
+                                                   v                               |
+              spec checks (static: once per key; size: every call)                 |
+                                                   v                               |
+              key -> proof: problem -> decision (router) -> plan (backend)          |
+                                                   v                               v
+                                           lane (kept) --> batch --> launcher or backend.run --> kernel
 
 **Signatures.** The seed documents fix every parameter's name, order, kind and default. Newer
 FlashInfer spellings are extra keyword-only parameters. Where a seed parameter has such an
@@ -6,34 +40,28 @@ alias, both default to the ``UNSET`` sentinel in the code (so "given twice" is d
 even when the value given equals the default) and ``seed_signature`` publishes the seed's own
 defaults through ``__signature__`` (what ``inspect.signature`` and ``help`` show).
 
-**Cache keys.** A call's key holds every fact the cached path does not re-check: for each
-tensor its dtype, device (with its index), rank, every dimension that does not vary from call
-to call, and whether its last stride is 1; every scalar option's value; for per-call numbers
-(lengths, maxima, scales) only their type. The dims that vary per call are named per entry
-(``vary``); the spec's ``size_checks`` re-check them on every call. The call key also holds the
-call's size class (batch, max q, max kv as powers of two): the measured choice ranks at it.
-
-**Lanes.** A call that repeats another exactly takes the fast lane (``lane_key``, ``Lane``): its
-key holds every argument's type, every tensor's dtype, device, shape and strides and every other
-argument's value, so it proves every check; the lane keeps the call plan and the sizes the batch
-is built from, and the backend's plan when it is reusable.
+**What a repeat may skip.** A lane key holds every argument's type and value (tensors: dtype,
+device, shape, strides), so an exact repeat skips every check; a call key holds what the static
+checks read, and the dims that vary per call (``vary``) and per-call scalars (``per_call``) are
+re-checked by the spec's size checks on every call. CPU tensors and ATTN_DISPATCH_VALIDATE=full
+re-read device data on every call. Only these two keys decide what is skipped.
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
 import contextvars
+import inspect
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
 import torch
 
-from .._cache import BoundedCache
-from .._normalize import cache_halves, full_validation, paged_nhd, split_kv
+from backends._device import BoundedCache
+from ..checks import ENV_VALIDATE, cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected
 
-from .. import autotune, policy, router, specs
+from .. import autotune, checks, policy, router
 from ..problem import AttentionProblem, size_class
 
 
@@ -173,7 +201,7 @@ def call_key(entry: str, args: Mapping[str, Any], vary: Optional[Mapping[str, tu
     return tuple(parts)
 
 
-class CallPlan:
+class Proof:
     """What a call key proves, kept between calls: the problem, and its routing decisions per
     (explicit choice, strict mode) — so a repeated call neither rebuilds nor re-hashes the
     problem. The decision is the device's: the key holds the device index."""
@@ -209,7 +237,7 @@ class CallPlan:
         return planned
 
 
-PLANS = BoundedCache(maxsize=4096)  # call key -> CallPlan (model configurations)
+PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
 
 
 # CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
@@ -223,18 +251,18 @@ def values_every_call(device: torch.device) -> bool:
 
 
 def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable):
-    """(call plan, spec, derived). A new key: the full spec (every check, device reads included)
+    """(proof, spec, derived). A new key: the full spec (every check, device reads included)
     and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
     or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
-    plan = PLANS.get(key)
-    if plan is None:
-        spec, derived = specs.validate(spec_cls, args)
-        plan = CallPlan(build(spec, derived))
-        PLANS.put(key, plan)
-        return plan, spec, derived
+    proof = PROOFS.get(key)
+    if proof is None:
+        spec, derived = checks.validate(spec_cls, args)
+        proof = Proof(build(spec, derived))
+        PROOFS.put(key, proof)
+        return proof, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
     spec, derived = spec_cls.fast(args, values=values_every_call(query.device))
-    return plan, spec, derived
+    return proof, spec, derived
 
 
 # -- the fast lane -------------------------------------------------------------------------------
@@ -243,9 +271,6 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
 # decode step do, skips every check, the problem and the decision: its lane holds the call plan
 # and the sizes the batch is built from. The key is built from the arguments as they arrive.
 LANES = BoundedCache(maxsize=1024, refresh=False)  # first in, first out: a hit costs one dict lookup
-# An entry's default-option calls: a short key of the few options such a call can vary and the
-# tensors' facts -> the Lane its full key holds (found without building that key; entries fill it).
-HOT_LANES = BoundedCache(maxsize=1024, refresh=False)
 _TENSOR = torch.Tensor
 
 
@@ -263,7 +288,6 @@ def _facts(value: Any):
 
 
 _PLAIN_TYPES = frozenset(_PLAIN)
-_ALL_PLAIN: dict[tuple, bool] = {}  # option types -> all plain (a few entries per call site)
 
 
 def lanes_open(query: torch.Tensor) -> bool:
@@ -272,44 +296,80 @@ def lanes_open(query: torch.Tensor) -> bool:
     return not (CPU_VALUE_CHECKS and query.is_cpu) and not _DRY.get() and not full_validation()
 
 
-def lane_key(entry: str, tensors: tuple, others: tuple, explicit: Any = UNSET) -> Optional[tuple]:
-    """The whole-call key of a call that may take the fast lane, or None: a query (``tensors[0]``)
-    that is not a tensor, a CPU query while CPU value checks are on, ATTN_DISPATCH_VALIDATE=full,
-    a dry run (explain), or an argument the key cannot hold. ``tensors``: the arguments that must
-    be tensors; ``others``: the rest; ``explicit``: the call's explicit choice (the functions:
-    it and strict mode join the key; a wrapper's run leaves it out, its plan fixed both). The
-    argument types lead the key, so the flat run of facts after them reads one way only."""
-    query = tensors[0]
-    if type(query) is not _TENSOR or not lanes_open(query):
-        return None
-    kinds = tuple(map(type, tensors))
-    if kinds.count(_TENSOR) != len(kinds):
-        return None  # the checked path names the argument that is not a tensor
-    other_kinds = tuple(map(type, others))
-    plain = _ALL_PLAIN.get(other_kinds)
-    if plain is None:
-        plain = _ALL_PLAIN[other_kinds] = _PLAIN_TYPES.issuperset(other_kinds)
-    if explicit is UNSET:
-        parts = [entry, kinds, other_kinds, others] if plain else [entry, kinds, other_kinds]
-    else:
-        parts = [entry, explicit, policy.strict_mode(), kinds, other_kinds]
-        if plain:
-            parts.append(others)
-    if not plain:  # an option is a tensor (out, lse, sinks, a device scale) or a sequence
-        for value in others:
-            kind = type(value)
+class _Form:
+    """How a lane key reads one sequence of argument types (cached per types): the values of the
+    plain ones, the dtype, device, shape and strides of the tensors, the facts of sequences (a
+    (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's). ``key``
+    is compiled per form: one tuple expression, no loop (a repeat's whole host cost matters).
+    ``closed``: an argument the key cannot hold (the call is checked)."""
+
+    __slots__ = ("key", "nested", "closed")
+
+    def __init__(self, kinds: tuple, unread: frozenset):
+        fields, nested, self.closed = [], [], False
+        for i, kind in enumerate(kinds):
+            if i in unread or kind is _NONE:  # None: the form (its types) says all there is
+                continue
             if kind is _TENSOR:
-                parts += (value.dtype, value.device, value.shape, value.stride())
-            elif kind in _PLAIN:
-                parts.append(value)
+                fields.append(f"a{i}.dtype, a{i}.device, a{i}.shape, a{i}.stride()")
+            elif kind in _PLAIN_TYPES:
+                fields.append(f"a{i}")
+            elif kind is tuple or kind is list:
+                nested.append(i)
             else:
-                facts = _facts(value)
-                if facts is None:
-                    return None
-                parts.append(facts)
-    for t in tensors:
-        parts += (t.dtype, t.device, t.shape, t.stride())
-    return tuple(parts)
+                self.closed = True
+        self.nested = tuple(nested)
+        # (form, explicit, strict, facts...): generated from positions only, never from user text;
+        # the values unpacked once into locals (cheaper than indexing the tuple per fact)
+        names = ", ".join(f"a{i}" for i in range(len(kinds)))
+        self.key = _compile(f"def key(f, v, e, s):\n    {names}, = v\n    return (f, e, s, {', '.join(fields)})\n")
+
+
+def _compile(source: str) -> Callable:
+    space: dict = {}
+    exec(source, space)  # noqa: S102 (positions and attribute names only)
+    return space["key"]
+
+
+_NONE = type(None)
+_READ_ENV = policy.read_environment()  # variable -> value as last read (None: unset)
+
+
+class Forms:
+    """The forms of one caller's lane keys, per sequence of argument types (a few per entry), with
+    the latest kept aside: a repeat's types equal it (one tuple comparison, no hashing)."""
+
+    __slots__ = ("unread", "_forms", "_last")
+
+    def __init__(self, unread: frozenset = frozenset()):
+        self.unread, self._forms, self._last = unread, {}, (None, None)  # _last: one (types, form) pair
+
+    def key(self, values: tuple, explicit) -> Optional[tuple]:
+        """The lane key of ``values`` (``values[0]``: the query), or None (the call is checked): every
+        argument's type (through its form), every plain value, every tensor's dtype, device, shape
+        and strides, the explicit choice and strict mode. No key for a CPU query while CPU value
+        checks are on, under ATTN_DISPATCH_VALIDATE=full, or in a dry run (explain)."""
+        query = values[0]
+        if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get():
+            return None
+        if _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation():  # read and unset: no call
+            return None
+        kinds = tuple(map(type, values))
+        last = self._last  # one attribute: another thread replaces the pair whole
+        if kinds == last[0]:
+            form = last[1]
+        else:
+            form = self._forms.get(kinds)
+            if form is None:
+                form = self._forms[kinds] = _Form(kinds, self.unread)
+            self._last = (kinds, form)
+        if form.closed:
+            return None
+        key = form.key(form, values, explicit, policy.strict_mode())
+        if form.nested:
+            nested = tuple(_facts(values[i]) for i in form.nested)
+            return None if None in nested else key + nested
+        return key
 
 
 def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
@@ -325,64 +385,94 @@ def rows(t: Any, dim: int = 0) -> Any:
     return t.shape[dim] if isinstance(t, torch.Tensor) and t.dim() > dim else None
 
 
-def kv_parts(kv_cache: Any) -> tuple:
-    """A KV cache argument as lane-key tensors: (cache,) or the (k, v) pair (a pair and a single
-    cache differ in count, so they never share a key)."""
-    return tuple(kv_cache) if type(kv_cache) in (tuple, list) else (kv_cache,)
-
-
 class Lane:
-    """What a lane key proves: the call plan, the explicit choice and strict mode of the key, the
-    sizes the batch is built from, the backend's plan once it is known to be reusable, and the
+    """What a lane key proves: the proof of its call key, the explicit choice and strict mode of
+    the key, the sizes the batch is built from, the backend's plan once it is known to be reusable, and the
     backend's launcher for repeats once that plan has served a call (``Backend.launcher``)."""
 
-    __slots__ = ("plan", "explicit", "strict", "sizes", "planned", "fast", "asked")
+    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked")
 
-    def __init__(self, plan: CallPlan, explicit, sizes: SimpleNamespace):
-        self.plan, self.explicit, self.strict, self.sizes = plan, explicit, policy.strict_mode(), sizes
+    def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace):
+        self.proof, self.explicit, self.strict, self.sizes = proof, explicit, policy.strict_mode(), sizes
         self.planned: Optional[router.Planned] = None
         self.fast: Optional[Callable] = None
         self.asked = False  # the backend was asked for a launcher (it may have none)
 
     def launch(self, batch) -> router.Planned:
         """The backend's launcher on a repeat; else its plan (kept when reusable) and the launch;
-        only the decision when dry."""
+        only the decision when dry. The decision that served is this context's last decision."""
         fast = self.fast
         if fast is not None:
             try:
                 fast(batch)
+                decision = self.planned.decision
+                if _LAST.get() is not decision:  # a set costs ~0.1 us; a repeat's is usually in place
+                    _LAST.set(decision)
                 return self.planned
             except BackendRejected:  # refused before launching: the router hands the call over
-                return router.run(self.planned, batch)
+                return remember(router.run(self.planned, batch))
         planned = self.planned
         if planned is None:
             if is_dry():
-                decision = self.plan.decision(batch.q, self.explicit)
-                return router.Planned(decision, decision.chosen, None)
-            planned = self.plan.planned(batch, self.explicit)
-            if self.plan.keeps(planned):
+                decision = self.proof.decision(batch.q, self.explicit)
+                return remember(router.Planned(decision, decision.chosen, None))
+            planned = self.proof.planned(batch, self.explicit)
+            if self.proof.keeps(planned):
                 self.planned = planned
         ran = router.run(planned, batch)
         if ran is self.planned and not self.asked:
             self.asked = True
             self.fast = get_backend(ran.backend).launcher(ran.plan, batch)
-        return ran
+        return remember(ran)
 
 
-def lane(key: Optional[tuple], spec_cls: type, args: Callable[[], dict], call_key_of: Callable[[dict], tuple],
-         build: Callable, sizes: Callable, explicit) -> Lane:
-    """The lane of ``key``; else a checked call's (``checked``: the full checks once per call key,
-    the size checks on every call) with ``sizes(args, derived)``, kept under ``key`` if any."""
-    found = LANES.get(key) if key is not None else None
-    if found is not None:
+class Declaration:
+    """One entry point's per-call facts, declared once in its module (see the glossary above).
+
+    ``params``: the spec's argument names in the order the entry passes their values; ``spec``:
+    its pydantic model; ``problem(spec, derived, size)`` -> AttentionProblem; ``sizes(args,
+    derived)``: what a repeat builds its batch from; ``size(args)`` -> (batch, max q, max kv);
+    ``vary`` (a mapping, or a function of the arguments): per tensor, the dims that vary per
+    call; ``per_call``: scalars whose value varies per call; ``facts(args)``: more call-key
+    facts; ``unread``: arguments nothing reads (their type alone joins the keys)."""
+
+    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms")
+
+    def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
+                 size: Callable, vary: Any = None, per_call: tuple = (), facts: Optional[Callable] = None,
+                 unread: tuple = ()):
+        unknown = set(params) - set(spec.model_fields)
+        if unknown:
+            raise TypeError(f"{entry}: {sorted(unknown)} are not fields of {spec.__name__}")
+        self.entry, self.spec, self.params = entry, spec, params
+        self.problem, self.sizes, self.size = problem, sizes, size
+        self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
+        self.forms = Forms(frozenset(params.index(name) for name in unread))
+
+    def lane(self, values: tuple, explicit) -> "Lane":
+        """The lane of the call whose argument values are ``values`` (in ``params`` order): an exact
+        repeat's, else a checked call's (the full checks once per call key, the size checks on
+        every call), kept under its lane key."""
+        key = self.forms.key(values, explicit)
+        found = LANES.get(key) if key is not None else None
+        if found is not None:
+            return found
+        args = dict(zip(self.params, values))
+        size = self.size_class(args)
+        proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
+                                    lambda spec, d: self.problem(spec, d, size or ()))
+        found = Lane(proof, explicit, self.sizes(args, derived))
+        if key is not None:
+            LANES.put(key, found)
         return found
-    values = args()
-    plan, _, derived = checked(spec_cls, values, call_key_of(values), values.get("query", values.get("q")),
-                               lambda spec, d: build(spec, d, values))
-    found = Lane(plan, explicit, sizes(values, derived))
-    if key is not None:
-        LANES.put(key, found)
-    return found
+
+    def size_class(self, args: dict) -> Optional[tuple]:
+        return size_key(*self.size(args))
+
+    def call_key(self, args: dict, size: Optional[tuple]) -> tuple:
+        vary = self.vary(args) if callable(self.vary) else self.vary
+        key = call_key(self.entry, args, vary, self.per_call)
+        return key + self.facts(args) + (size,) if self.facts is not None else key + (size,)
 
 
 def paged_kv(kv_cache, layout: str) -> tuple:
@@ -416,26 +506,39 @@ _DRY: contextvars.ContextVar[bool] = contextvars.ContextVar("attn_dispatch_dry_r
 def dry_run() -> Iterator[None]:
     """Inside the block an entry validates, decides and records its decision, but neither
     plans a vendor nor launches (``dispatch.explain``)."""
-    token = _DRY.set(True)
+    token, last = _DRY.set(True), _LAST.get()
     try:
         yield
     finally:
         _DRY.reset(token)
+        _LAST.set(last)
 
 
 def is_dry() -> bool:
     return _DRY.get()
 
 
-def remember(entry: Callable, planned) -> None:
-    """``entry.last_decision``: the decision that served the entry's latest call."""
-    entry.last_decision = planned.decision
+_LAST: contextvars.ContextVar[Optional[router.Decision]] = contextvars.ContextVar("attn_dispatch_last_decision",
+                                                                             default=None)
+
+
+def remember(planned: router.Planned) -> router.Planned:
+    """Make ``planned``'s decision this context's last decision (``last_decision``)."""
+    if _LAST.get() is not planned.decision:
+        _LAST.set(planned.decision)
+    return planned
+
+
+def last_decision() -> Optional[router.Decision]:
+    """The router's decision that served the latest call of an entry point or a wrapper's run in
+    this context (this thread, this asyncio task); None before any. ``dispatch.explain`` leaves it
+    as it was."""
+    return _LAST.get()
 
 
 def clear_caches() -> None:
-    PLANS.clear()
+    PROOFS.clear()
     LANES.clear()
-    HOT_LANES.clear()
 
 
-autotune._on_switch.append(clear_caches)  # the call plans hold decisions: a switch makes them stale
+autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale

@@ -14,20 +14,24 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+from types import SimpleNamespace
+
 import torch
 
 from backends import get_backend
 from backends.base import BackendRejected
 
-from .. import autotune, ops, policy, router, specs
-from .._cache import BoundedCache
-from .._normalize import bad, check_scale, cumsum0, unpack_bits
+from .. import autotune, checks, ops, policy, router
+from backends._device import BoundedCache
+from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
+                      cumsum0, need_finite, need_heads, need_index, need_int, need_out, need_query, need_sinks,
+                      need_soft_cap, need_tensor, need_window, out_dtype_of, parse_dtype, unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from . import _base as B
 
 
 @dataclasses.dataclass
-class Plan:
+class Setup:
     """What plan() fixed: sizes, dtypes, index tensors on the device, the problem."""
 
     hq: int
@@ -92,7 +96,7 @@ class PrefillWrapper:
         self._device = float_workspace_buffer.device
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
-        self._plan: Optional[Plan] = None
+        self._plan: Optional[Setup] = None
         self._lanes = BoundedCache(maxsize=1)  # none before plan()
         self._hot = BoundedCache(maxsize=1)
         self._newest_lane: Optional[RunLane] = None  # the lane the latest checked run kept
@@ -137,7 +141,7 @@ class PrefillWrapper:
             rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
             device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph,
             sizes=size_class(len(q_lens), max(q_lens, default=1), max(d.kv_lens, default=1)) if q_lens else ())
-        self._plan = Plan(
+        self._plan = Setup(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
             total_q=d.qo[-1] - d.qo[0], sm_scale=spec.sm_scale if spec.sm_scale is not None else 1.0 / math.sqrt(d.dqk),
@@ -214,7 +218,7 @@ class PrefillWrapper:
             q = args["q"]
             if isinstance(q, torch.Tensor) and q.device != self._device:  # the plan lives on that device
                 raise bad("q.device", q.device, f"{self._device}, the device of the workspace this wrapper plans on")
-            _, d = specs.validate(spec_cls, args)
+            _, d = checks.validate(spec_cls, args)
             self._run_keys.put(key, True)
             return d
         return spec_cls.fast(args, values=B.values_every_call(args["q"].device))[1]
@@ -256,15 +260,15 @@ class PrefillWrapper:
         if fast is not None:
             try:
                 fast(batch)
-                self._last = lane.planned
+                self._last = B.remember(lane.planned)
                 return (out, lse) if return_lse else out
             except BackendRejected:  # refused before launching: the generic path hands it over
                 pass
         planned = self._variants.get(lane.overrides) or self._variant(lane.overrides, batch)
-        if B.is_dry():
-            self._last = planned
+        if B.is_dry():  # explain: the decision is the context's, the wrapper's own stays as it was
+            B.remember(planned)
         else:
-            self._last = ran = router.run(planned, batch)
+            self._last = ran = B.remember(router.run(planned, batch))
             if lane.kept and lane.planned is None and ran is planned:
                 lane.planned = planned
                 lane.fast = get_backend(planned.backend).launcher(planned.plan, batch)
@@ -283,7 +287,7 @@ class PrefillWrapper:
         plan-time options (FlashInfer's forward() sets them on the wrapper before running)."""
         if self._plan is None:
             raise RuntimeError(f"{type(self).__name__}.forward() before plan(): call plan(...) first")
-        specs.need_finite("sm_scale", sm_scale)
+        checks.need_finite("sm_scale", sm_scale)
         scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(self._plan.dqk)
         return self._forward_overrides(causal, pos_encoding_mode, window_left, logits_soft_cap, rope_scale,
                                        rope_theta), scale
@@ -294,10 +298,10 @@ class PrefillWrapper:
             raise bad("causal", causal, "True or False", TypeError)
         if pos_encoding_mode not in ("NONE", "ROPE_LLAMA", "ALIBI"):
             raise bad("pos_encoding_mode", pos_encoding_mode, "'NONE', 'ROPE_LLAMA' or 'ALIBI'")
-        specs.need_window(window_left)
-        specs.need_soft_cap(logits_soft_cap)
-        specs.need_finite("rope_scale", rope_scale, positive=True)
-        specs.need_finite("rope_theta", rope_theta, positive=True)
+        checks.need_window(window_left)
+        checks.need_soft_cap(logits_soft_cap)
+        checks.need_finite("rope_scale", rope_scale, positive=True)
+        checks.need_finite("rope_theta", rope_theta, positive=True)
         return (("causal", bool(causal)), ("pos_encoding", pos_encoding_mode), ("window_left", window_left),
                 ("logits_soft_cap", float(logits_soft_cap or 0.0)), ("rope_scale", float(rope_scale or 1.0)),
                 ("rope_theta", float(rope_theta or 1e4)))
@@ -322,3 +326,128 @@ def _forget_wrapper_decisions() -> None:
 
 
 autotune._on_switch.append(_forget_wrapper_decisions)  # a wrapper's variants hold decisions too
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class PlanSpecBase(Spec):
+    """Plan arguments shared by both wrappers (checked once per plan, device reads allowed)."""
+
+    qo_indptr: torch.Tensor
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: Optional[int] = None
+    custom_mask: Optional[torch.Tensor] = None
+    packed_custom_mask: Optional[torch.Tensor] = None
+    causal: bool = False
+    pos_encoding_mode: PosMode = "NONE"
+    window_left: int = -1
+    logits_soft_cap: Optional[float] = None
+    sm_scale: Optional[float] = None
+    rope_scale: Optional[float] = None
+    rope_theta: Optional[float] = None
+    q_data_type: Any = "float16"
+    kv_data_type: Any = None
+    o_data_type: Any = None
+    seq_lens: Optional[torch.Tensor] = None
+    seq_lens_q: Optional[torch.Tensor] = None
+    max_token_per_sequence: Optional[int] = None
+    max_sequence_kv: Optional[int] = None
+    backend: str = "auto"
+
+    def static_checks(self, d):  # shared by the paged and ragged plans
+        q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
+        self.mask_checks(d, q_lens, d.kv_lens)
+
+    def common(self) -> SimpleNamespace:
+        for name in ("num_qo_heads", "num_kv_heads", "head_dim_qk"):
+            need_int(name, getattr(self, name), 1)
+        if self.head_dim_vo is not None:
+            need_int("head_dim_vo", self.head_dim_vo, 1)
+        need_heads(self.num_qo_heads, self.num_kv_heads)
+        need_window(self.window_left)
+        need_soft_cap(self.logits_soft_cap)
+        need_finite("sm_scale", self.sm_scale)
+        need_finite("rope_scale", self.rope_scale, positive=True)
+        need_finite("rope_theta", self.rope_theta, positive=True)
+        q_dtype = parse_dtype(self.q_data_type, "q_data_type")
+        if q_dtype not in Q_DTYPES:
+            raise bad("q_data_type", q_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        kv_dtype = parse_dtype(self.kv_data_type, "kv_data_type") if self.kv_data_type is not None else q_dtype
+        if kv_dtype != q_dtype and kv_dtype not in FP8_DTYPES:
+            raise bad("kv_data_type", kv_dtype, f"{q_dtype} (q_data_type) or an fp8 dtype")
+        out_dtype = out_dtype_of(q_dtype, self.o_data_type)
+        if out_dtype not in OUT_DTYPES:
+            raise bad("o_data_type", out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        need_index("qo_indptr", self.qo_indptr, None, None)
+        need_tensor("qo_indptr", self.qo_indptr, ranks=(1,))
+        if self.qo_indptr.numel() < 2:
+            raise bad("qo_indptr", self.qo_indptr, "a (batch_size + 1,) prefix sum with batch_size >= 1")
+        return SimpleNamespace(hq=self.num_qo_heads, hkv=self.num_kv_heads, dqk=self.head_dim_qk,
+                               dvo=self.head_dim_vo or self.head_dim_qk, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                               out_dtype=out_dtype, batch=self.qo_indptr.numel() - 1, cudnn=self.backend == "cudnn")
+
+    def qo_host(self, d) -> list[int]:
+        """Token prefix sums of the queries (element units / (Hq*Dqk) for backend='cudnn')."""
+        vals = check_indptr_values("qo_indptr", self.qo_indptr, None, "")
+        if d.cudnn:
+            mult = d.hq * d.dqk
+            if any(v % mult for v in vals):
+                raise bad("qo_indptr", vals, f"element offsets (multiples of num_qo_heads*head_dim_qk={mult}) "
+                          "with backend='cudnn'")
+            vals = [v // mult for v in vals]
+        return vals
+
+    def mask_checks(self, d, q_lens, kv_lens) -> None:
+        sizes = [a * b for a, b in zip(q_lens, kv_lens)]
+        if self.custom_mask is not None:
+            need_tensor("custom_mask", self.custom_mask, ranks=(1,), dtypes=(torch.bool,))
+            if self.custom_mask.numel() != sum(sizes):
+                raise bad("custom_mask.shape", tuple(self.custom_mask.shape),
+                          f"({sum(sizes)},) = sum over requests of q_len * kv_len")
+        if self.packed_custom_mask is not None:
+            need_tensor("packed_custom_mask", self.packed_custom_mask, ranks=(1,), dtypes=(torch.uint8,))
+            nbytes = sum((n + 7) // 8 for n in sizes)
+            if self.packed_custom_mask.numel() != nbytes:
+                raise bad("packed_custom_mask.shape", tuple(self.packed_custom_mask.shape),
+                          f"({nbytes},) = per-request packbits of q_len * kv_len bits")
+
+
+class RunSpecBase(Spec):
+    q: torch.Tensor
+    planned: Any  # the wrapper's plan-time SimpleNamespace
+    q_scale: Optional[Scale] = None
+    k_scale: Optional[Scale] = None
+    v_scale: Optional[Scale] = None
+    out: Optional[torch.Tensor] = None
+    lse: Optional[torch.Tensor] = None
+    return_lse: bool = False
+    sinks: Optional[torch.Tensor] = None
+    kv_cache_sf: Any = None
+    extra_args: tuple = ()
+
+    def q_checks(self, d):
+        p = self.planned
+        need_query("q", self.q)
+        if self.q.dtype != p.q_dtype:
+            raise bad("q.dtype", self.q.dtype, f"{p.q_dtype} (plan's q_data_type; plan(q_data_type=...) to change it)")
+        if tuple(self.q.shape[1:]) != (p.hq, p.dqk):
+            raise bad("q.shape", tuple(self.q.shape), f"(n, {p.hq}, {p.dqk}) = (tokens, num_qo_heads, head_dim_qk)")
+        if self.extra_args:
+            raise bad("*args", self.extra_args, "none (JIT-variant arguments are not supported)", TypeError)
+        if self.kv_cache_sf is not None:
+            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+        need_sinks(self.sinks, p.hq, self.q.device)
+
+    def io_checks(self, d):
+        p, dev = self.planned, self.q.device
+        if self.q.shape[0] != p.total_q:
+            raise bad("q.shape", tuple(self.q.shape), f"({p.total_q}, {p.hq}, {p.dqk}): plan's qo_indptr[-1] tokens")
+        for name in ("q_scale", "k_scale", "v_scale", "o_scale"):
+            check_scale(name, getattr(self, name, None), dev, values=False, nonzero=name == "o_scale")
+        need_out(self.out, (p.total_q, p.hq, p.dvo), p.out_dtype, dev)
+        need_out(self.lse, (p.total_q, p.hq), torch.float32, dev, name="lse")
+
+    def value_checks(self, d):
+        for name in ("q_scale", "k_scale", "v_scale", "o_scale"):
+            check_scale(name, getattr(self, name, None), self.q.device, values=True, nonzero=name == "o_scale")

@@ -8,23 +8,32 @@ by default (q: x Hq*Dqk, o: x Hq*Dvo, k: x Hkv*Dqk, v: x Hkv*Dvo) or tokens with
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
 from backends._device import kept_views
 
 from .. import ops, policy
-from .._normalize import fold_scale, scatter_padded_lse, uniform_indptr
+from ..checks import (OUT_DTYPES, Scale, Spec, Units, bad, check_indptr_values, check_paged_values, check_scale,
+                      fold_scale, host_ints, lens_shapes, need_heads, need_index, need_int, need_kv_dtype, need_out,
+                      need_query, need_tensor, offsets_shapes, out_dtype_of, paged_nhd, scatter_padded_lse,
+                      token_offsets, uniform_indptr)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
-from ..specs import CudnnPrefillSpec
 from . import _base as B
 
 ENTRY = "cudnn_batch_prefill_with_kv_cache"
-_PER_CALL = ("max_token_per_sequence", "max_sequence_kv", "scale", "q_scale", "k_scale", "v_scale")
 _INDEX_ARGS = ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q", "batch_offsets_o",
                "batch_offsets_k", "batch_offsets_v")
-_VARY = {**{name: B.ALL_DIMS for name in _INDEX_ARGS}, "lse": B.ALL_DIMS}
+
+
+# The types return_lse gives (typing.overload: no runtime effect; the signature is the seed's below)
+@overload
+def cudnn_batch_prefill_with_kv_cache(q: torch.Tensor, *args: Any,
+                                      return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def cudnn_batch_prefill_with_kv_cache(q: torch.Tensor, *args: Any,
+                                      return_lse: Literal[False] = ..., **kwargs: Any) -> tuple[torch.Tensor, None]: ...
 
 
 def cudnn_batch_prefill_with_kv_cache(
@@ -66,16 +75,10 @@ def cudnn_batch_prefill_with_kv_cache(
     explicit = policy.explicit_choice(backend)
     if isinstance(q, torch.Tensor) and not q.is_cpu:  # lengths may come on the CPU (the seed's example)
         actual_seq_lens_q, actual_seq_lens_kv = _on_device(actual_seq_lens_q, q), _on_device(actual_seq_lens_kv, q)
-    hot = _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
-                   actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
-                   batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
-                   k_scale, v_scale, batch_offsets_units, o_data_type, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
-                     actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q,
-                     batch_offsets_o, batch_offsets_k, batch_offsets_v, out, lse, is_cuda_graph_compatible, q_scale,
-                     k_scale, v_scale, batch_offsets_units, o_data_type, explicit, hot)
+    lane = DECLARATION.lane((q, k_cache, v_cache, scale, workspace_buffer, max_token_per_sequence, max_sequence_kv,
+                             actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, q_scale,
+                             k_scale, v_scale, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_v,
+                             batch_offsets_units, out, lse, is_cuda_graph_compatible, o_data_type), explicit)
     z = lane.sizes
     padded = None  # the padded LSE: cuDNN writes it in place, as FlashInfer's graph does; others' is scattered
     if return_lse:
@@ -86,56 +89,11 @@ def cudnn_batch_prefill_with_kv_cache(
                    return_lse, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_units == "tokens", out,
                    padded)
     ran = lane.launch(batch)
-    B.remember(cudnn_batch_prefill_with_kv_cache, ran)
     if not return_lse:
         return batch.out, None
     if not B.is_dry() and ran.backend != "cudnn":
         scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
     return batch.out, padded
-
-
-def _hot_key(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, seq_kv, block_tables, causal,
-             return_lse, offsets_q, offsets_o, offsets_k, offsets_v, out, lse, cuda_graph, q_scale, k_scale, v_scale,
-             units, o_data_type, explicit) -> Optional[tuple]:
-    """The short key of a call with the default options (a float scale, lengths on q's device, no
-    offsets, out, lse or q/k/v scales), or None: each value it holds is of a fixed type, so it maps
-    to one full key (``_lane``) and repeats skip building that."""
-    if not (offsets_q is None and offsets_o is None and offsets_k is None and offsets_v is None and out is None
-            and lse is None and q_scale is None and k_scale is None and v_scale is None and o_data_type is None
-            and units == "elements" and type(scale) is float and type(max_q) is int and type(max_kv) is int
-            and type(causal) is bool and type(return_lse) is bool and type(cuda_graph) is bool
-            and type(q) is _T and type(k_cache) is _T and type(v_cache) is _T and type(workspace_buffer) is _T
-            and type(seq_q) is _T and type(seq_kv) is _T and (block_tables is None or type(block_tables) is _T)
-            and B.lanes_open(q)):
-        return None
-    key = [ENTRY, explicit, policy.strict_mode(), scale, max_q, max_kv, causal, return_lse, cuda_graph]
-    for t in (q, k_cache, v_cache, seq_q, seq_kv):  # the workspace: its type only (nothing reads it)
-        key += (t.dtype, t.device, t.shape, t.stride())
-    if block_tables is not None:
-        key += (block_tables.dtype, block_tables.device, block_tables.shape, block_tables.stride())
-    return tuple(key)
-
-
-_T = torch.Tensor
-
-
-def _lane(q, k_cache, v_cache, scale, workspace_buffer, max_q, max_kv, seq_q, seq_kv, block_tables, causal,
-          return_lse, offsets_q, offsets_o, offsets_k, offsets_v, out, lse, cuda_graph, q_scale, k_scale, v_scale,
-          units, o_data_type, explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (q, k_cache, v_cache, workspace_buffer, seq_q, seq_kv), (
-        scale, max_q, max_kv, block_tables, causal, return_lse, q_scale, k_scale, v_scale, offsets_q, offsets_o,
-        offsets_k, offsets_v, units, out, lse, cuda_graph, o_data_type), explicit)
-    lane = B.lane(key, CudnnPrefillSpec, lambda: dict(
-        q=q, k_cache=k_cache, v_cache=v_cache, scale=scale, workspace_buffer=workspace_buffer,
-        max_token_per_sequence=max_q, max_sequence_kv=max_kv, actual_seq_lens_q=seq_q, actual_seq_lens_kv=seq_kv,
-        block_tables=block_tables, causal=causal, return_lse=return_lse, q_scale=q_scale, k_scale=k_scale,
-        v_scale=v_scale, batch_offsets_q=offsets_q, batch_offsets_o=offsets_o, batch_offsets_k=offsets_k,
-        batch_offsets_v=offsets_v, batch_offsets_units=units, out=out, lse=lse, is_cuda_graph_compatible=cuda_graph,
-        o_data_type=o_data_type), _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
 
 
 def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, seq_kv, block_tables, return_lse,
@@ -167,7 +125,7 @@ def _on_device(lengths, q):
     return lengths
 
 
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     return AttentionProblem(
         entry=ENTRY, phase="decode" if spec.max_token_per_sequence == 1 else "prefill",
         kv_storage="paged" if d.paged else "ragged", kv_layout="HND" if d.paged else "NHD",
@@ -175,15 +133,7 @@ def _problem(spec, d, args: dict) -> AttentionProblem:
         q_dtype=dtype_name(spec.q.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size if d.paged else 0, causal=spec.causal, return_lse=spec.return_lse,
         cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
-        sizes=_size(args) or ())
-
-
-def _size(args: dict):
-    return B.size_key(B.rows(args["actual_seq_lens_kv"]), args["max_token_per_sequence"], args["max_sequence_kv"])
-
-
-def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (args["max_token_per_sequence"] == 1, _size(args))
+        sizes=size)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -265,3 +215,183 @@ def _indices(q, d, tokens: bool, seq_q, seq_kv, offsets_q, offsets_k):
 
 
 ops.register_eager('cudnn_batch_prefill_with_kv_cache', cudnn_batch_prefill_with_kv_cache)
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class CudnnPrefillSpec(Spec):
+    """``cudnn_batch_prefill_with_kv_cache``: paged (block_tables) or ragged (3-D K/V) KV."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    scale: Scale
+    workspace_buffer: torch.Tensor
+    max_token_per_sequence: int
+    max_sequence_kv: int
+    actual_seq_lens_q: Optional[torch.Tensor] = None
+    actual_seq_lens_kv: Optional[torch.Tensor] = None
+    block_tables: Optional[torch.Tensor] = None
+    causal: bool
+    return_lse: bool
+    q_scale: Optional[Scale] = None
+    k_scale: Optional[Scale] = None
+    v_scale: Optional[Scale] = None
+    batch_offsets_q: Optional[torch.Tensor] = None
+    batch_offsets_o: Optional[torch.Tensor] = None
+    batch_offsets_k: Optional[torch.Tensor] = None
+    batch_offsets_v: Optional[torch.Tensor] = None
+    batch_offsets_units: Units = "elements"
+    out: Optional[torch.Tensor] = None
+    lse: Optional[torch.Tensor] = None
+    is_cuda_graph_compatible: bool = False
+    o_data_type: Any = None
+
+    def derive(self):
+        need_query("q", self.q)
+        d = SimpleNamespace(paged=self.block_tables is not None, hq=self.q.shape[1], total_q=self.q.shape[0])
+        rank = 4 if d.paged else 3
+        need_tensor("k_cache", self.k_cache, ranks=(rank,))
+        need_tensor("v_cache", self.v_cache, ranks=(rank,))
+        if d.paged:  # (pages, Hkv, P, D) by index, whatever the strides: a permuted view
+            d.k, d.v = paged_nhd(self.k_cache, "HND", False), paged_nhd(self.v_cache, "HND", False)
+            d.pages, d.page_size = d.k.shape[0], d.k.shape[1]
+        else:
+            d.k, d.v = self.k_cache, self.v_cache
+        d.hkv, d.dqk, d.dvo = d.k.shape[-2], d.k.shape[-1], d.v.shape[-1]
+        d.out_dtype = out_dtype_of(self.q.dtype, self.o_data_type if self.o_data_type is not None else
+                                   (self.out.dtype if self.out is not None else None))
+        d.batch = self._batch_size()
+        d.tokens = self.batch_offsets_units == "tokens"
+        return d
+
+    def _batch_size(self) -> int:
+        """The batch size most arguments agree on, so a wrong one is the one blamed."""
+        counts = [t.shape[0] for t in (self.block_tables, self.actual_seq_lens_kv, self.actual_seq_lens_q)
+                  if isinstance(t, torch.Tensor) and t.dim()]
+        counts += [t.shape[0] - 1 for t in (self.batch_offsets_q, self.batch_offsets_k)
+                   if isinstance(t, torch.Tensor) and t.dim()]
+        return max(counts, key=counts.count) if counts else 1
+
+    def static_checks(self, d):
+        q, dev = self.q, self.q.device
+        if self.batch_offsets_units not in ("elements", "tokens"):
+            raise bad("batch_offsets_units", self.batch_offsets_units, "'elements' or 'tokens'")
+        for name, t in (("k_cache", self.k_cache), ("v_cache", self.v_cache)):
+            need_tensor(name, t, device=dev)
+            need_kv_dtype(name, t, q.dtype)
+            if t.stride(-1) != 1:
+                raise bad(f"{name}.stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
+        if d.dqk != q.shape[2]:
+            raise bad("k_cache head_dim", d.dqk, f"{q.shape[2]} = q.shape[2]")
+        if self.k_cache.dtype != self.v_cache.dtype:
+            raise bad("v_cache.dtype", self.v_cache.dtype, f"{dtype_name(self.k_cache.dtype)}, the dtype of k_cache")
+        need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
+        if d.out_dtype not in OUT_DTYPES:  # blame the argument the dtype came from
+            raise bad("o_data_type" if self.o_data_type is not None else "out.dtype", d.out_dtype,
+                      "float16, bfloat16, float32 or an fp8 dtype")
+        for name in ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q",
+                     "batch_offsets_o", "batch_offsets_k", "batch_offsets_v"):
+            if getattr(self, name) is not None:
+                need_index(name, getattr(self, name), None, dev)
+        if d.paged and self.actual_seq_lens_kv is None:
+            raise bad("actual_seq_lens_kv", None, "a (B,1,1,1) int32 tensor (required with block_tables)")
+        if not d.paged and self.batch_offsets_k is None and self.actual_seq_lens_kv is None:
+            raise bad("batch_offsets_k", None, "a (B+1,) offsets tensor or actual_seq_lens_kv (ragged K/V)")
+
+    def size_checks(self, d):
+        dev, b = self.q.device, d.batch
+        if d.v.shape[:-1] != d.k.shape[:-1]:  # pages / KV rows vary per call: checked here
+            raise bad("v_cache.shape", tuple(self.v_cache.shape), f"the leading dims of k_cache {tuple(self.k_cache.shape)}")
+        need_int("max_token_per_sequence", self.max_token_per_sequence, 1)
+        need_int("max_sequence_kv", self.max_sequence_kv, 1)
+        for name in ("actual_seq_lens_q", "actual_seq_lens_kv"):
+            if getattr(self, name) is not None:
+                need_index(name, getattr(self, name), b, dev, lens_shapes(b))
+        for name in ("batch_offsets_q", "batch_offsets_o", "batch_offsets_k", "batch_offsets_v"):
+            if getattr(self, name) is not None:
+                need_index(name, getattr(self, name), b + 1, dev, offsets_shapes(b))
+        # Absent batch offsets mean packed rows: derived from actual_seq_lens_q (the seed marks
+        # them optional); without lengths either, one request must own every row.
+        if b > 1 and self.batch_offsets_q is None and self.actual_seq_lens_q is None:
+            raise bad("actual_seq_lens_q", None, f"a (B,) int32 tensor or batch_offsets_q when B={b} > 1")
+        if d.paged:
+            need_tensor("block_tables", self.block_tables, ranks=(2,))
+            if self.block_tables.shape[0] != b:
+                raise bad("block_tables.shape", tuple(self.block_tables.shape), f"({b}, max_pages)")
+        for name in ("scale", "q_scale", "k_scale", "v_scale"):
+            check_scale(name, getattr(self, name), dev, values=False)
+        need_out(self.out, (d.total_q, d.hq, d.dvo), d.out_dtype, dev)
+        need_out(self.lse, (b, self.max_token_per_sequence, d.hq), torch.float32, dev,
+                 name="lse", shape_text=f"(B={b}, max_token_per_sequence={self.max_token_per_sequence}, "
+                 f"num_qo_heads={d.hq})")
+
+    def value_checks(self, d):
+        d.qo = self._qo_tokens(d)
+        q_lens = [y - x for x, y in zip(d.qo[:-1], d.qo[1:])]
+        if self.actual_seq_lens_q is not None and host_ints(self.actual_seq_lens_q) != q_lens:
+            raise bad("actual_seq_lens_q", host_ints(self.actual_seq_lens_q), f"the lengths of batch_offsets_q: {q_lens}")
+        if max(q_lens, default=0) > self.max_token_per_sequence:
+            raise bad("max_token_per_sequence", self.max_token_per_sequence, f">= the longest query ({max(q_lens)})")
+        kv_lens = host_ints(self.actual_seq_lens_kv) if self.actual_seq_lens_kv is not None else None
+        if d.paged:
+            check_paged_values(self.block_tables, self.actual_seq_lens_kv.reshape(-1), d.page_size, d.pages,
+                               lens_name="actual_seq_lens_kv")
+        else:
+            kv_lens = self._ragged_kv_values(d, kv_lens)
+        if max(kv_lens, default=0) > self.max_sequence_kv:
+            raise bad("max_sequence_kv", self.max_sequence_kv, f">= the longest KV sequence ({max(kv_lens)})")
+        for name in ("scale", "q_scale", "k_scale", "v_scale"):
+            check_scale(name, getattr(self, name), self.q.device, values=True)
+
+    def _qo_tokens(self, d) -> list[int]:
+        mult_q, mult_o = (1, 1) if d.tokens else (d.hq * d.dqk, d.hq * d.dvo)
+        if self.batch_offsets_q is None:
+            lens = host_ints(self.actual_seq_lens_q) if self.actual_seq_lens_q is not None else [d.total_q]
+            if min(lens, default=0) < 0:
+                raise bad("actual_seq_lens_q", lens, "lengths >= 0")
+            qo = [0]
+            for n in lens:  # packed rows: the prefix sums of the lengths
+                qo.append(qo[-1] + n)
+        else:
+            qo = token_offsets("batch_offsets_q", self.batch_offsets_q, mult_q)
+        check_indptr_values("batch_offsets_q (tokens)", torch.tensor(qo), d.total_q, "q.shape[0]")
+        if self.batch_offsets_o is not None and token_offsets("batch_offsets_o", self.batch_offsets_o, mult_o) != qo:
+            raise bad("batch_offsets_o", host_ints(self.batch_offsets_o),
+                      f"the same token rows as batch_offsets_q ({qo} tokens x {mult_o})")
+        return qo
+
+    def _ragged_kv_values(self, d, kv_lens):
+        mult_k, mult_v = (1, 1) if d.tokens else (d.hkv * d.dqk, d.hkv * d.dvo)
+        if kv_lens is not None and min(kv_lens, default=0) < 0:
+            raise bad("actual_seq_lens_kv", kv_lens, "lengths >= 0")
+        if self.batch_offsets_k is None:
+            kv = [0]
+            for n in kv_lens:
+                kv.append(kv[-1] + n)
+        else:
+            kv = token_offsets("batch_offsets_k", self.batch_offsets_k, mult_k)
+            check_indptr_values("batch_offsets_k (tokens)", torch.tensor(kv), None, "", start0=False)
+        if self.batch_offsets_v is not None and token_offsets("batch_offsets_v", self.batch_offsets_v, mult_v) != kv:
+            raise bad("batch_offsets_v", host_ints(self.batch_offsets_v), "the same token rows as batch_offsets_k")
+        if kv[-1] > self.k_cache.shape[0]:
+            if self.batch_offsets_k is None:  # rows packed by the lengths: the lengths are too long
+                raise bad("actual_seq_lens_kv", kv_lens, f"lengths summing to <= k_cache.shape[0]={self.k_cache.shape[0]} "
+                          f"(the K/V rows; they sum to {kv[-1]})")
+            raise bad("batch_offsets_k", kv, f"token offsets <= k_cache.shape[0]={self.k_cache.shape[0]}")
+        spans = [y - x for x, y in zip(kv[:-1], kv[1:])]
+        if kv_lens is not None and any(n > s for n, s in zip(kv_lens, spans)):
+            raise bad("actual_seq_lens_kv", kv_lens, f"lengths <= the spans of batch_offsets_k: {spans}")
+        return kv_lens if kv_lens is not None else spans
+
+
+DECLARATION = B.Declaration(
+    ENTRY, CudnnPrefillSpec, ("q", "k_cache", "v_cache", "scale", "workspace_buffer", "max_token_per_sequence",
+                              "max_sequence_kv", "actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "causal",
+                              "return_lse", "q_scale", "k_scale", "v_scale", "batch_offsets_q", "batch_offsets_o",
+                              "batch_offsets_k", "batch_offsets_v", "batch_offsets_units", "out", "lse",
+                              "is_cuda_graph_compatible", "o_data_type"),
+    problem=_problem, sizes=_sizes, unread=("workspace_buffer",),
+    size=lambda a: (B.rows(a["actual_seq_lens_kv"]), a["max_token_per_sequence"], a["max_sequence_kv"]),
+    vary={**{name: B.ALL_DIMS for name in _INDEX_ARGS}, "lse": B.ALL_DIMS},
+    per_call=("max_token_per_sequence", "max_sequence_kv", "scale", "q_scale", "k_scale", "v_scale"),
+    facts=lambda a: (a["max_token_per_sequence"] == 1,))

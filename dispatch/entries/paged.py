@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 import functools
-from typing import Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from .. import ops, specs
-from .._normalize import block_table_from_pages, cache_halves, fold_scale, paged_nhd, split_kv
+from .. import checks, ops
+from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, fold_scale, host_ints,
+                      lens_shapes, need_index, need_int, need_tensor, paged_kv_spec, paged_nhd, split_kv)
 from . import _base as B
 from ._base import UNSET
-from ._wrapper import PrefillWrapper
+from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase
 
 _RUN_PER_CALL = ("q_scale", "k_scale", "v_scale")
+
+
+_RUN_FORMS = B.Forms()  # how run() reads its lane keys
 
 
 class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
@@ -57,11 +61,13 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         paged_kv_indptr (B+1,) page prefix sums; paged_kv_indices page ids; paged_kv_last_page_len
         (B,) in [1, page_size]. Index tensors may be on the CPU or the device.
         """
+        if packed_custom_mask is not None:
+            custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
         dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
         B.required("page_size", page_size, "plan")
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
                  use_fp16_qk_reduction, False)
-        spec, d = specs.validate(specs.PagedPlanSpec, dict(
+        spec, d = checks.validate(PagedPlanSpec, dict(
             qo_indptr=qo_indptr, paged_kv_indptr=paged_kv_indptr, paged_kv_indices=paged_kv_indices,
             paged_kv_last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim_qk=dim, page_size=page_size, head_dim_vo=head_dim_vo, custom_mask=custom_mask,
@@ -82,6 +88,13 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     def _kv_shape(self) -> tuple:
         p = self._plan
         return (p.max_page_id + 1, p.page_size, p.hkv)
+
+    # the types return_lse gives (typing.overload: no runtime effect)
+    @overload
+    def run(self, q: torch.Tensor, *args: Any,
+            return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def run(self, q: torch.Tensor, *args: Any, return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
     def run(self, q: torch.Tensor, paged_kv_cache, k_scale: Optional[float] = None, v_scale: Optional[float] = None,
             return_lse: bool = False, *, q_scale=None, out: Optional[torch.Tensor] = None,
@@ -116,8 +129,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
              kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
-        lane_key = B.lane_key("paged-run", (q,) + B.kv_parts(paged_kv_cache), (
-            q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks, kv_cache_sf, overrides or None, sm_scale))
+        lane_key = _RUN_FORMS.key((q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
+                                   sinks, kv_cache_sf, overrides or None, sm_scale), None)
         lane = self._lanes.get(lane_key) if lane_key is not None else None
         if lane is not None:  # an exact repeat on this plan: nothing to check
             k, v = self._kv_views(paged_kv_cache)
@@ -128,7 +141,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         if self._known_run(key, args, _RUN_PER_CALL):
             k, v = self._kv_views(paged_kv_cache)
         else:
-            d = self._check_run(specs.PagedRunSpec, args, key)
+            d = self._check_run(PagedRunSpec, args, key)
             k, v = d.k, d.v
         if window_left is not None and window_left != self._plan.window_left:
             overrides += (("window_left", window_left),)
@@ -173,3 +186,97 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 B.seed_signature(BatchPrefillWithPagedKVCacheWrapper.__init__, {"qk_indptr_buf": None})
 B.seed_signature(BatchPrefillWithPagedKVCacheWrapper.plan, {
     "head_dim": B.REQUIRED_SHOWN, "page_size": B.REQUIRED_SHOWN, "allow_fp16_qk_reduction": False})
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class PagedPlanSpec(PlanSpecBase):
+    paged_kv_indptr: torch.Tensor
+    paged_kv_indices: torch.Tensor
+    paged_kv_last_page_len: torch.Tensor
+    page_size: int
+    block_tables: Optional[torch.Tensor] = None
+
+    def derive(self):
+        d = self.common()
+        need_int("page_size", self.page_size, 1)
+        d.qo = self.qo_host(d)
+        if d.cudnn:
+            return self._cudnn_lengths(d)
+        for name in ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"):
+            need_index(name, getattr(self, name), None, None)
+        need_index("paged_kv_indptr", self.paged_kv_indptr, d.batch + 1, None)
+        need_index("paged_kv_last_page_len", self.paged_kv_last_page_len, d.batch, None)
+        d.kv_indptr = check_indptr_values("paged_kv_indptr", self.paged_kv_indptr, None, "", start0=False)
+        if d.kv_indptr[-1] - d.kv_indptr[0] > self.paged_kv_indices.numel():
+            raise bad("paged_kv_indices.shape", tuple(self.paged_kv_indices.shape),
+                      f"at least {d.kv_indptr[-1] - d.kv_indptr[0]} page ids (paged_kv_indptr[-1])")
+        last = host_ints(self.paged_kv_last_page_len)
+        counts = [b - a for a, b in zip(d.kv_indptr[:-1], d.kv_indptr[1:])]
+        for b, (n, l) in enumerate(zip(counts, last)):
+            if n and not 1 <= l <= self.page_size:
+                raise bad(f"paged_kv_last_page_len[{b}]", l, f"in [1, page_size={self.page_size}]")
+        d.kv_lens = [(n - 1) * self.page_size + l if n else 0 for n, l in zip(counts, last)]
+        ids = self.paged_kv_indices.reshape(-1)[: d.kv_indptr[-1] - d.kv_indptr[0]]
+        d.max_page_id = int(ids.max()) if ids.numel() else -1
+        if ids.numel() and int(ids.min()) < 0:
+            raise bad("paged_kv_indices", int(ids.min()), "page ids >= 0")
+        return d
+
+    def _cudnn_lengths(self, d):
+        """backend='cudnn': lengths and pages come from seq_lens / seq_lens_q / block_tables."""
+        for name in ("seq_lens", "seq_lens_q", "block_tables"):
+            if getattr(self, name) is None:
+                raise bad(name, None, "a tensor (required by plan with backend='cudnn')")
+        need_index("seq_lens", self.seq_lens, d.batch, None, lens_shapes(d.batch))
+        need_index("seq_lens_q", self.seq_lens_q, d.batch, None, lens_shapes(d.batch))
+        need_index("block_tables", self.block_tables, None, None)
+        need_tensor("block_tables", self.block_tables, ranks=(2,))
+        q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
+        if host_ints(self.seq_lens_q) != q_lens:
+            raise bad("seq_lens_q", host_ints(self.seq_lens_q), f"the lengths of qo_indptr: {q_lens}")
+        d.kv_lens = host_ints(self.seq_lens)
+        capacity = self.block_tables.shape[1] * self.page_size
+        if any(not 0 <= n <= capacity for n in d.kv_lens):
+            raise bad("seq_lens", d.kv_lens, f"lengths in [0, {capacity}] = block_tables.shape[1] * page_size")
+        ids = self.block_tables.to("cpu", torch.int64)
+        used = torch.arange(ids.shape[1]).unsqueeze(0) < ((torch.tensor(d.kv_lens) + self.page_size - 1)
+                                                         // self.page_size).unsqueeze(1)
+        d.max_page_id = int(ids[used].max()) if used.any() else -1
+        if used.any() and int(ids[used].min()) < 0:
+            raise bad("block_tables", int(ids[used].min()), "page ids >= 0")
+        return d
+
+
+class PagedRunSpec(RunSpecBase):
+    paged_kv_cache: Any
+    window_left: Optional[int] = None
+
+    def derive(self):
+        p = self.planned
+        if p.cudnn:  # cuDNN reads (pages, Hkv, P, D) whatever the wrapper's kv_layout
+            return paged_kv_spec(self.paged_kv_cache, "HND", allow_squeezed=False, name="paged_kv_cache")
+        return paged_kv_spec(self.paged_kv_cache, p.layout, allow_squeezed=True, name="paged_kv_cache")
+
+    def static_checks(self, d):
+        p = self.planned
+        self.q_checks(d)
+        if d.k.device != self.q.device:
+            raise bad("paged_kv_cache.device", d.k.device, f"{self.q.device}, the device of q")
+        if d.kv_dtype != p.kv_dtype:
+            raise bad("paged_kv_cache.dtype", d.kv_dtype, f"{p.kv_dtype} (plan's kv_data_type)")
+        got = (d.page_size, d.hkv, d.dqk, d.dvo)
+        if got != (p.page_size, p.hkv, p.dqk, p.dvo):
+            cache = self.paged_kv_cache
+            shape = tuple(cache.shape) if isinstance(cache, torch.Tensor) else tuple(tuple(t.shape) for t in cache)
+            raise bad("paged_kv_cache.shape", shape, f"(page_size, num_kv_heads, head_dim_qk, head_dim_vo) = "
+                      f"{(p.page_size, p.hkv, p.dqk, p.dvo)} as planned, in the {p.layout} layout (got {got} "
+                      f"from K/V of shape {tuple(d.k.shape)} as (pages, page_size, heads, dim))")
+        if self.window_left is not None and self.window_left != p.window_left and p.backend != "trtllm-gen":
+            raise bad("window_left", self.window_left, f"None or {p.window_left} (the planned value)")
+
+    def size_checks(self, d):
+        self.io_checks(d)
+        if self.planned.max_page_id >= d.pages:
+            name = "block_tables" if self.planned.cudnn else "paged_kv_indices"
+            raise bad(f"{name} (planned)", self.planned.max_page_id, f"page ids < {d.pages}, the pages of "
+                      f"paged_kv_cache (shape[0]={d.pages}): re-plan, or pass the whole cache")

@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 import functools
-from typing import Optional, Union
+from types import SimpleNamespace
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from .. import ops, specs
-from .._normalize import bad, fold_scale
+from .. import checks, ops
+from ..checks import Scale, bad, check_indptr_values, fold_scale, host_ints, need_index, need_tensor
 from . import _base as B
 from ._base import UNSET
-from ._wrapper import PrefillWrapper
+from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase
 
 _RUN_PER_CALL = ("q_scale", "k_scale", "v_scale", "o_scale")
+
+
+_RUN_FORMS = B.Forms()  # how run() reads its lane keys
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
@@ -47,10 +51,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
         qo_indptr, kv_indptr: (B+1,) int32 prefix sums, on the CPU or the device.
         """
+        if packed_custom_mask is not None:
+            custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
         dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
                  use_fp16_qk_reduction, False)
-        spec, d = specs.validate(specs.RaggedPlanSpec, dict(
+        spec, d = checks.validate(RaggedPlanSpec, dict(
             qo_indptr=qo_indptr, kv_indptr=kv_indptr, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim_qk=dim, head_dim_vo=head_dim_vo, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
             causal=causal, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
@@ -66,6 +72,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
     def _kv_shape(self) -> tuple:
         p = self._plan
         return (p.total_kv, p.hkv)
+
+    # the types return_lse gives (typing.overload: no runtime effect)
+    @overload
+    def run(self, q: torch.Tensor, *args: Any,
+            return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def run(self, q: torch.Tensor, *args: Any, return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False, *, q_scale=None,
             k_scale=None, v_scale=None, o_scale=None, out: Optional[torch.Tensor] = None,
@@ -93,8 +106,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, overrides,
              sm_scale: Optional[float] = None):
-        lane_key = B.lane_key("ragged-run", (q, k, v), (
-            q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf, overrides or None, sm_scale))
+        lane_key = _RUN_FORMS.key((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf,
+                                   overrides or None, sm_scale), None)
         lane = self._lanes.get(lane_key) if lane_key is not None else None
         if lane is not None:  # an exact repeat on this plan: nothing to check
             return self._go(lane, q, k, v, out, lse, return_lse, None)
@@ -102,7 +115,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
                     lse=lse, return_lse=return_lse, kv_cache_sf=kv_cache_sf)
         key = B.call_key("ragged-run", args, None, _RUN_PER_CALL) + (overrides,)
         if not self._known_run(key, args, _RUN_PER_CALL):
-            self._check_run(specs.RaggedRunSpec, args, key)
+            self._check_run(RaggedRunSpec, args, key)
         base = self._plan.sm_scale if sm_scale is None else sm_scale
         if isinstance(o_scale, (int, float)) and o_scale == 0:
             raise bad("o_scale", o_scale, "a non-zero finite float (the output is divided by it)")
@@ -138,3 +151,59 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 B.seed_signature(BatchPrefillWithRaggedKVCacheWrapper.__init__, {"qk_indptr_buf": None})
 B.seed_signature(BatchPrefillWithRaggedKVCacheWrapper.plan, {"head_dim": B.REQUIRED_SHOWN,
                                                             "allow_fp16_qk_reduction": False})
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class RaggedPlanSpec(PlanSpecBase):
+    kv_indptr: torch.Tensor
+    v_indptr: Optional[torch.Tensor] = None
+    o_indptr: Optional[torch.Tensor] = None
+
+    def derive(self):
+        d = self.common()
+        d.qo = self.qo_host(d)
+        need_index("kv_indptr", self.kv_indptr, d.batch + 1, None)
+        kv = check_indptr_values("kv_indptr", self.kv_indptr, None, "", start0=not d.cudnn)
+        if d.cudnn:
+            kv = self._cudnn_units(d, kv)
+        d.kv_indptr = kv
+        d.kv_lens = [b - a for a, b in zip(kv[:-1], kv[1:])]
+        return d
+
+    def _cudnn_units(self, d, kv):
+        mult = d.hkv * d.dqk
+        if any(v % mult for v in kv):
+            raise bad("kv_indptr", kv, f"element offsets (multiples of num_kv_heads*head_dim_qk={mult}) with backend='cudnn'")
+        kv = [v // mult for v in kv]
+        for name, t, m, ref in (("v_indptr", self.v_indptr, d.hkv * d.dvo, kv),
+                                ("o_indptr", self.o_indptr, d.hq * d.dvo, d.qo)):
+            if t is not None:
+                vals = host_ints(t)
+                if len(vals) != len(ref) or [v // m for v in vals] != ref or any(v % m for v in vals):
+                    raise bad(name, vals, f"element offsets of the same rows as the q/kv indptrs ({ref} x {m})")
+        return kv
+
+
+class RaggedRunSpec(RunSpecBase):
+    k: torch.Tensor
+    v: torch.Tensor
+    o_scale: Optional[Scale] = None
+
+    def derive(self):
+        return SimpleNamespace()
+
+    def static_checks(self, d):
+        p = self.planned
+        self.q_checks(d)
+        for name, t, dim in (("k", self.k, p.dqk), ("v", self.v, p.dvo)):
+            need_tensor(name, t, ranks=(3,), device=self.q.device)
+            if t.dtype != p.kv_dtype:
+                raise bad(f"{name}.dtype", t.dtype, f"{p.kv_dtype} (plan's kv_data_type)")
+            if tuple(t.shape[1:]) != (p.hkv, dim) or t.stride(-1) != 1:
+                raise bad(f"{name}.shape", tuple(t.shape), f"(n, {p.hkv}, {dim}) with a unit last stride")
+
+    def size_checks(self, d):
+        self.io_checks(d)
+        for name, t in (("k", self.k), ("v", self.v)):
+            if t.shape[0] < self.planned.total_kv:
+                raise bad(f"{name}.shape", tuple(t.shape), f">= {self.planned.total_kv} rows (plan's kv_indptr[-1])")

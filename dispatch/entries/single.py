@@ -7,19 +7,28 @@ from __future__ import annotations
 import functools
 import math
 from types import SimpleNamespace
-from typing import Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
 from .. import ops, policy
-from .._normalize import unpack_bits, uniform_indptr, fold_scale
+from ..checks import (Layout, OUT_DTYPES, PosMode, Scale, Spec, bad, check_scale, fold_scale, need_finite, need_heads,
+                      need_kv_dtype, need_query, need_soft_cap, need_tensor, need_window, out_dtype_of, uniform_indptr,
+                      unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
-from ..specs import SinglePrefillSpec
 from . import _base as B
 from ._base import UNSET
 
 ENTRY = "single_prefill_with_kv_cache"
-_PER_CALL = ("sm_scale", "k_scale", "v_scale")
+
+
+# The types return_lse gives (typing.overload: no runtime effect; the signature is the seed's below)
+@overload
+def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
+                                 return_lse: Literal[True], **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
+                                 return_lse: Literal[False] = ..., **kwargs: Any) -> torch.Tensor: ...
 
 
 def single_prefill_with_kv_cache(
@@ -52,8 +61,9 @@ def single_prefill_with_kv_cache(
     base 2 when ``return_lse``. ``allow_fp16_qk_reduction`` is a speed hint and never lowers
     precision here. Per-head fp8 ``scale_q/k/v`` and NVFP4 ``kv_cache_sf`` are refused.
     """
-    B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
-             use_fp16_qk_reduction, False)
+    if use_fp16_qk_reduction is not UNSET:  # a speed hint; given twice is an error
+        B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
+                 use_fp16_qk_reduction, False)
     if torch.compiler.is_compiling() and scale_q is None and scale_k is None and scale_v is None \
             and kv_cache_sf is None:
         (k1, k2), (v1, v2) = ops.split_scale(k_scale), ops.split_scale(v_scale)
@@ -61,31 +71,24 @@ def single_prefill_with_kv_cache(
                                       sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, return_lse,
                                       backend, k1, k2, v1, v2, o_dtype)
         return (out, lse) if return_lse else out
-    explicit = policy.explicit_choice(backend)
     if packed_custom_mask is not None:
         custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
     elif isinstance(custom_mask, torch.Tensor) and custom_mask.dim() == 1:
         custom_mask = _unflatten_mask(custom_mask, q, k, kv_layout)
-    hot = _hot_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                   window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v,
-                   o_dtype, kv_cache_sf, k_scale, v_scale, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale,
-                     window_left, logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v,
-                     o_dtype, kv_cache_sf, k_scale, v_scale, explicit, hot)
+    lane = DECLARATION.lane((q, k, v, scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
+                             kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap, rope_scale,
+                             rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), policy.explicit_choice(backend))
     z = lane.sizes
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
-    device = q.device
-    out = torch.empty(z.qo_len, z.hq, z.dvo, dtype=z.out_dtype, device=device)
-    lse = torch.empty(z.qo_len, z.hq, dtype=torch.float32, device=device) if return_lse else None
+    out = torch.empty(z.qo_len, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
+    lse = torch.empty(z.qo_len, z.hq, dtype=torch.float32, device=q.device) if return_lse else None
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     batch = AttentionBatch(q, k, v, z.qo_indptr, z.kv_lens, out, 1, z.qo_len, z.kv_len,
                            z.sm_scale if k_scale is None else fold_scale(z.sm_scale, k_scale),
                            1.0 if v_scale is None else fold_scale(1.0, v_scale), z.kv_indptr, None, lse, None,
                            _flat_mask(custom_mask, packed_custom_mask, z), z.mask_indptr, None, B.NO_EXTRAS)
-    B.remember(single_prefill_with_kv_cache, lane.launch(batch))
+    lane.launch(batch)
     return (out, lse) if return_lse else out
 
 
@@ -93,44 +96,6 @@ B.seed_signature(single_prefill_with_kv_cache, {"allow_fp16_qk_reduction": False
                                                 "use_fp16_qk_reduction": None})
 ops.register_eager("single_prefill_with_kv_cache", single_prefill_with_kv_cache)
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
-
-
-def _hot_key(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
-             logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v, o_dtype, kv_cache_sf,
-             k_scale, v_scale, explicit) -> Optional[tuple]:
-    """The short key of a default-option call (no mask, scales, soft cap or RoPE; a float or no
-    sm_scale), or None: each value it holds is of a fixed type, so it maps to one full key."""
-    if not (custom_mask is None and packed_custom_mask is None and scale_q is None and scale_k is None
-            and scale_v is None and o_dtype is None and kv_cache_sf is None and k_scale is None and v_scale is None
-            and logits_soft_cap is None and rope_scale is None and rope_theta is None and pos_encoding_mode == "NONE"
-            and (sm_scale is None or type(sm_scale) is float) and type(window_left) is int and type(causal) is bool
-            and type(return_lse) is bool and type(kv_layout) is str and type(q) is _T and type(k) is _T
-            and type(v) is _T and B.lanes_open(q)):
-        return None
-    return (ENTRY, explicit, policy.strict_mode(), causal, kv_layout, sm_scale, window_left, return_lse,
-            q.dtype, q.device, q.shape, q.stride(), k.dtype, k.device, k.shape, k.stride(),
-            v.dtype, v.device, v.shape, v.stride())
-
-
-_T = torch.Tensor
-
-
-def _lane(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode, sm_scale, window_left,
-          logits_soft_cap, rope_scale, rope_theta, return_lse, scale_q, scale_k, scale_v, o_dtype, kv_cache_sf,
-          k_scale, v_scale, explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (q, k, v), (scale_q, scale_k, scale_v, o_dtype, custom_mask, packed_custom_mask, causal,
-                                        kv_layout, pos_encoding_mode, sm_scale, window_left, logits_soft_cap,
-                                        rope_scale, rope_theta, return_lse, kv_cache_sf, k_scale, v_scale), explicit)
-    lane = B.lane(key, SinglePrefillSpec, lambda: dict(
-        q=q, k=k, v=v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, o_dtype=o_dtype, custom_mask=custom_mask,
-        packed_custom_mask=packed_custom_mask, causal=causal, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
-        sm_scale=sm_scale, window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
-        rope_theta=rope_theta, return_lse=return_lse, kv_cache_sf=kv_cache_sf, k_scale=k_scale, v_scale=v_scale),
-        _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
 
 
 def _unflatten_mask(mask: torch.Tensor, q, k, kv_layout) -> torch.Tensor:
@@ -148,11 +113,11 @@ _HND_ROWS = (1,)  # (num_kv_heads, kv_len, head_dim): kv_len varies
 
 
 def _vary(args: dict) -> dict:
-    kv_dim = _HND_ROWS if args["kv_layout"] == "HND" else B.ROWS
+    kv_dim = _HND_ROWS if _hnd(args) else B.ROWS
     return {"k": kv_dim, "v": kv_dim, "custom_mask": B.ALL_DIMS, "packed_custom_mask": B.ALL_DIMS}
 
 
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     masked = spec.custom_mask is not None or spec.packed_custom_mask is not None
     return AttentionProblem(
         entry=ENTRY, phase="decode" if d.qo_len == 1 else "prefill", kv_storage="dense", kv_layout=spec.kv_layout,
@@ -161,18 +126,16 @@ def _problem(spec, d, args: dict) -> AttentionProblem:
         causal=spec.causal, window_left=spec.window_left, mask="custom" if masked else "none",
         logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
         rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
-        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
-        sizes=_size(args) or ())
+        return_lse=spec.return_lse, device_type="cpu" if spec.q.device.type == "cpu" else "cuda", sizes=size)
 
 
-def _size(args: dict):
-    return B.size_key(1, B.rows(args["q"]), B.rows(args["k"], 1 if args["kv_layout"] == "HND" else 0))
+def _size(args: dict) -> tuple:
+    return 1, B.rows(args["q"]), B.rows(args["k"], 1 if _hnd(args) else 0)
 
 
-def _call_key(args: dict) -> tuple:
-    if not isinstance(args["kv_layout"], str):
-        return (ENTRY, None)
-    return B.call_key(ENTRY, args, _vary(args), _PER_CALL) + (_size(args),)
+def _hnd(args: dict) -> bool:
+    layout = args["kv_layout"]  # any value: the spec names a bad one
+    return type(layout) is str and layout == "HND"
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -194,3 +157,97 @@ def _flat_mask(custom_mask, packed_custom_mask, z) -> Optional[torch.Tensor]:
         n = z.qo_len * z.kv_len
         return unpack_bits(packed_custom_mask, [(n + 7) // 8], [n])
     return None
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class SinglePrefillSpec(Spec):
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale_q: Optional[torch.Tensor] = None
+    scale_k: Optional[torch.Tensor] = None
+    scale_v: Optional[torch.Tensor] = None
+    o_dtype: Any = None
+    custom_mask: Optional[torch.Tensor] = None
+    packed_custom_mask: Optional[torch.Tensor] = None
+    causal: bool = False
+    kv_layout: Layout = "NHD"
+    pos_encoding_mode: PosMode = "NONE"
+    sm_scale: Optional[float] = None
+    window_left: int = -1
+    logits_soft_cap: Optional[float] = None
+    rope_scale: Optional[float] = None
+    rope_theta: Optional[float] = None
+    backend: str = "auto"
+    return_lse: bool = False
+    kv_cache_sf: Any = None
+    k_scale: Optional[Scale] = None
+    v_scale: Optional[Scale] = None
+
+    def derive(self):
+        need_query("q", self.q)
+        need_tensor("k", self.k, ranks=(3,))
+        need_tensor("v", self.v, ranks=(3,))
+        k = self.k.transpose(0, 1) if self.kv_layout == "HND" else self.k
+        v = self.v.transpose(0, 1) if self.kv_layout == "HND" else self.v
+        out_dtype = out_dtype_of(self.q.dtype, self.o_dtype)
+        return SimpleNamespace(k=k, v=v, qo_len=self.q.shape[0], kv_len=k.shape[0], hq=self.q.shape[1],
+                               hkv=k.shape[1], dqk=k.shape[2], dvo=v.shape[2], out_dtype=out_dtype)
+
+    def static_checks(self, d):
+        q, dev = self.q, self.q.device
+        for name in ("scale_q", "scale_k", "scale_v"):
+            if getattr(self, name) is not None:
+                raise bad(name, getattr(self, name), "None (per-head fp8 scales are not supported; "
+                          "pass the scalar k_scale / v_scale)")
+        if self.kv_cache_sf is not None:
+            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+        for name, t in (("k", self.k), ("v", self.v)):
+            need_tensor(name, t, device=dev)
+            need_kv_dtype(name, t, q.dtype)
+            if t.stride(-1) != 1:
+                raise bad(f"{name}.stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
+        if d.dqk != q.shape[2]:
+            raise bad("k.shape", tuple(self.k.shape), f"head_dim {q.shape[2]} = q.shape[2]")
+        if self.v.dtype != self.k.dtype:
+            raise bad("v.dtype", self.v.dtype, f"{dtype_name(self.k.dtype)}, the dtype of k")
+        need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
+        if d.out_dtype not in OUT_DTYPES:
+            raise bad("o_dtype", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        need_window(self.window_left)
+        need_soft_cap(self.logits_soft_cap)
+        need_finite("rope_scale", self.rope_scale, positive=True)
+        need_finite("rope_theta", self.rope_theta, positive=True)
+
+    def size_checks(self, d):
+        # Per call: kv_len and sm_scale vary from call to call, so the cache key leaves them out.
+        dev = self.q.device
+        need_finite("sm_scale", self.sm_scale)
+        if d.v.shape[:2] != d.k.shape[:2]:
+            raise bad("v.shape", tuple(self.v.shape), f"the leading dims of k {tuple(self.k.shape)} "
+                      f"(kv_len and num_kv_heads in the {self.kv_layout} layout)")
+        if self.custom_mask is not None and self.packed_custom_mask is not None:
+            raise bad("packed_custom_mask", self.packed_custom_mask, "None when custom_mask is given (pass one)")
+        if self.custom_mask is not None:
+            need_tensor("custom_mask", self.custom_mask, dtypes=(torch.bool,), device=dev)
+            if tuple(self.custom_mask.shape) != (d.qo_len, d.kv_len):
+                raise bad("custom_mask.shape", tuple(self.custom_mask.shape), f"({d.qo_len}, {d.kv_len}) = (qo_len, kv_len)")
+        if self.packed_custom_mask is not None:
+            need_tensor("packed_custom_mask", self.packed_custom_mask, ranks=(1,), dtypes=(torch.uint8,), device=dev)
+            nbytes = (d.qo_len * d.kv_len + 7) // 8
+            if self.packed_custom_mask.numel() != nbytes:
+                raise bad("packed_custom_mask.shape", tuple(self.packed_custom_mask.shape), f"({nbytes},)")
+        check_scale("k_scale", self.k_scale, dev, values=False)
+        check_scale("v_scale", self.v_scale, dev, values=False)
+
+    def value_checks(self, d):
+        check_scale("k_scale", self.k_scale, self.q.device, values=True)
+        check_scale("v_scale", self.v_scale, self.q.device, values=True)
+
+
+DECLARATION = B.Declaration(
+    ENTRY, SinglePrefillSpec, ("q", "k", "v", "scale_q", "scale_k", "scale_v", "o_dtype", "custom_mask",
+                               "packed_custom_mask", "causal", "kv_layout", "pos_encoding_mode", "sm_scale",
+                               "window_left", "logits_soft_cap", "rope_scale", "rope_theta", "return_lse",
+                               "kv_cache_sf", "k_scale", "v_scale"),
+    problem=_problem, sizes=_sizes, size=_size, vary=_vary, per_call=("sm_scale", "k_scale", "v_scale"))

@@ -6,19 +6,18 @@ is NOT applied again. ``seq_lens`` (uint32 or int32) include the draft tokens.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
 from .. import ops, policy
-from .._normalize import uniform_indptr
+from ..checks import (Layout, OUT_DTYPES, Scale, Spec, bad, check_indptr_values, check_paged_values, check_scale,
+                      need_finite, need_index, need_int, need_kv_static, need_out, need_query, need_sinks, need_tensor,
+                      need_window, paged_kv_spec, uniform_indptr)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
-from ..specs import XqaDecodeSpec
 from . import _base as B
 
 ENTRY = "xqa_batch_decode_with_kv_cache"
-_PER_CALL = ("max_seq_len", "bmm1_scale", "bmm2_scale", "o_scale")
-_VARY = {"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "mask": B.ALL_DIMS, "q_cu_seq_lens": B.ALL_DIMS}
 
 
 def xqa_batch_decode_with_kv_cache(
@@ -57,15 +56,9 @@ def xqa_batch_decode_with_kv_cache(
     seq_lens = B.int32_lengths(seq_lens)
     if sinks is not None:
         sinks = B.sinks_tensor(sinks, query)
-    explicit = policy.explicit_choice()
-    hot = _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-                   window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
-                   q_cu_seq_lens, explicit)
-    lane = B.HOT_LANES.get(hot) if hot is not None else None
-    if lane is None:
-        lane = _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-                     window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf,
-                     q_cu_seq_lens, explicit, hot)
+    lane = DECLARATION.lane((query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale,
+                             bmm2_scale, window_left, out, sinks, kv_layout, q_len_per_req, o_scale, mask, kv_cache_sf,
+                             q_cu_seq_lens), policy.explicit_choice())
     k, v = B.paged_kv(kv_cache, kv_layout)
     z = lane.sizes
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
@@ -74,56 +67,11 @@ def xqa_batch_decode_with_kv_cache(
         out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=query.device),
         z.batch, q_len_per_req, max_seq_len, bmm1_scale, bmm2_scale, None, block_tables, None, sinks, None, None,
         mask if q_len_per_req > 1 else None, B.NO_EXTRAS)
-    B.remember(xqa_batch_decode_with_kv_cache, lane.launch(batch))
+    lane.launch(batch)
     return batch.out
 
 
-def _hot_key(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-             window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens,
-             explicit) -> Optional[tuple]:
-    """The short key of a default-option decode call (float scales, an NHD cache, no out, sinks,
-    window or mask), or None: every value it holds is of a fixed type, so it maps to one full key."""
-    if not (out is None and sinks is None and mask is None and kv_cache_sf is None and q_cu_seq_lens is None
-            and window_left == -1 and type(window_left) is int and q_len_per_req == 1 and type(q_len_per_req) is int
-            and kv_layout == "NHD" and type(bmm1_scale) is float and type(bmm2_scale) is float
-            and type(o_scale) is float and type(max_seq_len) is int and (enable_pdl is None or type(enable_pdl) is bool)
-            and type(query) is _T and type(workspace_buffer) is _T and type(block_tables) is _T
-            and type(seq_lens) is _T and B.lanes_open(query)):
-        return None
-    if type(kv_cache) is _T and kv_cache.dim() == 5 and kv_cache.shape[1] == 2:
-        kv = (kv_cache,)
-    elif type(kv_cache) is tuple and len(kv_cache) == 2 and type(kv_cache[0]) is _T and type(kv_cache[1]) is _T:
-        kv = kv_cache
-    else:
-        return None
-    key = [explicit, policy.strict_mode(), max_seq_len, bmm1_scale, bmm2_scale, o_scale, enable_pdl, len(kv)]
-    for t in (query, block_tables, seq_lens) + kv:  # the workspace: its type only (nothing reads it)
-        key += (t.dtype, t.device, t.shape, t.stride())
-    return tuple(key)
-
-
-_T = torch.Tensor
-
-
-def _lane(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-          window_left, out, sinks, kv_layout, enable_pdl, q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens,
-          explicit, hot) -> B.Lane:
-    """The call's lane by its full key (checked once per call key); kept under ``hot`` too."""
-    key = B.lane_key(ENTRY, (query, workspace_buffer, block_tables, seq_lens) + B.kv_parts(kv_cache),
-                     (max_seq_len, bmm1_scale, bmm2_scale, window_left, out, sinks, kv_layout, enable_pdl,
-                      q_len_per_req, o_scale, mask, kv_cache_sf, q_cu_seq_lens), explicit)
-    lane = B.lane(key, XqaDecodeSpec, lambda: dict(
-        query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, block_tables=block_tables,
-        seq_lens=seq_lens, max_seq_len=max_seq_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale,
-        window_left=window_left, out=out, sinks=sinks, kv_layout=kv_layout, q_len_per_req=q_len_per_req,
-        o_scale=o_scale, mask=mask, kv_cache_sf=kv_cache_sf, q_cu_seq_lens=q_cu_seq_lens),
-        _call_key, _problem, _sizes, explicit)
-    if hot is not None and key is not None:
-        B.HOT_LANES.put(hot, lane)
-    return lane
-
-
-def _problem(spec, d, args: dict) -> AttentionProblem:
+def _problem(spec, d, size: tuple) -> AttentionProblem:
     spec_decode = spec.q_len_per_req > 1
     return AttentionProblem(
         entry=ENTRY, phase="spec_decode" if spec_decode else "decode", kv_storage="paged", kv_layout=spec.kv_layout,
@@ -132,15 +80,7 @@ def _problem(spec, d, args: dict) -> AttentionProblem:
         page_size=d.page_size, causal=not spec_decode, window_left=spec.window_left,
         mask="spec_bits" if spec_decode else "none", has_sinks=spec.sinks is not None,
         q_len_per_req=spec.q_len_per_req if spec_decode and spec.q_cu_seq_lens is None else 0,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=_size(args) or ())
-
-
-def _size(args: dict):
-    return B.size_key(B.rows(args["block_tables"]), args["q_len_per_req"], args["max_seq_len"])
-
-
-def _call_key(args: dict) -> tuple:
-    return B.call_key(ENTRY, args, _VARY, _PER_CALL) + (_size(args),)
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size)
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
@@ -152,3 +92,117 @@ def _sizes(args: dict, d) -> SimpleNamespace:
 
 
 ops.register_eager('xqa_batch_decode_with_kv_cache', xqa_batch_decode_with_kv_cache)
+
+
+# -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
+class XqaDecodeSpec(Spec):
+    """``xqa_batch_decode_with_kv_cache``: decode or spec-decode with a uint16 bit mask."""
+
+    query: torch.Tensor
+    kv_cache: Any
+    workspace_buffer: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seq_len: int
+    bmm1_scale: Scale = 1.0
+    bmm2_scale: Scale = 1.0
+    window_left: int = -1
+    out: Optional[torch.Tensor] = None
+    sinks: Optional[torch.Tensor] = None
+    kv_layout: Layout = "NHD"
+    q_len_per_req: int = 1
+    o_scale: float = 1.0
+    mask: Optional[torch.Tensor] = None
+    kv_cache_sf: Any = None
+    q_cu_seq_lens: Optional[torch.Tensor] = None
+
+    def derive(self):
+        need_query("query", self.query, dtypes=(torch.float16, torch.bfloat16, torch.float32))
+        d = paged_kv_spec(self.kv_cache, self.kv_layout, allow_squeezed=False)
+        d.hq, d.total_q = self.query.shape[1], self.query.shape[0]
+        d.out_dtype = self.out.dtype if self.out is not None else self.query.dtype
+        d.batch = self._batch_size(d)
+        d.words = 2 * -(-self.q_len_per_req // 32) if isinstance(self.q_len_per_req, int) else 0
+        return d
+
+    def _batch_size(self, d) -> int:
+        """The batch size most arguments agree on (seq_lens, block_tables, the query rows or
+        q_cu_seq_lens), so the one that disagrees is the one blamed."""
+        counts = [t.shape[0] for t in (self.seq_lens, self.block_tables) if isinstance(t, torch.Tensor) and t.dim()]
+        if isinstance(self.q_cu_seq_lens, torch.Tensor) and self.q_cu_seq_lens.dim():
+            counts.append(self.q_cu_seq_lens.shape[0] - 1)
+        elif isinstance(self.q_len_per_req, int) and self.q_len_per_req > 0 and not d.total_q % self.q_len_per_req:
+            counts.append(d.total_q // self.q_len_per_req)
+        return max(counts, key=counts.count) if counts else 0
+
+    def static_checks(self, d):
+        q, dev = self.query, self.query.device
+        need_kv_static(d, q)
+        if self.kv_cache_sf is not None:
+            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+        need_int("q_len_per_req", self.q_len_per_req, 1)
+        need_window(self.window_left)
+        need_index("block_tables", self.block_tables, None, dev)
+        need_tensor("block_tables", self.block_tables, ranks=(2,))
+        need_index("seq_lens", self.seq_lens, None, dev)
+        need_tensor("seq_lens", self.seq_lens, ranks=(1,))
+        if d.out_dtype not in OUT_DTYPES:
+            raise bad("out.dtype", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
+        need_sinks(self.sinks, d.hq, dev)
+        if self.q_len_per_req > 1 and self.mask is None:
+            raise bad("mask", None, f"a uint16 spec-decode mask (required when q_len_per_req={self.q_len_per_req} > 1)")
+        if self.mask is not None:
+            need_tensor("mask", self.mask, ranks=(2,) if self.q_cu_seq_lens is not None else (3,),
+                        dtypes=(torch.uint16,), device=dev)
+        if self.q_cu_seq_lens is not None:
+            need_index("q_cu_seq_lens", self.q_cu_seq_lens, None, dev)
+            if self.q_len_per_req < 2:
+                raise bad("q_len_per_req", self.q_len_per_req, ">= 2 (the longest draft) when q_cu_seq_lens is given")
+
+    def size_checks(self, d):
+        dev, b = self.query.device, d.batch
+        need_int("max_seq_len", self.max_seq_len, 1)
+        need_finite("o_scale", self.o_scale, positive=True)  # a per-call value: not in the cache key
+        if b < 1:
+            raise bad("seq_lens.shape", tuple(self.seq_lens.shape), "(batch_size,) with batch_size >= 1")
+        if self.seq_lens.shape[0] != b:
+            raise bad("seq_lens.shape", tuple(self.seq_lens.shape), f"({b},): one length per request "
+                      f"(block_tables has {self.block_tables.shape[0]} rows, the query {d.total_q} rows)")
+        if self.block_tables.shape[0] != b:
+            raise bad("block_tables.shape", tuple(self.block_tables.shape), f"({b}, max_pages), one row per seq_lens entry")
+        if self.q_cu_seq_lens is None and d.total_q != b * self.q_len_per_req:
+            raise bad("query.shape", tuple(self.query.shape),
+                      f"({b * self.q_len_per_req}, {d.hq}, {d.dqk}) = (batch_size * q_len_per_req, heads, head_dim)")
+        if self.q_cu_seq_lens is not None:
+            need_index("q_cu_seq_lens", self.q_cu_seq_lens, b + 1, dev)
+        if self.mask is not None and self.q_len_per_req > 1:
+            want = (d.total_q, d.words) if self.q_cu_seq_lens is not None else (b, self.q_len_per_req, d.words)
+            if tuple(self.mask.shape) != want:
+                raise bad("mask.shape", tuple(self.mask.shape), f"{want} (uint16 pairs of uint32 bit words per draft row)")
+        check_scale("bmm1_scale", self.bmm1_scale, dev, values=False)
+        check_scale("bmm2_scale", self.bmm2_scale, dev, values=False)
+        need_out(self.out, (d.total_q, d.hq, d.dvo), d.out_dtype, dev)
+
+    def value_checks(self, d):
+        dev = self.query.device
+        if self.q_cu_seq_lens is not None:
+            qo = check_indptr_values("q_cu_seq_lens", self.q_cu_seq_lens, d.total_q, "query.shape[0]")
+            longest = max((b - a for a, b in zip(qo[:-1], qo[1:])), default=0)
+            if longest > self.q_len_per_req:
+                raise bad("q_len_per_req", self.q_len_per_req, f">= the longest draft ({longest} from q_cu_seq_lens)")
+        if self.seq_lens.numel() and int(self.seq_lens.max()) > self.max_seq_len:
+            raise bad("max_seq_len", self.max_seq_len, f">= max(seq_lens) = {int(self.seq_lens.max())}")
+        check_paged_values(self.block_tables, self.seq_lens, d.page_size, d.pages)
+        check_scale("bmm1_scale", self.bmm1_scale, dev, values=True)
+        check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
+
+
+DECLARATION = B.Declaration(
+    ENTRY, XqaDecodeSpec, ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_seq_len",
+                           "bmm1_scale", "bmm2_scale", "window_left", "out", "sinks", "kv_layout", "q_len_per_req",
+                           "o_scale", "mask", "kv_cache_sf", "q_cu_seq_lens"),
+    problem=_problem, sizes=_sizes, unread=("workspace_buffer",),
+    size=lambda a: (B.rows(a["block_tables"]), a["q_len_per_req"], a["max_seq_len"]),
+    vary={"block_tables": B.ALL_DIMS, "seq_lens": B.ALL_DIMS, "mask": B.ALL_DIMS, "q_cu_seq_lens": B.ALL_DIMS,
+          "sinks": B.FULL},
+    per_call=("max_seq_len", "bmm1_scale", "bmm2_scale", "o_scale"))

@@ -14,7 +14,6 @@ the seed (each key kept with probability 3/4, every query's own key kept) where 
 """
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import torch
 
 from . import cases as lab
 from ..entries import ENTRIES
+from ..entries._base import last_decision
 from ..problem import NAME_DTYPES
 from .oracle import attention_fp64, band, relative_error
 from .problems import CUDNN, PAGED, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
@@ -67,8 +67,7 @@ class Built:
         if self.wrappers:
             decision = self.wrappers[-1].decision
         else:
-            obj = ENTRIES[self.problem.entry].obj
-            decision = getattr(obj.func if isinstance(obj, functools.partial) else obj, "last_decision", None)
+            decision = last_decision()
         return None if decision is None else (decision.ran or decision.chosen)
 
     def poison(self) -> None:

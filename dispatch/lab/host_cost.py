@@ -68,7 +68,7 @@ import dispatch
 from backends import get_backend
 from dispatch import router
 from dispatch.lab import cases as lab
-from dispatch._normalize import ENV_VALIDATE
+from dispatch.checks import ENV_VALIDATE
 from dispatch.timing import time_ms
 
 ENTRIES = ("single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse",
