@@ -26,7 +26,6 @@ def explain(entry, *args, **kwargs) -> router.Decision:
     if isinstance(entry, PrefillWrapper):
         return _explain_wrapper(entry, args, kwargs)
     entry = _entry_function(entry)
-    target = entry.func if isinstance(entry, functools.partial) else entry
     with _base.dry_run():
         entry(*args, **kwargs)
         return _base.last_decision()
