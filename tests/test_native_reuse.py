@@ -15,6 +15,7 @@ from backends import get_backend
 from dispatch.lab.cases import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
 
 BAND = 1e-2
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU host the kernels run on it
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def _expected(c: dict, q: torch.Tensor, causal: bool = True, one_row: bool = Fal
 
 def _calls():
     """entry -> (call(q) -> out, the case, the query shape, whether one row per request)."""
-    c, r = paged(), ragged()
+    c, r = paged(device=DEVICE), ragged(device=DEVICE)
 
     def single(q):
         return dispatch.single_prefill_with_kv_cache(q, r["k"][: r["kv_lens"][0]], r["v"][: r["kv_lens"][0]],
@@ -100,7 +101,7 @@ def test_native_plans_once_and_launches_repeats(gpu_like, counted, entry):
         call, case, shape, one_row = _calls()[entry]
         dtype = case["q"].dtype
         for i in range(3):
-            q = torch.randn(shape, dtype=dtype)
+            q = torch.randn(shape, dtype=dtype, device=DEVICE)
             out = call(q)
             expected = _expected(case, q.double(), one_row=one_row)
             assert (out.double() - expected).norm() / expected.norm() < BAND
@@ -110,11 +111,11 @@ def test_native_plans_once_and_launches_repeats(gpu_like, counted, entry):
 def test_single_prefill_lanes_of_one_call_key_share_the_plan(gpu_like, counted):
     """Two key lengths of one size class share the call key's kept plan; each lane is served by the
     plan of its own sizes (made once) and takes its own launcher on repeats."""
-    r = ragged()
+    r = ragged(device=DEVICE)
     k, v = r["k"], r["v"]
     with dispatch.use_backend("native-triton"):
         for n in (9, 12, 9, 12, 9, 12):
-            q = torch.randn(1, *r["q"].shape[1:], dtype=r["q"].dtype)
+            q = torch.randn(1, *r["q"].shape[1:], dtype=r["q"].dtype, device=DEVICE)
             out = dispatch.single_prefill_with_kv_cache(q, k[:n], v[:n], causal=True)
             expected, _ = oracle.batch_attention_fp64([q.double()], [k[:n].double()], [v[:n].double()],
                                                       sm_scale=r["head_dim"] ** -0.5, causal=True)
