@@ -94,6 +94,10 @@ def test_fp8_kv_decode_matches_fp64_over_the_dequantized_cache(backend, entry, s
         out = run_entry(entry, backend, q, cache, table, shape[1], k_scale, v_scale)
     except (dispatch.BackendRefusedError, dispatch.NoBackendError) as exc:
         pytest.skip(f"{backend} via {entry}: {str(exc).splitlines()[0][:200]}")
+    except ValueError as exc:  # a forced backend's own argument form (cuDNN wrappers: element offsets)
+        if f"with backend={backend!r}" not in str(exc):
+            raise
+        pytest.skip(f"{backend} via {entry}: {str(exc)[-160:]}")
     ref = reference(q.cpu() if not GPU else q, cache, table, shape[1], k_scale, v_scale)
     assert not out.isnan().any()
     err = oracle.relative_error(out.double(), ref.to(out.device))

@@ -10,6 +10,7 @@ import logging
 import sys
 
 import pytest
+from pathlib import Path
 from pydantic import ValidationError
 
 import _fake_vendors as fv
@@ -102,7 +103,22 @@ def test_the_flashinfer_sentinel_record():
     assert "fixed in flashinfer 0.7.0" in d.summary()
     assert capability_db.defects_affecting("fa2", "flashinfer", "0.5.3", PREFILL.facts()) == [d]
     assert capability_db.defects_affecting("fa2", "flashinfer", "0.7.2", PREFILL.facts()) == []
-    assert capability_db.defects_affecting("xqa", "flashinfer", "0.5.3", DECODE.facts()) == []  # its own kernels
+    assert d not in capability_db.defects_affecting("xqa", "flashinfer", "0.5.3", DECODE.facts())  # its own kernels
+
+
+def test_the_measured_xqa_records():
+    """XQA's own measured defects (H200 runs, no vendor fix known): non-finite rows at extreme logits on
+    every version; its fp8 KV error recorded but inside the fp8 band, so fp8 decode keeps it a candidate."""
+    records = {d.id: d for d in capability_db.known_defects()}
+    nonfinite, fp8 = records["xqa-nonfinite-at-extreme-logits"], records["xqa-fp8-kv-quantized-query"]
+    assert nonfinite.report and nonfinite.versions.fixed is None
+    assert capability_db.defects_affecting("xqa", "flashinfer", "0.7.2", DECODE.facts()) == [nonfinite]
+    assert fp8.measured_error < CONTRACT_BANDS["fp8"]
+    fp8_decode = make_problem(device_type="cuda", phase="decode", head_dim_qk=128, head_dim_vo=128,
+                              kv_dtype="float8_e4m3fn")
+    assert fp8 not in capability_db.defects_affecting("xqa", "flashinfer", "0.7.2", fp8_decode.facts())
+    for path in (nonfinite.report, fp8.report):
+        assert (Path(__file__).resolve().parents[1] / path).is_file(), path
 
 
 def test_contract_bands_are_the_oracles():
@@ -184,7 +200,8 @@ def test_info_lists_the_defects_of_the_installed_version(vendors):
     row = cli.backend_info("fa2", H100)
     assert [d["id"] for d in row["defects"]] == [SENTINEL]
     assert any("known defect" in line and "0.7.0" in line for line in cli._info_lines(row))
-    assert cli.backend_info("xqa", H100)["defects"] == []
+    assert {d["id"] for d in cli.backend_info("xqa", H100)["defects"]} == {"xqa-nonfinite-at-extreme-logits",
+                                                                         "xqa-fp8-kv-quantized-query"}
     vendors(flashinfer="0.7.2")
     assert cli.backend_info("fa2", H100)["defects"] == []
 
