@@ -57,11 +57,12 @@ Sizes = tuple[int, int, int]  # (batch, q_len, kv_len)
 
 # Host microseconds per eager call of each backend's path where the table has no measured figure:
 # rough figures of the H100/H200 host-cost runs (tools/results/host-cost-h100*.md; issue 20's
-# H200 sweep), a 2024 server CPU, warm calls of a repeated shape. The order matters more than the
-# values: the vendors' launchers cost ~15-40 us, native-triton's Triton launch more, the unfused
-# PyTorch reference far more.
-DEFAULT_HOST_US = {"fa2": 25.0, "fa3": 35.0, "xqa": 25.0, "trtllm-gen": 30.0, "cudnn": 40.0, "torch-flash": 30.0,
-                   "native-triton": 60.0, "reference": 500.0}
+# H200 sweep), a 2024 server CPU, warm calls of a repeated shape: whole calls through dispatch of
+# 18-32 us on fa2 and xqa, 54 us on cuDNN (host-cost-h100.md); native-triton's launcher costs
+# 7.5-13 us per launch (native-h100-r12.md), like the vendors' once its plan is kept per call key;
+# the unfused PyTorch reference far more.
+DEFAULT_HOST_US = {"fa2": 25.0, "fa3": 35.0, "xqa": 25.0, "trtllm-gen": 30.0, "cudnn": 50.0, "torch-flash": 30.0,
+                   "native-triton": 25.0, "reference": 500.0}
 UNKNOWN_HOST_US = 40.0  # a backend missing from DEFAULT_HOST_US
 
 
