@@ -26,6 +26,8 @@ from backends._device import BoundedCache, device_key
 from backends._providers import Provider
 from backends.base import Reason
 
+SRC_CAUSAL = "flashinfer include/flashinfer/attention/prefill.cuh (SinglePrefillWithKVCacheDispatched)"
+
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
@@ -207,6 +209,7 @@ class FlashInferPrefill(Provider):
         """One request on FlashInfer's single-request kernel, written straight into batch.out."""
         scale = _vendor.host_float(batch.sm_scale)  # per call: never baked
         _vendor.refuse_negative_scale(self.label, scale, self.label)
+        _vendor.refuse_causal_overhang(self.label, problem.causal, batch.q.shape[0], batch.k.shape[0], SRC_CAUSAL)
         k, v, layout = self._single_layout(problem, batch)
         if state.plan_args:
             run, tmp, alibi, mask, layout_value = state.plan_args
@@ -339,7 +342,11 @@ class FlashInferPrefill(Provider):
         window, cap, rope_scale, rope_theta = (problem.window_left, problem.logits_soft_cap, problem.rope_scale,
                                                problem.rope_theta)
 
+        causal = problem.causal
+
         def launch_single(b) -> None:
+            if causal and b.q.shape[0] > b.k.shape[0]:  # refused before launching: the router hands it over
+                _vendor.refuse_causal_overhang(self.label, causal, b.q.shape[0], b.k.shape[0], SRC_CAUSAL)
             k, v = (b.k.transpose(0, 1), b.v.transpose(0, 1)) if transposed else (b.k, b.v)
             run(b.q, k, v, tmp, b.out, b.lse, mask, layout_value, window, None, alibi, cap, scale, None, None, None,
                 rope_scale, rope_theta)

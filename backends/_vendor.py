@@ -97,6 +97,18 @@ def apply_out_scale(out: torch.Tensor, out_scale) -> None:
         out.mul_(out_scale.reshape(()) if isinstance(out_scale, torch.Tensor) else float(out_scale))
 
 
+def refuse_causal_overhang(backend: str, causal: bool, q_len: int, kv_len: int, source: str) -> None:
+    """BackendRejected for a causal request with more queries than keys, before anything is launched.
+
+    Bottom-right alignment leaves its first q_len - kv_len rows with no key (0 and LSE -inf, the
+    contract); FlashInfer's single-request kernel refuses the shape instead ("When mask_mode is set
+    to MaskMode::kCausal, kv_len must be greater than or equal to qo_len", prefill.cuh; H200,
+    flashinfer 0.7.2, tools/results/gpu-tests-h200-fi072.md), so the router hands it over."""
+    if causal and q_len > kv_len:
+        raise BackendRejected(backend, [Reason("qo_len", q_len, f"at most kv_len={kv_len} with causal=True",
+                                               source)])
+
+
 def refuse_negative_scale(backend: str, scale, vendor: str) -> None:
     """BackendRejected for a float sm_scale < 0, before anything is launched.
 
