@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import warnings as _warnings
 
-# NumPy is not a dependency: nothing in dispatch uses it. Without it, ``import torch`` warns
-# "Failed to initialize NumPy: No module named 'numpy'" (torch/_subclasses/functional_tensor.py),
-# the first line a user of `attn-dispatch --help` would read. Silence exactly that message, only
-# while torch is first imported here; a broken NumPy (an ABI mismatch) still warns, and a caller
-# that imported torch first saw torch's own warning already.
+# NumPy is not a dependency; without it ``import torch`` warns "Failed to initialize NumPy" (the
+# first line a user of `attn-dispatch --help` would read): exactly that message is silenced, only
+# while torch is first imported here (a broken NumPy still warns).
 with _warnings.catch_warnings():
     _warnings.filterwarnings("ignore", message=r"Failed to initialize NumPy: No module named 'numpy",
                              category=UserWarning)
@@ -24,7 +22,7 @@ __all__ = [
     "strict", "use_backend", "__version__",
 ]
 
-# FlashInfer-compatible entry points (added by the API work; the names above are unchanged).
+# FlashInfer-compatible entry points.
 from .decode import xqa_batch_decode_with_kv_cache  # noqa: E402
 from .explain import explain  # noqa: E402
 from .entries._base import last_decision  # noqa: E402
