@@ -315,3 +315,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a.double() - b.double()) /
                  torch.linalg.vector_norm(b.double()).clamp_min(1e-30))
 
+
+
+def forced_or_skip(backend: str, entry: str, call):
+    """``call()`` with ``backend`` forced by the test; a SKIP naming the reason where that backend does
+    not serve the call: its refusal, or its own argument form (the cuDNN wrappers take element
+    offsets: a ValueError naming ``backend=``). Any other error is the test's failure."""
+    import pytest
+
+    try:
+        return call()
+    except (dispatch.BackendRefusedError, dispatch.NoBackendError) as exc:
+        pytest.skip(f"{backend} via {entry}: {str(exc).splitlines()[0][:200]}")
+    except ValueError as exc:
+        if f"with backend={backend!r}" not in str(exc):
+            raise
+        pytest.skip(f"{backend} via {entry}: {str(exc)[-160:]}")

@@ -28,6 +28,7 @@ import dispatch
 from backends import get_backend
 from backends._providers import installed_defects
 from dispatch.lab import oracle
+from _calls import forced_or_skip
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -119,14 +120,7 @@ def run_entry(entry: str, backend: str, c: Case):
 
 
 def forced(entry: str, backend: str, c: Case):
-    try:
-        return run_entry(entry, backend, c)
-    except (dispatch.BackendRefusedError, dispatch.NoBackendError) as exc:
-        pytest.skip(f"{backend} via {entry}: {str(exc).splitlines()[0][:200]}")
-    except ValueError as exc:  # a forced backend's own argument form (cuDNN wrappers: element offsets)
-        if f"with backend={backend!r}" not in str(exc):
-            raise
-        pytest.skip(f"{backend} via {entry}: {str(exc)[-160:]}")
+    return forced_or_skip(backend, entry, lambda: run_entry(entry, backend, c))
 
 
 # The recorded defects (capability_db/defects.json) an extreme-logit case can hit, by the raw logit.

@@ -18,6 +18,7 @@ import torch
 import capability_db
 import dispatch
 from dispatch.lab import oracle
+from _calls import forced_or_skip
 
 GPU = torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -90,14 +91,8 @@ def run_entry(entry, backend, q, cache, table, kv, k_scale, v_scale):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_kv_decode_matches_fp64_over_the_dequantized_cache(backend, entry, shape, k_scale, v_scale):
     q, cache, table = build(shape)
-    try:
-        out = run_entry(entry, backend, q, cache, table, shape[1], k_scale, v_scale)
-    except (dispatch.BackendRefusedError, dispatch.NoBackendError) as exc:
-        pytest.skip(f"{backend} via {entry}: {str(exc).splitlines()[0][:200]}")
-    except ValueError as exc:  # a forced backend's own argument form (cuDNN wrappers: element offsets)
-        if f"with backend={backend!r}" not in str(exc):
-            raise
-        pytest.skip(f"{backend} via {entry}: {str(exc)[-160:]}")
+    out = forced_or_skip(backend, entry, lambda: run_entry(entry, backend, q, cache, table, shape[1], k_scale,
+                                                           v_scale))
     ref = reference(q.cpu() if not GPU else q, cache, table, shape[1], k_scale, v_scale)
     assert not out.isnan().any()
     err = oracle.relative_error(out.double(), ref.to(out.device))
