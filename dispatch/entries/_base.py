@@ -19,7 +19,8 @@ plan         a backend's prepared state for one problem (a vendor plan: a FlashI
              wrappers make theirs in ``plan()``; nothing else is called a plan.
 lane         what an exact repeat finds by its lane key (every argument's type and value, every
              tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
-             launcher. One ``LANES`` cache for functions; one per plan for a wrapper's runs.
+             launcher. Functions and wrapper runs alike: ``Declaration.lane`` finds it in a call
+             cache (``Calls``: lanes and proofs): ``CALLS`` for functions, one per wrapper plan.
 batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
 launcher     the backend's closure that launches a kept plan on a new batch (no host work).
 
@@ -169,6 +170,7 @@ class _NothingVaries(dict):
 
 
 _NOTHING_VARIES = _NothingVaries()
+NOTHING_VARIES: Mapping[str, tuple] = _NOTHING_VARIES  # a Declaration's vary when every size is fixed (a wrapper's run)
 
 
 def value_facts(value: Any, vary: tuple[int, ...] = ROWS) -> Hashable:
@@ -206,12 +208,15 @@ class Proof:
     (explicit choice, strict mode) — so a repeated call neither rebuilds nor re-hashes the
     problem. The decision is the device's: the key holds the device index."""
 
-    __slots__ = ("problem", "_decisions", "_planned")
+    __slots__ = ("problem", "_decisions", "_planned", "wrapper")
 
-    def __init__(self, problem: AttentionProblem):
+    def __init__(self, problem: AttentionProblem, wrapper: Optional[str] = None):
         self.problem = problem
         self._decisions: dict = {}
         self._planned: dict = {}  # (explicit, strict) -> a backend plan the backend says is reusable
+        # a wrapper's run (its class name): the wrapper's plan fixes every size, so the backend's
+        # plan is always kept, and is never made inside a CUDA-graph capture
+        self.wrapper = wrapper
 
     def decision(self, query: torch.Tensor, explicit) -> router.Decision:
         strict = policy.strict_mode()
@@ -231,13 +236,49 @@ class Proof:
         key = (decision.explicit, decision.strict)
         planned = self._planned.get(key)
         if planned is None:
+            if self.wrapper is not None and batch.q.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"{self.wrapper}.run() planned its backend inside CUDA-graph capture: "
+                                   "call run() once outside the capture with the same arguments first")
             planned = router.plan(decision, batch)
-            if get_backend(planned.backend).plan_reusable(self.problem):
+            if self.wrapper is not None or get_backend(planned.backend).plan_reusable(self.problem):
                 self._planned[key] = planned
         return planned
 
 
 PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
+LANES = BoundedCache(maxsize=1024, refresh=False)  # lane key -> Lane; first in, first out: a hit is one lookup
+
+
+class Calls:
+    """The call cache: lane key -> ``Lane`` (``lanes``), call key -> ``Proof`` (``proofs``). One for
+    the functions (``CALLS``: ``LANES`` and ``PROOFS``); one per wrapper plan, made by ``plan()``
+    and dropped with it (its lanes hold that plan's backend plans): there ``fixed`` holds the
+    arguments the plan fixes (the spec's ``planned``) and ``variants`` shares one proof per
+    problem among the plan's call keys (one backend plan per variant of the plan's problem)."""
+
+    __slots__ = ("lanes", "proofs", "fixed", "variants", "wrapper")
+
+    def __init__(self, lanes: BoundedCache, proofs: BoundedCache, fixed: Optional[Mapping[str, Any]] = None,
+                 variants: Optional[BoundedCache] = None, wrapper: Optional[str] = None):
+        self.lanes, self.proofs, self.fixed, self.variants, self.wrapper = lanes, proofs, fixed, variants, wrapper
+
+    def proof(self, problem: AttentionProblem) -> Proof:
+        if self.variants is None:
+            return Proof(problem)
+        proof = self.variants.get(problem)
+        if proof is None:
+            proof = Proof(problem, self.wrapper)
+            self.variants.put(problem, proof)
+        return proof
+
+    def clear(self) -> None:
+        self.lanes.clear()
+        self.proofs.clear()
+        if self.variants is not None:
+            self.variants.clear()
+
+
+CALLS = Calls(LANES, PROOFS)
 
 
 # CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
@@ -250,15 +291,16 @@ def values_every_call(device: torch.device) -> bool:
     return (CPU_VALUE_CHECKS and device.type == "cpu") or full_validation()
 
 
-def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable):
+def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable,
+            proofs: BoundedCache = PROOFS):
     """(proof, spec, derived). A new key: the full spec (every check, device reads included)
-    and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
-    or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
-    proof = PROOFS.get(key)
+    and its proof (``build``). A known key: the spec's size checks, plus its value checks for CPU
+    tensors or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
+    proof = proofs.get(key)
     if proof is None:
         spec, derived = checks.validate(spec_cls, args)
-        proof = Proof(build(spec, derived))
-        PROOFS.put(key, proof)
+        proof = build(spec, derived)
+        proofs.put(key, proof)
         return proof, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
     spec, derived = spec_cls.fast(args, values=values_every_call(query.device))
@@ -270,7 +312,6 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
 # argument's value and type; the explicit choice and strict mode in force), as the layers of one
 # decode step do, skips every check, the problem and the decision: its lane holds the call plan
 # and the sizes the batch is built from. The key is built from the arguments as they arrive.
-LANES = BoundedCache(maxsize=1024, refresh=False)  # first in, first out: a hit costs one dict lookup
 _TENSOR = torch.Tensor
 
 
@@ -439,8 +480,8 @@ class Declaration:
     __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms")
 
     def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
-                 size: Callable, vary: Any = None, per_call: tuple = (), facts: Optional[Callable] = None,
-                 unread: tuple = ()):
+                 size: Optional[Callable] = None, vary: Any = None, per_call: tuple = (),
+                 facts: Optional[Callable] = None, unread: tuple = ()):
         unknown = set(params) - set(spec.model_fields)
         if unknown:
             raise TypeError(f"{entry}: {sorted(unknown)} are not fields of {spec.__name__}")
@@ -449,25 +490,28 @@ class Declaration:
         self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
         self.forms = Forms(frozenset(params.index(name) for name in unread))
 
-    def lane(self, values: tuple, explicit) -> "Lane":
-        """The lane of the call whose argument values are ``values`` (in ``params`` order): an exact
-        repeat's, else a checked call's (the full checks once per call key, the size checks on
-        every call), kept under its lane key."""
+    def lane(self, values: tuple, explicit, calls: Calls = CALLS) -> "Lane":
+        """The lane of the call whose argument values are ``values`` (in ``params`` order; a wrapper's
+        run: the arguments its plan fixes are ``calls.fixed``): an exact repeat's, else a checked
+        call's (the full checks once per call key, the size checks on every call), kept under its
+        lane key in ``calls``."""
         key = self.forms.key(values, explicit)
-        found = LANES.get(key) if key is not None else None
+        found = calls.lanes.get(key) if key is not None else None
         if found is not None:
             return found
         args = dict(zip(self.params, values))
+        if calls.fixed:
+            args.update(calls.fixed)
         size = self.size_class(args)
         proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
-                                    lambda spec, d: self.problem(spec, d, size or ()))
+                                    lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs)
         found = Lane(proof, explicit, self.sizes(args, derived))
         if key is not None:
-            LANES.put(key, found)
+            calls.lanes.put(key, found)
         return found
 
     def size_class(self, args: dict) -> Optional[tuple]:
-        return size_key(*self.size(args))
+        return size_key(*self.size(args)) if self.size is not None else None
 
     def call_key(self, args: dict, size: Optional[tuple]) -> tuple:
         vary = self.vary(args) if callable(self.vary) else self.vary
@@ -537,8 +581,7 @@ def last_decision() -> Optional[router.Decision]:
 
 
 def clear_caches() -> None:
-    PROOFS.clear()
-    LANES.clear()
+    CALLS.clear()
 
 
 autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale
