@@ -340,50 +340,69 @@ def lanes_open(query: torch.Tensor) -> bool:
 class _Form:
     """How a lane key reads one sequence of argument types (cached per types): the values of the
     plain ones, the dtype, device, shape and strides of the tensors, the facts of sequences (a
-    (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's). ``key``
-    is compiled per form: one tuple expression, no loop (a repeat's whole host cost matters).
-    ``closed``: an argument the key cannot hold (the call is checked)."""
+    (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's).
+    ``match(values, explicit, strict)`` is compiled per form: one guard (``is None`` where the
+    form has None, one ``type() is`` elsewhere) and one tuple expression, no loop (a repeat's whole
+    host cost matters); it returns ``MISS`` when the values have another form, None when the key
+    cannot hold an argument (the call is checked)."""
 
-    __slots__ = ("key", "nested", "closed")
+    __slots__ = ("match",)
 
     def __init__(self, kinds: tuple, unread: frozenset):
-        fields, nested, self.closed = [], [], False
+        guard, fields, nested, closed, space = [], [], [], False, {"MISS": MISS, "_facts": _facts, "f": self}
         for i, kind in enumerate(kinds):
-            if i in unread or kind is _NONE:  # None: the form (its types) says all there is
+            if kind is _NONE:  # None: the form (its types) says all there is
+                guard.append(f"a{i} is None")
+                continue
+            space[f"K{i}"] = kind
+            guard.append(f"type(a{i}) is K{i}")
+            if i in unread:
                 continue
             if kind is _TENSOR:
                 fields.append(f"a{i}.dtype, a{i}.device, a{i}.shape, a{i}.stride()")
             elif kind in _PLAIN_TYPES:
                 fields.append(f"a{i}")
             elif kind is tuple or kind is list:
-                nested.append(i)
+                nested.append(f"_facts(a{i})")
             else:
-                self.closed = True
-        self.nested = tuple(nested)
-        # (form, explicit, strict, facts...): generated from positions only, never from user text;
-        # the values unpacked once into locals (cheaper than indexing the tuple per fact)
+                closed = True
+        key = f"(f, e, s, {', '.join(fields)})"
+        if closed:
+            result = "None"
+        elif nested:
+            result = f"None if None in (n := ({', '.join(nested)},)) else {key} + n"
+        else:
+            result = key
+        # generated from positions and types only, never from user text; the values unpacked once
+        # into locals (cheaper than indexing the tuple per fact)
         names = ", ".join(f"a{i}" for i in range(len(kinds)))
-        self.key = _compile(f"def key(f, v, e, s):\n    {names}, = v\n    return (f, e, s, {', '.join(fields)})\n")
+        source = (f"def match(v, e, s):\n    {names}, = v\n    if {' and '.join(guard)}:\n"
+                  f"        return {result}\n    return MISS\n")
+        exec(source, space)  # noqa: S102 (positions and attribute names only)
+        self.match = space["match"]
 
 
-def _compile(source: str) -> Callable:
-    space: dict = {}
-    exec(source, space)  # noqa: S102 (positions and attribute names only)
-    return space["key"]
-
-
+MISS = object()  # a form's match: the values have another form
 _NONE = type(None)
 _READ_ENV = policy.read_environment()  # variable -> value as last read (None: unset)
 
 
+class _NoForm:
+    """The latest form before any call: every values tuple has another form."""
+
+    @staticmethod
+    def match(values, explicit, strict):
+        return MISS
+
+
 class Forms:
     """The forms of one caller's lane keys, per sequence of argument types (a few per entry), with
-    the latest kept aside: a repeat's types equal it (one tuple comparison, no hashing)."""
+    the latest kept aside: a repeat's values match it (one compiled guard, no hashing of types)."""
 
     __slots__ = ("unread", "_forms", "_last")
 
     def __init__(self, unread: frozenset = frozenset()):
-        self.unread, self._forms, self._last = unread, {}, (None, None)  # _last: one (types, form) pair
+        self.unread, self._forms, self._last = unread, {}, _NoForm
 
     def key(self, values: tuple, explicit) -> Optional[tuple]:
         """The lane key of ``values`` (``values[0]``: the query), or None (the call is checked): every
@@ -395,21 +414,15 @@ class Forms:
             return None
         if _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation():  # read and unset: no call
             return None
-        kinds = tuple(map(type, values))
-        last = self._last  # one attribute: another thread replaces the pair whole
-        if kinds == last[0]:
-            form = last[1]
-        else:
+        strict = policy.strict_mode()
+        key = self._last.match(values, explicit, strict)  # one attribute: another thread replaces it whole
+        if key is MISS:
+            kinds = tuple(map(type, values))
             form = self._forms.get(kinds)
             if form is None:
                 form = self._forms[kinds] = _Form(kinds, self.unread)
-            self._last = (kinds, form)
-        if form.closed:
-            return None
-        key = form.key(form, values, explicit, policy.strict_mode())
-        if form.nested:
-            nested = tuple(_facts(values[i]) for i in form.nested)
-            return None if None in nested else key + nested
+            self._last = form
+            key = form.match(values, explicit, strict)
         return key
 
 
