@@ -19,7 +19,8 @@ plan         a backend's prepared state for one problem (a vendor plan: a FlashI
              wrappers make theirs in ``plan()``; nothing else is called a plan.
 lane         what an exact repeat finds by its lane key (every argument's type and value, every
              tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
-             launcher. One ``LANES`` cache for functions; one per plan for a wrapper's runs.
+             launcher. Functions and wrapper runs alike: ``Declaration.lane`` finds it in a call
+             cache (``Calls``: lanes and proofs): ``CALLS`` for functions, one per wrapper plan.
 batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
 launcher     the backend's closure that launches a kept plan on a new batch (no host work).
 
@@ -169,6 +170,7 @@ class _NothingVaries(dict):
 
 
 _NOTHING_VARIES = _NothingVaries()
+NOTHING_VARIES: Mapping[str, tuple] = _NOTHING_VARIES  # a Declaration's vary when every size is fixed (a wrapper's run)
 
 
 def value_facts(value: Any, vary: tuple[int, ...] = ROWS) -> Hashable:
@@ -206,12 +208,15 @@ class Proof:
     (explicit choice, strict mode) — so a repeated call neither rebuilds nor re-hashes the
     problem. The decision is the device's: the key holds the device index."""
 
-    __slots__ = ("problem", "_decisions", "_planned")
+    __slots__ = ("problem", "_decisions", "_planned", "wrapper")
 
-    def __init__(self, problem: AttentionProblem):
+    def __init__(self, problem: AttentionProblem, wrapper: Optional[str] = None):
         self.problem = problem
         self._decisions: dict = {}
         self._planned: dict = {}  # (explicit, strict) -> a backend plan the backend says is reusable
+        # a wrapper's run (its class name): the wrapper's plan fixes every size, so the backend's
+        # plan is always kept, and is never made inside a CUDA-graph capture
+        self.wrapper = wrapper
 
     def decision(self, query: torch.Tensor, explicit) -> router.Decision:
         strict = policy.strict_mode()
@@ -231,13 +236,49 @@ class Proof:
         key = (decision.explicit, decision.strict)
         planned = self._planned.get(key)
         if planned is None:
+            if self.wrapper is not None and batch.q.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"{self.wrapper}.run() planned its backend inside CUDA-graph capture: "
+                                   "call run() once outside the capture with the same arguments first")
             planned = router.plan(decision, batch)
-            if get_backend(planned.backend).plan_reusable(self.problem):
+            if self.wrapper is not None or get_backend(planned.backend).plan_reusable(self.problem):
                 self._planned[key] = planned
         return planned
 
 
 PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
+LANES = BoundedCache(maxsize=1024, refresh=False)  # lane key -> Lane; first in, first out: a hit is one lookup
+
+
+class Calls:
+    """The call cache: lane key -> ``Lane`` (``lanes``), call key -> ``Proof`` (``proofs``). One for
+    the functions (``CALLS``: ``LANES`` and ``PROOFS``); one per wrapper plan, made by ``plan()``
+    and dropped with it (its lanes hold that plan's backend plans): there ``fixed`` holds the
+    arguments the plan fixes (the spec's ``planned``) and ``variants`` shares one proof per
+    problem among the plan's call keys (one backend plan per variant of the plan's problem)."""
+
+    __slots__ = ("lanes", "proofs", "fixed", "variants", "wrapper")
+
+    def __init__(self, lanes: BoundedCache, proofs: BoundedCache, fixed: Optional[Mapping[str, Any]] = None,
+                 variants: Optional[BoundedCache] = None, wrapper: Optional[str] = None):
+        self.lanes, self.proofs, self.fixed, self.variants, self.wrapper = lanes, proofs, fixed, variants, wrapper
+
+    def proof(self, problem: AttentionProblem) -> Proof:
+        if self.variants is None:
+            return Proof(problem)
+        proof = self.variants.get(problem)
+        if proof is None:
+            proof = Proof(problem, self.wrapper)
+            self.variants.put(problem, proof)
+        return proof
+
+    def clear(self) -> None:
+        self.lanes.clear()
+        self.proofs.clear()
+        if self.variants is not None:
+            self.variants.clear()
+
+
+CALLS = Calls(LANES, PROOFS)
 
 
 # CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
@@ -250,15 +291,16 @@ def values_every_call(device: torch.device) -> bool:
     return (CPU_VALUE_CHECKS and device.type == "cpu") or full_validation()
 
 
-def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable):
+def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable,
+            proofs: BoundedCache = PROOFS):
     """(proof, spec, derived). A new key: the full spec (every check, device reads included)
-    and the problem. A known key: the spec's size checks, plus its value checks for CPU tensors
-    or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
-    proof = PROOFS.get(key)
+    and its proof (``build``). A known key: the spec's size checks, plus its value checks for CPU
+    tensors or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
+    proof = proofs.get(key)
     if proof is None:
         spec, derived = checks.validate(spec_cls, args)
-        proof = Proof(build(spec, derived))
-        PROOFS.put(key, proof)
+        proof = build(spec, derived)
+        proofs.put(key, proof)
         return proof, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
     spec, derived = spec_cls.fast(args, values=values_every_call(query.device))
@@ -270,7 +312,6 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
 # argument's value and type; the explicit choice and strict mode in force), as the layers of one
 # decode step do, skips every check, the problem and the decision: its lane holds the call plan
 # and the sizes the batch is built from. The key is built from the arguments as they arrive.
-LANES = BoundedCache(maxsize=1024, refresh=False)  # first in, first out: a hit costs one dict lookup
 _TENSOR = torch.Tensor
 
 
@@ -299,50 +340,69 @@ def lanes_open(query: torch.Tensor) -> bool:
 class _Form:
     """How a lane key reads one sequence of argument types (cached per types): the values of the
     plain ones, the dtype, device, shape and strides of the tensors, the facts of sequences (a
-    (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's). ``key``
-    is compiled per form: one tuple expression, no loop (a repeat's whole host cost matters).
-    ``closed``: an argument the key cannot hold (the call is checked)."""
+    (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's).
+    ``match(values, explicit, strict)`` is compiled per form: one guard (``is None`` where the
+    form has None, one ``type() is`` elsewhere) and one tuple expression, no loop (a repeat's whole
+    host cost matters); it returns ``MISS`` when the values have another form, None when the key
+    cannot hold an argument (the call is checked)."""
 
-    __slots__ = ("key", "nested", "closed")
+    __slots__ = ("match",)
 
     def __init__(self, kinds: tuple, unread: frozenset):
-        fields, nested, self.closed = [], [], False
+        guard, fields, nested, closed, space = [], [], [], False, {"MISS": MISS, "_facts": _facts, "f": self}
         for i, kind in enumerate(kinds):
-            if i in unread or kind is _NONE:  # None: the form (its types) says all there is
+            if kind is _NONE:  # None: the form (its types) says all there is
+                guard.append(f"a{i} is None")
+                continue
+            space[f"K{i}"] = kind
+            guard.append(f"type(a{i}) is K{i}")
+            if i in unread:
                 continue
             if kind is _TENSOR:
                 fields.append(f"a{i}.dtype, a{i}.device, a{i}.shape, a{i}.stride()")
             elif kind in _PLAIN_TYPES:
                 fields.append(f"a{i}")
             elif kind is tuple or kind is list:
-                nested.append(i)
+                nested.append(f"_facts(a{i})")
             else:
-                self.closed = True
-        self.nested = tuple(nested)
-        # (form, explicit, strict, facts...): generated from positions only, never from user text;
-        # the values unpacked once into locals (cheaper than indexing the tuple per fact)
+                closed = True
+        key = f"(f, e, s, {', '.join(fields)})"
+        if closed:
+            result = "None"
+        elif nested:
+            result = f"None if None in (n := ({', '.join(nested)},)) else {key} + n"
+        else:
+            result = key
+        # generated from positions and types only, never from user text; the values unpacked once
+        # into locals (cheaper than indexing the tuple per fact)
         names = ", ".join(f"a{i}" for i in range(len(kinds)))
-        self.key = _compile(f"def key(f, v, e, s):\n    {names}, = v\n    return (f, e, s, {', '.join(fields)})\n")
+        source = (f"def match(v, e, s):\n    {names}, = v\n    if {' and '.join(guard)}:\n"
+                  f"        return {result}\n    return MISS\n")
+        exec(source, space)  # noqa: S102 (positions and attribute names only)
+        self.match = space["match"]
 
 
-def _compile(source: str) -> Callable:
-    space: dict = {}
-    exec(source, space)  # noqa: S102 (positions and attribute names only)
-    return space["key"]
-
-
+MISS = object()  # a form's match: the values have another form
 _NONE = type(None)
 _READ_ENV = policy.read_environment()  # variable -> value as last read (None: unset)
 
 
+class _NoForm:
+    """The latest form before any call: every values tuple has another form."""
+
+    @staticmethod
+    def match(values, explicit, strict):
+        return MISS
+
+
 class Forms:
     """The forms of one caller's lane keys, per sequence of argument types (a few per entry), with
-    the latest kept aside: a repeat's types equal it (one tuple comparison, no hashing)."""
+    the latest kept aside: a repeat's values match it (one compiled guard, no hashing of types)."""
 
     __slots__ = ("unread", "_forms", "_last")
 
     def __init__(self, unread: frozenset = frozenset()):
-        self.unread, self._forms, self._last = unread, {}, (None, None)  # _last: one (types, form) pair
+        self.unread, self._forms, self._last = unread, {}, _NoForm
 
     def key(self, values: tuple, explicit) -> Optional[tuple]:
         """The lane key of ``values`` (``values[0]``: the query), or None (the call is checked): every
@@ -354,21 +414,15 @@ class Forms:
             return None
         if _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation():  # read and unset: no call
             return None
-        kinds = tuple(map(type, values))
-        last = self._last  # one attribute: another thread replaces the pair whole
-        if kinds == last[0]:
-            form = last[1]
-        else:
+        strict = policy.strict_mode()
+        key = self._last.match(values, explicit, strict)  # one attribute: another thread replaces it whole
+        if key is MISS:
+            kinds = tuple(map(type, values))
             form = self._forms.get(kinds)
             if form is None:
                 form = self._forms[kinds] = _Form(kinds, self.unread)
-            self._last = (kinds, form)
-        if form.closed:
-            return None
-        key = form.key(form, values, explicit, policy.strict_mode())
-        if form.nested:
-            nested = tuple(_facts(values[i]) for i in form.nested)
-            return None if None in nested else key + nested
+            self._last = form
+            key = form.match(values, explicit, strict)
         return key
 
 
@@ -439,8 +493,8 @@ class Declaration:
     __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms")
 
     def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
-                 size: Callable, vary: Any = None, per_call: tuple = (), facts: Optional[Callable] = None,
-                 unread: tuple = ()):
+                 size: Optional[Callable] = None, vary: Any = None, per_call: tuple = (),
+                 facts: Optional[Callable] = None, unread: tuple = ()):
         unknown = set(params) - set(spec.model_fields)
         if unknown:
             raise TypeError(f"{entry}: {sorted(unknown)} are not fields of {spec.__name__}")
@@ -449,25 +503,28 @@ class Declaration:
         self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
         self.forms = Forms(frozenset(params.index(name) for name in unread))
 
-    def lane(self, values: tuple, explicit) -> "Lane":
-        """The lane of the call whose argument values are ``values`` (in ``params`` order): an exact
-        repeat's, else a checked call's (the full checks once per call key, the size checks on
-        every call), kept under its lane key."""
+    def lane(self, values: tuple, explicit, calls: Calls = CALLS) -> "Lane":
+        """The lane of the call whose argument values are ``values`` (in ``params`` order; a wrapper's
+        run: the arguments its plan fixes are ``calls.fixed``): an exact repeat's, else a checked
+        call's (the full checks once per call key, the size checks on every call), kept under its
+        lane key in ``calls``."""
         key = self.forms.key(values, explicit)
-        found = LANES.get(key) if key is not None else None
+        found = calls.lanes.get(key) if key is not None else None
         if found is not None:
             return found
         args = dict(zip(self.params, values))
+        if calls.fixed:
+            args.update(calls.fixed)
         size = self.size_class(args)
         proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
-                                    lambda spec, d: self.problem(spec, d, size or ()))
+                                    lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs)
         found = Lane(proof, explicit, self.sizes(args, derived))
         if key is not None:
-            LANES.put(key, found)
+            calls.lanes.put(key, found)
         return found
 
     def size_class(self, args: dict) -> Optional[tuple]:
-        return size_key(*self.size(args))
+        return size_key(*self.size(args)) if self.size is not None else None
 
     def call_key(self, args: dict, size: Optional[tuple]) -> tuple:
         vary = self.vary(args) if callable(self.vary) else self.vary
@@ -537,8 +594,7 @@ def last_decision() -> Optional[router.Decision]:
 
 
 def clear_caches() -> None:
-    PROOFS.clear()
-    LANES.clear()
+    CALLS.clear()
 
 
 autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale

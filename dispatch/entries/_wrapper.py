@@ -18,9 +18,6 @@ from types import SimpleNamespace
 
 import torch
 
-from backends import get_backend
-from backends.base import BackendRejected
-
 from .. import autotune, checks, ops, policy, router
 from backends._device import BoundedCache
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
@@ -60,20 +57,7 @@ class Setup:
     block_table: Optional[torch.Tensor] = None
     kv_indptr: Optional[torch.Tensor] = None
     total_kv: int = 0
-
-
-class RunLane:
-    """What a run's lane key proves on the current plan: the variant's overrides, whether an LSE
-    is wanted, the folded scales (floats: their values are in the key), and once the variant's
-    backend served the key, that plan and the backend's launcher for repeats."""
-
-    __slots__ = ("overrides", "wants_lse", "sm_scale", "out_scale", "kept", "planned", "fast")
-
-    def __init__(self, overrides: tuple, wants_lse: bool, sm_scale, out_scale, kept: bool):
-        self.overrides, self.wants_lse, self.sm_scale, self.out_scale = overrides, wants_lse, sm_scale, out_scale
-        self.kept = kept  # stored under a lane key: its repeats may take a launcher
-        self.planned: Optional[router.Planned] = None
-        self.fast = None
+    device: Any = None  # the workspace's: where the plan lives and every run must be
 
 
 class PrefillWrapper:
@@ -97,9 +81,7 @@ class PrefillWrapper:
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._plan: Optional[Setup] = None
-        self._lanes = BoundedCache(maxsize=1)  # none before plan()
-        self._hot = BoundedCache(maxsize=1)
-        self._newest_lane: Optional[RunLane] = None  # the lane the latest checked run kept
+        self._calls: Optional[B.Calls] = None  # the plan's call cache (plan() makes it)
         self._last: Optional[router.Planned] = None
         self._handle = ops.register_wrapper(self)  # how a torch.compile graph names this wrapper
 
@@ -117,10 +99,8 @@ class PrefillWrapper:
 
     def _forget_decisions(self) -> None:
         """Decide each variant again on its next run (autotune was switched)."""
-        if self._plan is not None:
-            self._variants.clear()
-            self._lanes.clear()
-            self._hot.clear()
+        if self._calls is not None:
+            self._calls.clear()
 
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op (plans are released with the wrapper)."""
@@ -149,19 +129,18 @@ class PrefillWrapper:
             kv_lens=torch.tensor(d.kv_lens, dtype=torch.int32, device=dev), max_q=max(q_lens, default=0),
             max_kv=max(d.kv_lens, default=0), custom_mask=custom,
             mask_indptr=torch.tensor(cumsum0(sizes), dtype=torch.int32, device=dev) if custom is not None else None,
-            problem=problem, batch_size=len(d.kv_lens), **storage)
+            problem=problem, batch_size=len(d.kv_lens), device=dev, **storage)
         self._explicit = policy.explicit_choice(self._backend)
         # static_indices: the batch's index tensors are this plan's own, never written (a backend
         # may keep what it derives from them); pages_used: the page ids the plan reads are below it.
         self._extras = {"static_indices": True}
         if self._storage == "paged":
             self._extras["pages_used"] = self._plan.max_page_id + 1
-        self._variants = BoundedCache(maxsize=64)  # per plan; keyed on the variant's options
-        self._run_keys = BoundedCache(maxsize=64)  # run call keys whose full checks passed
-        self._lanes = BoundedCache(maxsize=64, refresh=False)  # run lane keys -> RunLane (B.lane_key)
-        # default-option repeats (no scales, out, lse, sinks or window): (return_lse, the tensors' facts)
-        # -> the RunLane their full lane key holds, found without building that key
-        self._hot = BoundedCache(maxsize=64, refresh=False)
+        # The plan's call cache: its runs' lanes and proofs, one proof (decisions, backend plan) per
+        # variant of the plan's problem (sinks, an LSE, a window, forward()'s options); dropped with the plan.
+        self._variants = BoundedCache(maxsize=64)
+        self._calls = B.Calls(BoundedCache(maxsize=64, refresh=False), BoundedCache(maxsize=64),
+                              {"planned": self._plan}, self._variants, type(self).__name__)
         # Decide now (refusals show at plan time); the chosen vendor plans on the first run, with
         # the real tensors: a plan made on placeholders would bake their strides (cuDNN refuses them).
         decision = router.decide(problem, self._device_desc(), self._explicit)
@@ -183,95 +162,25 @@ class PrefillWrapper:
         raise NotImplementedError
 
     # -- run --------------------------------------------------------------------------------------
-    def _variant(self, overrides: tuple, batch: AttentionBatch) -> router.Planned:
-        """The planned backend for the plan's problem with ``overrides`` ((field, value) pairs)."""
-        planned = self._variants.get(overrides)
-        if planned is None:
-            problem = dataclasses.replace(self._plan.problem, **dict(overrides)) if overrides else self._plan.problem
-            decision = router.decide(problem, router.live_device(batch.q), self._explicit)
-            if B.is_dry():
-                return router.Planned(decision, decision.chosen, None)
-            if batch.q.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"{type(self).__name__}.run() planned its backend inside CUDA-graph capture: "
-                                   "call run() once outside the capture with the same arguments first")
-            planned = router.plan(decision, batch)
-            self._variants.put(overrides, planned)
-        return planned
-
-    def _known_run(self, key: tuple, args: dict, scale_names: tuple) -> bool:
-        """True when ``key`` (every tensor's whole shape, dtype, device, unit stride; every
-        option) already passed the full run checks on this plan: then only the per-call scale
-        values are checked here. CPU tensors and ATTN_DISPATCH_VALIDATE=full take the checked path."""
-        if self._plan is None or self._run_keys.get(key) is None or B.values_every_call(args["q"].device):
-            return False
-        device = args["q"].device
-        for name in scale_names:
-            check_scale(name, args[name], device, values=False)
-        return True
-
-    def _check_run(self, spec_cls, args: dict, key: tuple):
-        """Full run checks once per run key (per plan), size checks per call."""
+    def _lane(self, declaration: B.Declaration, values: tuple) -> B.Lane:
+        """The run's lane on the current plan: ``Declaration.lane`` on the plan's call cache (the full
+        run checks once per call key, the size checks per call, nothing on an exact repeat)."""
         if self._plan is None:
             raise RuntimeError(f"{type(self).__name__}.run() before plan(): call plan(...) first")
-        args["planned"] = self._plan
-        if self._run_keys.get(key) is None:
-            q = args["q"]
-            if isinstance(q, torch.Tensor) and q.device != self._device:  # the plan lives on that device
-                raise bad("q.device", q.device, f"{self._device}, the device of the workspace this wrapper plans on")
-            _, d = checks.validate(spec_cls, args)
-            self._run_keys.put(key, True)
-            return d
-        return spec_cls.fast(args, values=B.values_every_call(args["q"].device))[1]
+        return declaration.lane(values, self._explicit, self._calls)
 
-    def _launch(self, q, k, v, out, lse, return_lse, sinks, sm_scale, out_scale, overrides=(), key=None):
-        """Launch a checked run; ``key`` (a lane key, or None) keeps what a repeat needs."""
-        wants_lse = return_lse or lse is not None
-        if sinks is not None:
-            overrides += (("has_sinks", True),)
-        if wants_lse:
-            overrides += (("return_lse", True),)
-        # tensor scales are folded per call: their values are not in the key
-        kept = key is not None and not isinstance(sm_scale, torch.Tensor) and not isinstance(out_scale, torch.Tensor)
-        lane = RunLane(tuple(sorted(overrides)) if overrides else overrides, wants_lse, sm_scale, out_scale, kept)
-        if kept:
-            self._lanes.put(key, lane)
-            self._newest_lane = lane
-        return self._go(lane, q, k, v, out, lse, return_lse, sinks)
-
-    def _checked_then_hot(self, hot: Optional[tuple], run) -> Any:
-        """``run()`` (the checked path); a default-option call (``hot``: its facts) then keeps the lane
-        that run kept under ``hot``, so its repeats skip the full lane key (``_hot``)."""
-        self._newest_lane = None
-        result = run()
-        if hot is not None and self._newest_lane is not None:
-            self._hot.put(hot, self._newest_lane)
-        self._newest_lane = None
-        return result
-
-    def _go(self, lane: "RunLane", q, k, v, out, lse, return_lse, sinks):
-        """Allocate what the caller did not give, build the batch, run the plan's variant."""
+    def _launch(self, lane: B.Lane, q, k, v, out, lse, return_lse, sinks, sm_scale, out_scale):
+        """Allocate what the caller did not give, build the batch, launch through the lane."""
         p = self._plan
         if out is None:
             out = torch.empty(p.total_q, p.hq, p.dvo, dtype=p.out_dtype, device=q.device)
-        if lane.wants_lse and lse is None:
+        if return_lse and lse is None:
             lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=q.device)
-        batch = self._batch(q, k, v, out, lse, sinks, lane.sm_scale, lane.out_scale)
-        fast = lane.fast
-        if fast is not None:
-            try:
-                fast(batch)
-                self._last = B.remember(lane.planned)
-                return (out, lse) if return_lse else out
-            except BackendRejected:  # refused before launching: the generic path hands it over
-                pass
-        planned = self._variants.get(lane.overrides) or self._variant(lane.overrides, batch)
-        if B.is_dry():  # explain: the decision is the context's, the wrapper's own stays as it was
-            B.remember(planned)
-        else:
-            self._last = ran = B.remember(router.run(planned, batch))
-            if lane.kept and lane.planned is None and ran is planned:
-                lane.planned = planned
-                lane.fast = get_backend(planned.backend).launcher(planned.plan, batch)
+        if lane.fast is None and (isinstance(sm_scale, torch.Tensor) or isinstance(out_scale, torch.Tensor)):
+            lane.asked = True  # a device scale folded per call: its launcher would keep this call's tensor
+        planned = lane.launch(self._batch(q, k, v, out, lse, sinks, sm_scale, out_scale))
+        if not B.is_dry():  # explain: the decision is the context's, the wrapper's own stays as it was
+            self._last = planned
         return (out, lse) if return_lse else out
 
     def _batch(self, q, k, v, out, lse, sinks, sm_scale, out_scale) -> AttentionBatch:
@@ -318,6 +227,27 @@ class PrefillWrapper:
     def decision(self) -> Optional[router.Decision]:
         """The router's decision for the latest plan/run (chosen, rejected with reasons, fallbacks)."""
         return self._last.decision if self._last is not None else None
+
+
+def run_problem(spec, d, size: tuple) -> AttentionProblem:
+    """The plan's problem with what this run changes: a variant (sinks, an LSE, another window,
+    the deprecated forward()'s plan-time options)."""
+    p = spec.planned
+    changes = dict(spec.overrides or ())
+    window = getattr(spec, "window_left", None)
+    if window is not None and window != p.window_left:
+        changes["window_left"] = window
+    if spec.sinks is not None:
+        changes["has_sinks"] = True
+    if spec.return_lse or spec.lse is not None:
+        changes["return_lse"] = True
+    return dataclasses.replace(p.problem, **changes) if changes else p.problem
+
+
+def run_sizes(args: dict, d) -> SimpleNamespace:
+    """What a repeat needs beyond the plan: the softmax scale before the per-call scales fold in."""
+    scale = args["sm_scale"]
+    return SimpleNamespace(sm_scale=args["planned"].sm_scale if scale is None else scale)
 
 
 def _forget_wrapper_decisions() -> None:
@@ -425,10 +355,14 @@ class RunSpecBase(Spec):
     sinks: Optional[torch.Tensor] = None
     kv_cache_sf: Any = None
     extra_args: tuple = ()
+    overrides: Optional[tuple] = None  # forward()'s plan-time options: (problem field, value) pairs
+    sm_scale: Optional[float] = None  # forward()'s softmax scale (None: the plan's)
 
     def q_checks(self, d):
         p = self.planned
         need_query("q", self.q)
+        if self.q.device != p.device:  # the plan lives on that device
+            raise bad("q.device", self.q.device, f"{p.device}, the device of the workspace this wrapper plans on")
         if self.q.dtype != p.q_dtype:
             raise bad("q.dtype", self.q.dtype, f"{p.q_dtype} (plan's q_data_type; plan(q_data_type=...) to change it)")
         if tuple(self.q.shape[1:]) != (p.hq, p.dqk):

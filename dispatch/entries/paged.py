@@ -11,12 +11,9 @@ from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_va
                       lens_shapes, need_index, need_int, need_tensor, paged_kv_spec, paged_nhd, split_kv)
 from . import _base as B
 from ._base import UNSET
-from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase
+from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase, run_problem, run_sizes
 
 _RUN_PER_CALL = ("q_scale", "k_scale", "v_scale")
-
-
-_RUN_FORMS = B.Forms()  # how run() reads its lane keys
 
 
 class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
@@ -110,44 +107,20 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             res, res_lse = ops.paged_run(self._handle, q, k_cache, v_cache, k_scale, v_scale, return_lse or lse is not None, q_scale,
                                          window_left, sinks)
             return self._compiled_result(res, res_lse, out, lse, return_lse)
-        hot = None
-        if (out is None and lse is None and q_scale is None and k_scale is None and v_scale is None
-                and window_left is None and sinks is None and kv_cache_sf is None and type(return_lse) is bool
-                and type(q) is torch.Tensor and type(paged_kv_cache) is torch.Tensor and paged_kv_cache.dim() == 5
-                and paged_kv_cache.shape[1] == 2 and self._plan is not None and not self._plan.cudnn and self._plan.layout == "NHD" and B.lanes_open(q)):
-            hot = (return_lse, q.dtype, q.device, q.shape, q.stride(), paged_kv_cache.dtype, paged_kv_cache.device,
-                   paged_kv_cache.shape, paged_kv_cache.stride())
-            lane = self._hot.get(hot)
-            if lane is not None:  # a default-option repeat: its lane without the full key
-                k, v = cache_halves(paged_kv_cache, "NHD")  # (pages, 2, ...): its shape in ``hot`` passed the checks
-                return self._go(lane, q, k, v, None, None, return_lse, None)
-        return self._checked_then_hot(hot, lambda: self._run(
-            q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, B.sinks_tensor(sinks, q),
-            kv_cache_sf, ()))
+        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left,
+                         sinks if sinks is None else B.sinks_tensor(sinks, q), kv_cache_sf, None)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
     def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
-             kv_cache_sf, overrides: tuple, sm_scale: Optional[float] = None):
-        lane_key = _RUN_FORMS.key((q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
-                                   sinks, kv_cache_sf, overrides or None, sm_scale), None)
-        lane = self._lanes.get(lane_key) if lane_key is not None else None
-        if lane is not None:  # an exact repeat on this plan: nothing to check
-            k, v = self._kv_views(paged_kv_cache)
-            return self._go(lane, q, k, v, out, lse, return_lse, sinks)
-        args = dict(q=q, paged_kv_cache=paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out,
-                    lse=lse, return_lse=return_lse, window_left=window_left, sinks=sinks, kv_cache_sf=kv_cache_sf)
-        key = B.call_key("paged-run", args, None, _RUN_PER_CALL) + (overrides,)
-        if self._known_run(key, args, _RUN_PER_CALL):
-            k, v = self._kv_views(paged_kv_cache)
-        else:
-            d = self._check_run(PagedRunSpec, args, key)
-            k, v = d.k, d.v
-        if window_left is not None and window_left != self._plan.window_left:
-            overrides += (("window_left", window_left),)
-        base = self._plan.sm_scale if sm_scale is None else sm_scale
-        return self._launch(q, k, v, out, lse, return_lse, sinks, fold_scale(base, q_scale, k_scale),
-                            fold_scale(1.0, v_scale), overrides, lane_key)
+             kv_cache_sf, overrides: Optional[tuple], sm_scale: Optional[float] = None):
+        lane = self._lane(RUN, (q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
+                                sinks, kv_cache_sf, overrides, sm_scale))
+        k, v = self._kv_views(paged_kv_cache)
+        base = lane.sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
+        return self._launch(lane, q, k, v, out, lse, return_lse, sinks,
+                            base if q_scale is None and k_scale is None else fold_scale(base, q_scale, k_scale),
+                            1.0 if v_scale is None else fold_scale(1.0, v_scale))
 
     def _kv_views(self, paged_kv_cache) -> tuple:
         """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""
@@ -280,3 +253,10 @@ class PagedRunSpec(RunSpecBase):
             name = "block_tables" if self.planned.cudnn else "paged_kv_indices"
             raise bad(f"{name} (planned)", self.planned.max_page_id, f"page ids < {d.pages}, the pages of "
                       f"paged_kv_cache (shape[0]={d.pages}): re-plan, or pass the whole cache")
+
+
+RUN = B.Declaration(
+    "BatchPrefillWithPagedKVCacheWrapper.run", PagedRunSpec,
+    ("q", "paged_kv_cache", "q_scale", "k_scale", "v_scale", "out", "lse", "return_lse", "window_left", "sinks",
+     "kv_cache_sf", "overrides", "sm_scale"),
+    problem=run_problem, sizes=run_sizes, vary=B.NOTHING_VARIES, per_call=_RUN_PER_CALL)

@@ -11,12 +11,9 @@ from .. import checks, ops
 from ..checks import Scale, bad, check_indptr_values, fold_scale, host_ints, need_index, need_tensor
 from . import _base as B
 from ._base import UNSET
-from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase
+from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase, run_problem, run_sizes
 
 _RUN_PER_CALL = ("q_scale", "k_scale", "v_scale", "o_scale")
-
-
-_RUN_FORMS = B.Forms()  # how run() reads its lane keys
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
@@ -90,39 +87,23 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
             res, res_lse = ops.ragged_run(self._handle, q, k, v, return_lse or lse is not None, q_scale, k_scale,
                                            v_scale, o_scale)
             return self._compiled_result(res, res_lse, out, lse, return_lse)
-        hot = None
-        if (out is None and lse is None and q_scale is None and k_scale is None and v_scale is None and o_scale is None
-                and kv_cache_sf is None and type(return_lse) is bool and type(q) is torch.Tensor
-                and type(k) is torch.Tensor and type(v) is torch.Tensor and B.lanes_open(q)):
-            hot = (return_lse, q.dtype, q.device, q.shape, q.stride(), k.dtype, k.device, k.shape, k.stride(), v.dtype,
-                   v.device, v.shape, v.stride())
-            lane = self._hot.get(hot)
-            if lane is not None:  # a default-option repeat: its lane without the full key
-                return self._go(lane, q, k, v, None, None, return_lse, None)
-        return self._checked_then_hot(hot, lambda: self._run(
-            q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, ()))
+        return self._run(q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, None)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, overrides,
-             sm_scale: Optional[float] = None):
-        lane_key = _RUN_FORMS.key((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf,
-                                   overrides or None, sm_scale), None)
-        lane = self._lanes.get(lane_key) if lane_key is not None else None
-        if lane is not None:  # an exact repeat on this plan: nothing to check
-            return self._go(lane, q, k, v, out, lse, return_lse, None)
-        args = dict(q=q, k=k, v=v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, o_scale=o_scale, out=out,
-                    lse=lse, return_lse=return_lse, kv_cache_sf=kv_cache_sf)
-        key = B.call_key("ragged-run", args, None, _RUN_PER_CALL) + (overrides,)
-        if not self._known_run(key, args, _RUN_PER_CALL):
-            self._check_run(RaggedRunSpec, args, key)
-        base = self._plan.sm_scale if sm_scale is None else sm_scale
+    def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf,
+             overrides: Optional[tuple], sm_scale: Optional[float] = None):
+        lane = self._lane(RUN, (q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf,
+                                overrides, sm_scale))
+        base = lane.sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
+        sm = base if q_scale is None and k_scale is None else fold_scale(base, q_scale, k_scale)
+        if o_scale is None:
+            return self._launch(lane, q, k, v, out, lse, return_lse, None, sm,
+                                1.0 if v_scale is None else fold_scale(1.0, v_scale))
         if isinstance(o_scale, (int, float)) and o_scale == 0:
             raise bad("o_scale", o_scale, "a non-zero finite float (the output is divided by it)")
-        inv_o = None if o_scale is None else (o_scale.reciprocal() if isinstance(o_scale, torch.Tensor)
-                                              else 1.0 / o_scale)
-        return self._launch(q, k, v, out, lse, return_lse, None, fold_scale(base, q_scale, k_scale),
-                            fold_scale(1.0, v_scale, inv_o), overrides, lane_key)
+        inv_o = o_scale.reciprocal() if isinstance(o_scale, torch.Tensor) else 1.0 / o_scale
+        return self._launch(lane, q, k, v, out, lse, return_lse, None, sm, fold_scale(1.0, v_scale, inv_o))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                 pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False, window_left: int = -1,
@@ -207,3 +188,10 @@ class RaggedRunSpec(RunSpecBase):
         for name, t in (("k", self.k), ("v", self.v)):
             if t.shape[0] < self.planned.total_kv:
                 raise bad(f"{name}.shape", tuple(t.shape), f">= {self.planned.total_kv} rows (plan's kv_indptr[-1])")
+
+
+RUN = B.Declaration(
+    "BatchPrefillWithRaggedKVCacheWrapper.run", RaggedRunSpec,
+    ("q", "k", "v", "q_scale", "k_scale", "v_scale", "o_scale", "out", "lse", "return_lse", "kv_cache_sf",
+     "overrides", "sm_scale"),
+    problem=run_problem, sizes=run_sizes, vary=B.NOTHING_VARIES, per_call=_RUN_PER_CALL)
