@@ -12,7 +12,7 @@ import contextlib
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterator, Union
+from typing import Any, Callable, Hashable, Iterator, Optional, Union
 
 import torch
 
@@ -65,7 +65,7 @@ _SEEN_MAX = 1024
 _identity = object.__hash__
 
 
-def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]) -> tuple:
+def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple], store: Optional[dict] = None) -> tuple:
     """``make(t)``'s views of ``t`` (``what`` names them), kept for a tensor object that outlives
     a call. Why: a view costs about 1 us of host time, and a KV cache is the same object on
     every call of every layer. Kept views sit on ``t``'s storage without a view base, so they do
@@ -73,14 +73,20 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
     as before). A tensor changed in place (``set_``, ``resize_``, ``.data =``) gets new views:
     the entry holds its data pointer, dtype, device, shape and strides. A tensor met for the first
     time gets plain views: one made afresh for each call (``cache[:, 0]`` in the call) would
-    pay for keeping on every call."""
+    pay for keeping on every call. ``store``: a caller's own dict whose owner proves, on every
+    call that passes it, the tensor's dtype, device, shape and strides (a lane: its key holds them),
+    so an entry there checks the data pointer alone (a view's storage stays alive with the view,
+    so the same pointer on the same live object is the same memory)."""
     key = (_identity(t), what)
-    facts = (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
-    entry = _KEPT_VIEWS.get(key)
+    if store is None:
+        store, facts = _KEPT_VIEWS, (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
+    else:
+        facts = t.data_ptr()
+    entry = store.get(key)
     if entry is not None:
         if entry[0] == facts:
             return entry[2]
-        _KEPT_VIEWS.pop(key, None)  # changed in place: its old views must not keep the old memory alive
+        store.pop(key, None)  # changed in place: its old views must not keep the old memory alive
     views = make(t)
     seen = _SEEN.pop(key, None)
     if seen is None or seen() is not t:
@@ -90,10 +96,10 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
         return views
     views = tuple(map(_without_base, views))
 
-    def forget(ref, key=key) -> None:
-        if _KEPT_VIEWS.get(key, (None, None))[1] is ref:
-            _KEPT_VIEWS.pop(key, None)  # pop: another thread may have replaced or dropped it meanwhile
-    _KEPT_VIEWS[key] = (facts, weakref.ref(t, forget), views)
+    def forget(ref, key=key, store=store) -> None:
+        if store.get(key, (None, None))[1] is ref:
+            store.pop(key, None)  # pop: another thread may have replaced or dropped it meanwhile
+    store[key] = (facts, weakref.ref(t, forget), views)
     return views
 
 

@@ -108,9 +108,10 @@ def split_kv(kv_cache: Any, name: str, allow_squeezed: bool) -> tuple[torch.Tens
     return k, v, kv_cache.dim() == 4
 
 
-def cache_halves(cache: torch.Tensor, layout: str) -> tuple:
-    """The logical NHD (k, v) views of a 5-D (pages, 2, ...) cache in ``layout`` (kept_views)."""
-    return kept_views(cache, layout, lambda c: tuple(paged_nhd(half, layout, False) for half in c.unbind(1)))
+def cache_halves(cache: torch.Tensor, layout: str, store: Optional[dict] = None) -> tuple:
+    """The logical NHD (k, v) views of a 5-D (pages, 2, ...) cache in ``layout`` (kept_views; ``store``:
+    a lane's own, whose key proves the cache's dtype, device, shape and strides)."""
+    return kept_views(cache, layout, lambda c: tuple(paged_nhd(half, layout, False) for half in c.unbind(1)), store)
 
 
 def paged_nhd(t: torch.Tensor, layout: str, squeezed: bool) -> torch.Tensor:

@@ -64,3 +64,19 @@ def test_a_cache_changed_in_place_gets_new_views():
     assert k2.shape[0] == 5 and torch.equal(k2, other[:, 0]) and torch.equal(v2, other[:, 1])
     hnd_k, _ = cache_halves(cache, "HND")
     assert torch.equal(hnd_k, other[:, 0].permute(0, 2, 1, 3))
+
+
+def test_a_callers_store_checks_the_pointer_and_drops_with_the_cache():
+    store: dict = {}  # a lane's: its key proves dtype, device, shape and strides on every call
+    cache = torch.randn(6, 2, 4, 3, 8)
+    for _ in range(3):
+        k, v = cache_halves(cache, "NHD", store)
+    assert k._base is None and len(store) == 1 and not any(key[1] is store for key in _device._KEPT_VIEWS)
+    other = torch.randn(6, 2, 4, 3, 8)
+    cache.set_(other)  # the same object and shape, another memory
+    k2, v2 = cache_halves(cache, "NHD", store)
+    assert torch.equal(k2, other[:, 0]) and torch.equal(v2, other[:, 1])
+    assert k2.data_ptr() == other.data_ptr() != k.data_ptr()
+    del k, v, k2, v2, cache
+    gc.collect()
+    assert not store  # the cache died: its kept views (and memory) with it

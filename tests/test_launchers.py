@@ -455,3 +455,23 @@ def test_trtllm_default_option_repeats_take_their_lane(gpu_like, tuple_cache):
         assert torch.equal(dispatch.trtllm_batch_context_with_kv_cache(*args, **kw), first)
     sunk = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw, sinks=torch.randn(c["num_qo_heads"]))
     assert not torch.equal(sunk, first)
+
+
+def test_a_paged_run_lane_keeps_views_per_cache_and_remakes_them_after_an_in_place_change(gpu_like,
+                                                                                       counting_launcher):
+    c = paged()
+    w = paged_wrapper(c)
+    layers = [c["cache"], torch.randn_like(c["cache"])]  # one lane (same facts), two caches
+    got = [w.run(c["q"], layers[i % 2]).clone() for i in range(6)]
+    assert counting_launcher["launched"] >= 4  # the repeats took the lane
+    _base.CPU_VALUE_CHECKS = True  # the checked path (no lane) on the same data
+    for i, out in enumerate(got):
+        assert torch.equal(out, w.run(c["q"], layers[i % 2]))
+    assert not torch.equal(got[0], got[1])
+    _base.CPU_VALUE_CHECKS = False
+    launched = counting_launcher["launched"]
+    layers[1].set_(torch.randn_like(c["cache"]))  # the same object and shape, another memory
+    moved = w.run(c["q"], layers[1]).clone()
+    assert counting_launcher["launched"] == launched + 1  # still the lane, with views of the new memory
+    _base.CPU_VALUE_CHECKS = True
+    assert torch.equal(moved, w.run(c["q"], layers[1])) and not torch.equal(moved, got[1])

@@ -397,33 +397,22 @@ class _NoForm:
 
 class Forms:
     """The forms of one caller's lane keys, per sequence of argument types (a few per entry), with
-    the latest kept aside: a repeat's values match it (one compiled guard, no hashing of types)."""
+    the latest kept aside (``latest``, read by ``Declaration.lane``): a repeat's values match it
+    (one compiled guard, no hashing of types)."""
 
-    __slots__ = ("unread", "_forms", "_last")
+    __slots__ = ("unread", "_forms", "latest")
 
     def __init__(self, unread: frozenset = frozenset()):
-        self.unread, self._forms, self._last = unread, {}, _NoForm
+        self.unread, self._forms, self.latest = unread, {}, _NoForm
 
-    def key(self, values: tuple, explicit) -> Optional[tuple]:
-        """The lane key of ``values`` (``values[0]``: the query), or None (the call is checked): every
-        argument's type (through its form), every plain value, every tensor's dtype, device, shape
-        and strides, the explicit choice and strict mode. No key for a CPU query while CPU value
-        checks are on, under ATTN_DISPATCH_VALIDATE=full, or in a dry run (explain)."""
-        query = values[0]
-        if type(query) is not _TENSOR or (CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get():
-            return None
-        if _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation():  # read and unset: no call
-            return None
-        strict = policy.strict_mode()
-        key = self._last.match(values, explicit, strict)  # one attribute: another thread replaces it whole
-        if key is MISS:
-            kinds = tuple(map(type, values))
-            form = self._forms.get(kinds)
-            if form is None:
-                form = self._forms[kinds] = _Form(kinds, self.unread)
-            self._last = form
-            key = form.match(values, explicit, strict)
-        return key
+    def new_form(self, values: tuple, explicit, strict: bool) -> Optional[tuple]:
+        """The key of values of another form than the latest's (that form becomes the latest)."""
+        kinds = tuple(map(type, values))
+        form = self._forms.get(kinds)
+        if form is None:
+            form = self._forms[kinds] = _Form(kinds, self.unread)
+        self.latest = form  # one attribute: another thread replaces it whole
+        return form.match(values, explicit, strict)
 
 
 def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
@@ -444,10 +433,13 @@ class Lane:
     the key, the sizes the batch is built from, the backend's plan once it is known to be reusable, and the
     backend's launcher for repeats once that plan has served a call (``Backend.launcher``)."""
 
-    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked")
+    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked", "kept")
 
     def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace):
         self.proof, self.explicit, self.strict, self.sizes = proof, explicit, policy.strict_mode(), sizes
+        # kept views of its tensors (backends._device.kept_views' store) once kept under its lane key,
+        # which proves their dtype, device, shape and strides on every call that finds it
+        self.kept: Optional[dict] = None
         self.planned: Optional[router.Planned] = None
         self.fast: Optional[Callable] = None
         self.asked = False  # the backend was asked for a launcher (it may have none)
@@ -508,10 +500,20 @@ class Declaration:
         run: the arguments its plan fixes are ``calls.fixed``): an exact repeat's, else a checked
         call's (the full checks once per call key, the size checks on every call), kept under its
         lane key in ``calls``."""
-        key = self.forms.key(values, explicit)
-        found = calls.lanes.get(key) if key is not None else None
-        if found is not None:
-            return found
+        # The lane key (None: the call is checked): every argument's type (through its form), every
+        # plain value, every tensor's dtype, device, shape and strides, the explicit choice and strict
+        # mode. None for a CPU query while CPU value checks are on, under ATTN_DISPATCH_VALIDATE=full,
+        # or in a dry run (explain). Inline (a repeat's frames count): the latest form's compiled match.
+        query, key = values[0], None
+        if type(query) is _TENSOR and not ((CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or (
+                _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation())):  # read and unset: no call
+            forms, strict = self.forms, policy.strict_mode()
+            key = forms.latest.match(values, explicit, strict)
+            if key is MISS:
+                key = forms.new_form(values, explicit, strict)
+            found = calls.lanes.get(key) if key is not None else None
+            if found is not None:
+                return found
         args = dict(zip(self.params, values))
         if calls.fixed:
             args.update(calls.fixed)
@@ -520,6 +522,7 @@ class Declaration:
                                     lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs)
         found = Lane(proof, explicit, self.sizes(args, derived))
         if key is not None:
+            found.kept = {}
             calls.lanes.put(key, found)
         return found
 
@@ -571,8 +574,7 @@ def dry_run() -> Iterator[None]:
         _LAST.set(last)
 
 
-def is_dry() -> bool:
-    return _DRY.get()
+is_dry: Callable[[], bool] = _DRY.get  # whether this context is a dry run (explain); no Python frame per call
 
 
 _LAST: contextvars.ContextVar[Optional[router.Decision]] = contextvars.ContextVar("attn_dispatch_last_decision",

@@ -162,12 +162,8 @@ class PrefillWrapper:
         raise NotImplementedError
 
     # -- run --------------------------------------------------------------------------------------
-    def _lane(self, declaration: B.Declaration, values: tuple) -> B.Lane:
-        """The run's lane on the current plan: ``Declaration.lane`` on the plan's call cache (the full
-        run checks once per call key, the size checks per call, nothing on an exact repeat)."""
-        if self._plan is None:
-            raise RuntimeError(f"{type(self).__name__}.run() before plan(): call plan(...) first")
-        return declaration.lane(values, self._explicit, self._calls)
+    def _unplanned(self) -> RuntimeError:
+        return RuntimeError(f"{type(self).__name__}.run() before plan(): call plan(...) first")
 
     def _launch(self, lane: B.Lane, q, k, v, out, lse, return_lse, sinks, sm_scale, out_scale):
         """Allocate what the caller did not give, build the batch, launch through the lane."""
@@ -178,17 +174,13 @@ class PrefillWrapper:
             lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=q.device)
         if lane.fast is None and (isinstance(sm_scale, torch.Tensor) or isinstance(out_scale, torch.Tensor)):
             lane.asked = True  # a device scale folded per call: its launcher would keep this call's tensor
-        planned = lane.launch(self._batch(q, k, v, out, lse, sinks, sm_scale, out_scale))
+        # the batch, positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
+        planned = lane.launch(AttentionBatch(q, k, v, p.qo_indptr, p.kv_lens, out, p.batch_size, p.max_q, p.max_kv,
+                                             sm_scale, out_scale, p.kv_indptr, p.block_table, lse, sinks,
+                                             p.custom_mask, p.mask_indptr, None, self._extras))
         if not B.is_dry():  # explain: the decision is the context's, the wrapper's own stays as it was
             self._last = planned
         return (out, lse) if return_lse else out
-
-    def _batch(self, q, k, v, out, lse, sinks, sm_scale, out_scale) -> AttentionBatch:
-        p = self._plan
-        # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
-        return AttentionBatch(q, k, v, p.qo_indptr, p.kv_lens, out, p.batch_size, p.max_q, p.max_kv, sm_scale,
-                              out_scale, p.kv_indptr, p.block_table, lse, sinks, p.custom_mask, p.mask_indptr, None,
-                              self._extras)
 
     def _forward_options(self, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
                          rope_theta) -> tuple:

@@ -114,10 +114,17 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
              kv_cache_sf, overrides: Optional[tuple], sm_scale: Optional[float] = None):
-        lane = self._lane(RUN, (q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left,
-                                sinks, kv_cache_sf, overrides, sm_scale))
-        k, v = self._kv_views(paged_kv_cache)
-        base = lane.sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
+        if self._plan is None:
+            raise self._unplanned()
+        # the run's lane on the plan's call cache (the full run checks once per call key, the size
+        # checks per call, nothing on an exact repeat)
+        lane = RUN.lane((q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, window_left, sinks,
+                         kv_cache_sf, overrides, sm_scale), self._explicit, self._calls)
+        sizes = lane.sizes
+        # a whole (pages, 2, ...) cache: its halves kept per lane (the lane key proves its facts)
+        k, v = (cache_halves(paged_kv_cache, sizes.halves, lane.kept) if sizes.halves is not None
+                else self._kv_views(paged_kv_cache))
+        base = sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
         return self._launch(lane, q, k, v, out, lse, return_lse, sinks,
                             base if q_scale is None and k_scale is None else fold_scale(base, q_scale, k_scale),
                             1.0 if v_scale is None else fold_scale(1.0, v_scale))
@@ -255,8 +262,17 @@ class PagedRunSpec(RunSpecBase):
                       f"paged_kv_cache (shape[0]={d.pages}): re-plan, or pass the whole cache")
 
 
+def paged_run_sizes(args: dict, d):
+    """``run_sizes`` and the layout of a whole (pages, 2, ...) cache's halves (None: a (k, v) pair or
+    a squeezed cache); the lane key (the cache's type and shape) proves it for every repeat."""
+    sizes, cache, p = run_sizes(args, d), args["paged_kv_cache"], args["planned"]
+    whole = type(cache) is torch.Tensor and cache.dim() == 5 and cache.shape[1] == 2
+    sizes.halves = ("HND" if p.cudnn else p.layout) if whole else None
+    return sizes
+
+
 RUN = B.Declaration(
     "BatchPrefillWithPagedKVCacheWrapper.run", PagedRunSpec,
     ("q", "paged_kv_cache", "q_scale", "k_scale", "v_scale", "out", "lse", "return_lse", "window_left", "sinks",
      "kv_cache_sf", "overrides", "sm_scale"),
-    problem=run_problem, sizes=run_sizes, vary=B.NOTHING_VARIES, per_call=_RUN_PER_CALL)
+    problem=run_problem, sizes=paged_run_sizes, vary=B.NOTHING_VARIES, per_call=_RUN_PER_CALL)

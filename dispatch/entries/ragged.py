@@ -93,8 +93,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf,
              overrides: Optional[tuple], sm_scale: Optional[float] = None):
-        lane = self._lane(RUN, (q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf,
-                                overrides, sm_scale))
+        if self._plan is None:
+            raise self._unplanned()
+        # the run's lane on the plan's call cache (the full run checks once per call key, the size
+        # checks per call, nothing on an exact repeat)
+        lane = RUN.lane((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf, overrides,
+                         sm_scale), self._explicit, self._calls)
         base = lane.sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
         sm = base if q_scale is None and k_scale is None else fold_scale(base, q_scale, k_scale)
         if o_scale is None:
