@@ -167,11 +167,11 @@ class PrefillWrapper:
 
     def _launch(self, lane: B.Lane, q, k, v, out, lse, return_lse, sinks, sm_scale, out_scale):
         """Allocate what the caller did not give, build the batch, launch through the lane."""
-        p = self._plan
+        p = self._plan  # p.device: q's (the checks, proven by the key); made once (q.device is a new object)
         if out is None:
-            out = torch.empty(p.total_q, p.hq, p.dvo, dtype=p.out_dtype, device=q.device)
+            out = torch.empty(p.total_q, p.hq, p.dvo, dtype=p.out_dtype, device=p.device)
         if return_lse and lse is None:
-            lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=q.device)
+            lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=p.device)
         if lane.fast is None and (isinstance(sm_scale, torch.Tensor) or isinstance(out_scale, torch.Tensor)):
             lane.asked = True  # a device scale folded per call: its launcher would keep this call's tensor
         # the batch, positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
