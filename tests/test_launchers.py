@@ -475,3 +475,18 @@ def test_a_paged_run_lane_keeps_views_per_cache_and_remakes_them_after_an_in_pla
     assert counting_launcher["launched"] == launched + 1  # still the lane, with views of the new memory
     _base.CPU_VALUE_CHECKS = True
     assert torch.equal(moved, w.run(c["q"], layers[1])) and not torch.equal(moved, got[1])
+
+
+def test_a_kv_pairs_lane_key_holds_each_tensors_facts_and_the_pair_length(gpu_like, counting_launcher):
+    c = paged()
+    w = paged_wrapper(c)
+    k, v = c["cache"][:, 0], c["cache"][:, 1]
+    first = w.run(c["q"], (k, v)).clone()
+    assert torch.equal(w.run(c["q"], (k, v)), first) and counting_launcher["launched"] >= 1
+    with pytest.raises(ValueError, match="paged_kv_cache"):  # v's dtype differs: checked, refused
+        w.run(c["q"], (k, v.to(torch.float64)))
+    with pytest.raises((ValueError, TypeError), match="paged_kv_cache"):  # a third tensor: checked, refused
+        w.run(c["q"], (k, v, v))
+    swapped = w.run(c["q"], (v, k))  # same facts, other data: the lane, on this call's tensors
+    _base.CPU_VALUE_CHECKS = True
+    assert torch.equal(swapped, w.run(c["q"], (v, k))) and not torch.equal(swapped, first)

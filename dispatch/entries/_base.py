@@ -344,7 +344,9 @@ class _Form:
     ``match(values, explicit, strict)`` is compiled per form: one guard (``is None`` where the
     form has None, one ``type() is`` elsewhere) and one tuple expression, no loop (a repeat's whole
     host cost matters); it returns ``MISS`` when the values have another form, None when the key
-    cannot hold an argument (the call is checked)."""
+    cannot hold an argument (the call is checked). A sequence of tensors (a (k, v) pair) is part
+    of the form (its type, length and element types: ``form_kinds``): its tensors' facts are
+    read in place, as an argument tensor's."""
 
     __slots__ = ("match",)
 
@@ -354,11 +356,20 @@ class _Form:
             if kind is _NONE:  # None: the form (its types) says all there is
                 guard.append(f"a{i} is None")
                 continue
+            inner = ()
+            if type(kind) is tuple:  # (sequence type, element types...)
+                kind, inner = kind[0], kind[1:]
             space[f"K{i}"] = kind
             guard.append(f"type(a{i}) is K{i}")
             if i in unread:
                 continue
-            if kind is _TENSOR:
+            if inner and all(k is _TENSOR for k in inner):
+                guard.append(f"len(a{i}) == {len(inner)}")
+                guard.extend(f"type(a{i}[{j}]) is T" for j in range(len(inner)))
+                space["T"] = _TENSOR
+                fields.extend(f"a{i}[{j}].dtype, a{i}[{j}].device, a{i}[{j}].shape, a{i}[{j}].stride()"
+                              for j in range(len(inner)))
+            elif kind is _TENSOR:
                 fields.append(f"a{i}.dtype, a{i}.device, a{i}.shape, a{i}.stride()")
             elif kind in _PLAIN_TYPES:
                 fields.append(f"a{i}")
@@ -407,12 +418,19 @@ class Forms:
 
     def new_form(self, values: tuple, explicit, strict: bool) -> Optional[tuple]:
         """The key of values of another form than the latest's (that form becomes the latest)."""
-        kinds = tuple(map(type, values))
+        kinds = form_kinds(values)
         form = self._forms.get(kinds)
         if form is None:
             form = self._forms[kinds] = _Form(kinds, self.unread)
         self.latest = form  # one attribute: another thread replaces it whole
         return form.match(values, explicit, strict)
+
+
+def form_kinds(values: tuple) -> tuple:
+    """Every value's type; a short tuple or list (a (k, v) pair): (its type, its elements' types),
+    a form holds both (longer ones: their type; the key reads their facts through ``_facts``)."""
+    return tuple((type(v),) + tuple(map(type, v)) if (type(v) is tuple or type(v) is list) and len(v) <= 4
+                 else type(v) for v in values)
 
 
 def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
