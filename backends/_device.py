@@ -65,7 +65,8 @@ _SEEN_MAX = 1024
 _identity = object.__hash__
 
 
-def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple], store: Optional[dict] = None) -> tuple:
+def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple],
+               store: Optional[dict] = None) -> tuple:
     """``make(t)``'s views of ``t`` (``what`` names them), kept for a tensor object that outlives
     a call. Why: a view costs about 1 us of host time, and a KV cache is the same object on
     every call of every layer. Kept views sit on ``t``'s storage without a view base, so they do

@@ -19,8 +19,9 @@ plan         a backend's prepared state for one problem (a vendor plan: a FlashI
              wrappers make theirs in ``plan()``; nothing else is called a plan.
 lane         what an exact repeat finds by its lane key (every argument's type and value, every
              tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
-             launcher. Functions and wrapper runs alike: ``Declaration.lane`` finds it in a call
-             cache (``Calls``: lanes and proofs): ``CALLS`` for functions, one per wrapper plan.
+             launcher, kept views of its tensors. Functions and wrapper runs alike:
+             ``Declaration.lane`` finds it in a call cache (``Calls``: lanes and proofs):
+             ``CALLS`` for functions, one per wrapper plan.
 batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
 launcher     the backend's closure that launches a kept plan on a new batch (no host work).
 
