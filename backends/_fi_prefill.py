@@ -342,11 +342,9 @@ class FlashInferPrefill(Provider):
         window, cap, rope_scale, rope_theta = (problem.window_left, problem.logits_soft_cap, problem.rope_scale,
                                                problem.rope_theta)
 
-        causal = problem.causal
-
+        # No causal-overhang check here: a launcher serves one lane, whose key holds q's and k's
+        # shapes, and is made only after run() (which checks) served that lane.
         def launch_single(b) -> None:
-            if causal and b.q.shape[0] > b.k.shape[0]:  # refused before launching: the router hands it over
-                _vendor.refuse_causal_overhang(self.label, causal, b.q.shape[0], b.k.shape[0], SRC_CAUSAL)
             k, v = (b.k.transpose(0, 1), b.v.transpose(0, 1)) if transposed else (b.k, b.v)
             run(b.q, k, v, tmp, b.out, b.lse, mask, layout_value, window, None, alibi, cap, scale, None, None, None,
                 rope_scale, rope_theta)
