@@ -41,7 +41,8 @@ import torch
 
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
          "                           [--device {cpu,cuda}]\n"
-         "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N] [--list]\n"
+         "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
+         "                           [--warm-workers J] [--list]\n"
          "                           [--json]\n"
          "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
          "       %(prog)s --replay JSON [JSON ...] [--out DIR]")
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="with --random: the seed (default: drawn from os.urandom now; printed and recorded)")
     p.add_argument("--table-out", type=Path, default=None, help="with --to-table: where to write the table")
+    p.add_argument("--warm-workers", type=int, default=0, metavar="J",
+                   help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/lab/warm.py)")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p
@@ -127,8 +130,9 @@ def _progress(total: int):
     return tqdm(total=total, unit="problem", file=sys.stderr)
 
 
-def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None) -> list[dict]:
-    """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout)."""
+def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None, warmup=None) -> list[dict]:
+    """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout);
+    ``warmup`` (a ``warm.Warmup``): wait for each problem's compiles first."""
     from . import runner
 
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0) if device == "cuda" else 0
@@ -137,10 +141,13 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
         if budget_s and time.perf_counter() - start > budget_s:
             results.append({"problem": p.to_json(), "name": p.name, "error": "skipped: --budget-s spent"})
             continue
+        waited = warmup.wait(i) if warmup is not None else None
         try:
             r = runner.run_problem(p, device, reps, l2, seed=i)
         except Exception as exc:  # one problem failing (out of memory, say) is a result
             r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
+        if waited is not None:
+            r["warm_wait_s"] = waited
         results.append(r)
         line = (f"[{i + 1}/{len(plist)}] {p.name}: " + (r.get("error") or
                 f"fastest {r['fastest']} {r['fastest_ms'] or 0:.4g} ms, auto {r['auto']} "
@@ -209,7 +216,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     def save(results: list[dict]) -> list[Path]:
         rep.update(results=results, regret=report.regret_figures(results))
         return report.write(rep, args.out, stem)
-    paths = save(sweep(plist, args.device, reps, args.budget_s, on_result=save))
+    warmup = None
+    if args.warm_workers > 0:
+        from .warm import Warmup
+        warmup = Warmup(plist, args.warm_workers, args.device)
+    try:
+        paths = save(sweep(plist, args.device, reps, args.budget_s, on_result=save, warmup=warmup))
+    finally:
+        if warmup is not None:
+            warmup.close()
     if args.json:
         print(json.dumps({"regret": rep["regret"], "outputs": [str(p) for p in paths]}, indent=1))
     else:

@@ -1,0 +1,17 @@
+# Source first in a device command that carries .whl, .whl072 and (when there is one) .jit:
+#   . tools/gpu_env.sh
+# Installs the wheels once per machine (FlashInfer 0.7.2 in /tmp/site072, ahead of .whl's
+# cudnn-frontend, pydantic and tvm-ffi in /tmp/site), and the FlashInfer modules compiled on an
+# earlier machine (.jit, from tools/jit_pack.sh) as FlashInfer's AOT modules, so they load
+# without a compile. Then `python3 -m dispatch ...` runs this tree.
+if [ ! -f /tmp/site072/.installed ]; then
+  pip_install="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
+  $pip_install --target /tmp/site .whl/*.whl && $pip_install --target /tmp/site072 .whl072/*.whl \
+    && touch /tmp/site072/.installed || echo "gpu_env: wheel install failed" >&2
+fi
+export PYTHONPATH=/tmp/site072:/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fi072 PYTHONUNBUFFERED=1
+aot=/tmp/site072/flashinfer/data/aot
+if ls .jit/jit-so.tar.xz.* >/dev/null 2>&1 && [ ! -f $aot/.carried ]; then
+  mkdir -p $aot && cat .jit/jit-so.tar.xz.* | xz -d | tar x -C $aot && touch $aot/.carried
+  echo "gpu_env: $(ls $aot | wc -l) carried FlashInfer modules" >&2
+fi
