@@ -193,3 +193,20 @@ def test_the_latest_lane_follows_strict_mode_and_a_cleared_cache(gpu_like):
     changed = dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
     dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
     assert _base.CALLS.latest[1] is not kept and not torch.equal(changed, out)
+
+
+def test_a_wrapper_repeat_makes_a_new_dense_out_whatever_q_strides(gpu_like):
+    """A repeat's ``out`` is a new contiguous tensor of the output's shape: made like q when q is
+    dense (``out_like_q``), else from the plan's sizes (a q with padded rows here)."""
+    c = ragged()
+    w = ragged_wrapper(c)
+    q, k, v = c["q"], c["k"], c["v"]
+    first, again = w.run(q, k, v), w.run(q, k, v)
+    assert again.is_contiguous() and again.data_ptr() not in (first.data_ptr(), q.data_ptr())
+    assert torch.equal(first, again)
+    wide = torch.randn(q.shape[0], HQ, 2 * D)
+    wide[..., :D] = q
+    padded = wide[..., :D]  # q's values, strides (HQ*2D, 2D, 1)
+    outs = [w.run(padded, k, v) for _ in range(3)]
+    assert all(o.is_contiguous() and o.shape == first.shape and torch.equal(o, first) for o in outs)
+    assert len({o.data_ptr() for o in outs} | {wide.data_ptr()}) == 4

@@ -177,7 +177,8 @@ class PrefillWrapper:
             out_scale = fold_scale(1.0, v_scale, inverse("o_scale", o_scale))
         p = self._plan  # p.device: q's (the checks, proven by the key); made once (q.device is a new object)
         if out is None:
-            out = torch.empty(p.total_q, p.hq, p.dvo, dtype=p.out_dtype, device=p.device)
+            out = (torch.empty_like(q) if lane.sizes.out_like_q
+                   else torch.empty(p.total_q, p.hq, p.dvo, dtype=p.out_dtype, device=p.device))
         if return_lse and lse is None:
             lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=p.device)
         if lane.fast is None and (isinstance(sm_scale, torch.Tensor) or isinstance(out_scale, torch.Tensor)):
@@ -254,9 +255,22 @@ def run_problem(spec, d, size: tuple) -> AttentionProblem:
 
 
 def run_sizes(args: dict, d) -> SimpleNamespace:
-    """What a repeat needs beyond the plan: the softmax scale before the per-call scales fold in."""
-    scale = args["sm_scale"]
-    return SimpleNamespace(sm_scale=args["planned"].sm_scale if scale is None else scale)
+    """What a repeat needs beyond the plan: the softmax scale before the per-call scales fold in,
+    and whether ``out`` is made like q (``torch.empty_like``, ~0.3 us less than ``torch.empty``
+    with a dtype and a device): q a plain tensor of the output's dtype, head dim and canonical
+    strides (the lane key proves its dtype, device, shape and strides on every repeat)."""
+    scale, p, q = args["sm_scale"], args["planned"], args["q"]
+    like = type(q) is torch.Tensor and q.dtype == p.out_dtype and p.dvo == p.dqk and q.stride() == dense_strides(q)
+    return SimpleNamespace(sm_scale=p.sm_scale if scale is None else scale, out_like_q=like)
+
+
+def dense_strides(t: torch.Tensor) -> tuple:
+    """The strides of a new contiguous tensor of t's shape."""
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 def _forget_wrapper_decisions() -> None:
