@@ -182,17 +182,18 @@ def test_the_latest_lane_follows_strict_mode_and_a_cleared_cache(gpu_like):
     assert w._calls.latest[1] is not lane and w._calls.latest[1].strict and torch.equal(strict_out, first)
     w.run(*args)
     assert w._calls.latest[1] is lane
+    from dispatch.entries import single
     s = dict(q=torch.randn(5, HQ, D), k=torch.randn(11, HKV, D), v=torch.randn(11, HKV, D))
     out = dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
     dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
-    kept = _base.CALLS.latest[1]
+    kept = single.DECLARATION.calls.latest[1]
     assert isinstance(kept, _base.Lane)
     dispatch.entries.clear_caches()
-    assert _base.CALLS.latest[1] is None and len(_base.LANES) == 0
+    assert single.DECLARATION.calls.latest[1] is None and len(_base.LANES) == 0
     s["q"].add_(1.0)  # fresh values: the next call must compute, not return a kept result
     changed = dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
     dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
-    assert _base.CALLS.latest[1] is not kept and not torch.equal(changed, out)
+    assert single.DECLARATION.calls.latest[1] is not kept and not torch.equal(changed, out)
 
 
 def test_a_wrapper_repeat_makes_a_new_dense_out_whatever_q_strides(gpu_like):

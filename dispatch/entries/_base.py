@@ -20,8 +20,9 @@ plan         a backend's prepared state for one problem (a vendor plan: a FlashI
 lane         what an exact repeat finds by its lane key (every argument's type and value, every
              tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
              launcher, kept views of its tensors. Functions and wrapper runs alike:
-             ``Declaration.lane`` finds it in a call cache (``Calls``: lanes and proofs):
-             ``CALLS`` for functions, one per wrapper plan.
+             ``Declaration.lane`` finds it in a call cache (``Calls``: lanes and proofs, the
+             latest lane's key compared before any hashing): one per function entry (sharing
+             ``LANES`` and ``PROOFS``), one per wrapper plan.
 batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
 launcher     the backend's closure that launches a kept plan on a new batch (no host work).
 
@@ -254,8 +255,9 @@ _NO_LATEST = (object(), None)  # a Calls' latest before any lane: no key equals 
 
 
 class Calls:
-    """The call cache: lane key -> ``Lane`` (``lanes``), call key -> ``Proof`` (``proofs``). One for
-    the functions (``CALLS``: ``LANES`` and ``PROOFS``); one per wrapper plan, made by ``plan()``
+    """The call cache: lane key -> ``Lane`` (``lanes``), call key -> ``Proof`` (``proofs``), and the
+    latest lane found (``latest``). One per function entry (its declaration's ``calls``: the shared
+    ``LANES`` and ``PROOFS``, its own latest lane); one per wrapper plan, made by ``plan()``
     and dropped with it (its lanes hold that plan's backend plans): there ``fixed`` holds the
     arguments the plan fixes (the spec's ``planned``) and ``variants`` shares one proof per
     problem among the plan's call keys (one backend plan per variant of the plan's problem)."""
@@ -286,7 +288,8 @@ class Calls:
             self.variants.clear()
 
 
-CALLS = Calls(LANES, PROOFS)
+# every declaration's own call cache (``Declaration.calls``; a wrapper's run passes its plan's)
+FUNCTION_CALLS: list[Calls] = []
 
 
 # CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
@@ -510,7 +513,8 @@ class Declaration:
     call; ``per_call``: scalars whose value varies per call; ``facts(args)``: more call-key
     facts; ``unread``: arguments nothing reads (their type alone joins the keys)."""
 
-    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms")
+    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms",
+                 "calls")
 
     def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
                  size: Optional[Callable] = None, vary: Any = None, per_call: tuple = (),
@@ -522,12 +526,18 @@ class Declaration:
         self.problem, self.sizes, self.size = problem, sizes, size
         self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
         self.forms = Forms(frozenset(params.index(name) for name in unread))
+        # a function's call cache (a wrapper's run passes its plan's): entries called in turn keep
+        # their own latest lanes
+        self.calls = Calls(LANES, PROOFS)
+        FUNCTION_CALLS.append(self.calls)
 
-    def lane(self, values: tuple, explicit, calls: Calls = CALLS) -> "Lane":
+    def lane(self, values: tuple, explicit, calls: Optional[Calls] = None) -> "Lane":
         """The lane of the call whose argument values are ``values`` (in ``params`` order; a wrapper's
         run: the arguments its plan fixes are ``calls.fixed``): an exact repeat's, else a checked
         call's (the full checks once per call key, the size checks on every call), kept under its
-        lane key in ``calls``."""
+        lane key in ``calls`` (default: the declaration's)."""
+        if calls is None:
+            calls = self.calls
         # The lane key (None: the call is checked): every argument's type (through its form), every
         # plain value, every tensor's dtype, device, shape and strides, the explicit choice and strict
         # mode. None for a CPU query while CPU value checks are on, under ATTN_DISPATCH_VALIDATE=full,
@@ -632,7 +642,8 @@ def last_decision() -> Optional[router.Decision]:
 
 
 def clear_caches() -> None:
-    CALLS.clear()
+    for calls in FUNCTION_CALLS:
+        calls.clear()
 
 
 autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale
