@@ -134,6 +134,9 @@ def explicit_choice(argument: Optional[str] = None) -> Optional[tuple[str, str]]
     return None
 
 
+scoped_strict = _scoped_strict.get  # the block's strict mode, None outside strict(): a C call, no frame
+
+
 def strict_mode() -> bool:
     scoped = _scoped_strict.get()
     if scoped is not None:

@@ -164,3 +164,50 @@ def test_trtllm_repeats_equal_the_checked_path(gpu_like):
     first = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw)
     again = dispatch.trtllm_batch_context_with_kv_cache(*args, **kw)
     assert torch.equal(first, again) and len(_base.LANES) >= 1
+
+
+def test_the_latest_lane_follows_strict_mode_and_a_cleared_cache(gpu_like):
+    """A repeat of the latest lane found is served by comparing its key (``Calls.latest``): a call
+    in another strict mode still finds its own lane, and clearing the call cache drops the latest
+    lane with the others (the next call checks and decides again)."""
+    c = ragged()
+    w = ragged_wrapper(c)
+    args = (c["q"], c["k"], c["v"])
+    first, again = w.run(*args), w.run(*args)
+    lane = w._calls.latest[1]
+    assert isinstance(lane, _base.Lane) and not lane.strict and torch.equal(first, again)
+    with dispatch.strict():
+        w.run(*args)
+        strict_out = w.run(*args)
+    assert w._calls.latest[1] is not lane and w._calls.latest[1].strict and torch.equal(strict_out, first)
+    w.run(*args)
+    assert w._calls.latest[1] is lane
+    from dispatch.entries import single
+    s = dict(q=torch.randn(5, HQ, D), k=torch.randn(11, HKV, D), v=torch.randn(11, HKV, D))
+    out = dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
+    dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
+    kept = single.DECLARATION.calls.latest[1]
+    assert isinstance(kept, _base.Lane)
+    dispatch.entries.clear_caches()
+    assert single.DECLARATION.calls.latest[1] is None and len(_base.LANES) == 0
+    s["q"].add_(1.0)  # fresh values: the next call must compute, not return a kept result
+    changed = dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
+    dispatch.single_prefill_with_kv_cache(s["q"], s["k"], s["v"], causal=True)
+    assert single.DECLARATION.calls.latest[1] is not kept and not torch.equal(changed, out)
+
+
+def test_a_wrapper_repeat_makes_a_new_dense_out_whatever_q_strides(gpu_like):
+    """A repeat's ``out`` is a new contiguous tensor of the output's shape: made like q when q is
+    dense (``out_like_q``), else from the plan's sizes (a q with padded rows here)."""
+    c = ragged()
+    w = ragged_wrapper(c)
+    q, k, v = c["q"], c["k"], c["v"]
+    first, again = w.run(q, k, v), w.run(q, k, v)
+    assert again.is_contiguous() and again.data_ptr() not in (first.data_ptr(), q.data_ptr())
+    assert torch.equal(first, again)
+    wide = torch.randn(q.shape[0], HQ, 2 * D)
+    wide[..., :D] = q
+    padded = wide[..., :D]  # q's values, strides (HQ*2D, 2D, 1)
+    outs = [w.run(padded, k, v) for _ in range(3)]
+    assert all(o.is_contiguous() and o.shape == first.shape and torch.equal(o, first) for o in outs)
+    assert len({o.data_ptr() for o in outs} | {wide.data_ptr()}) == 4

@@ -20,8 +20,9 @@ plan         a backend's prepared state for one problem (a vendor plan: a FlashI
 lane         what an exact repeat finds by its lane key (every argument's type and value, every
              tensor's dtype, device, shape and strides): the proof, the sizes, the plan, the
              launcher, kept views of its tensors. Functions and wrapper runs alike:
-             ``Declaration.lane`` finds it in a call cache (``Calls``: lanes and proofs):
-             ``CALLS`` for functions, one per wrapper plan.
+             ``Declaration.lane`` finds it in a call cache (``Calls``: lanes and proofs, the
+             latest lane's key compared before any hashing): one per function entry (sharing
+             ``LANES`` and ``PROOFS``), one per wrapper plan.
 batch        ``AttentionBatch``: this call's tensors and sizes, what a backend runs on.
 launcher     the backend's closure that launches a kept plan on a new batch (no host work).
 
@@ -250,18 +251,25 @@ PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
 LANES = BoundedCache(maxsize=1024, refresh=False)  # lane key -> Lane; first in, first out: a hit is one lookup
 
 
+_NO_LATEST = (object(), None)  # a Calls' latest before any lane: no key equals it
+
+
 class Calls:
-    """The call cache: lane key -> ``Lane`` (``lanes``), call key -> ``Proof`` (``proofs``). One for
-    the functions (``CALLS``: ``LANES`` and ``PROOFS``); one per wrapper plan, made by ``plan()``
+    """The call cache: lane key -> ``Lane`` (``lanes``), call key -> ``Proof`` (``proofs``), and the
+    latest lane found (``latest``). One per function entry (its declaration's ``calls``: the shared
+    ``LANES`` and ``PROOFS``, its own latest lane); one per wrapper plan, made by ``plan()``
     and dropped with it (its lanes hold that plan's backend plans): there ``fixed`` holds the
     arguments the plan fixes (the spec's ``planned``) and ``variants`` shares one proof per
     problem among the plan's call keys (one backend plan per variant of the plan's problem)."""
 
-    __slots__ = ("lanes", "proofs", "fixed", "variants", "wrapper")
+    __slots__ = ("lanes", "proofs", "fixed", "variants", "wrapper", "latest")
 
     def __init__(self, lanes: BoundedCache, proofs: BoundedCache, fixed: Optional[Mapping[str, Any]] = None,
                  variants: Optional[BoundedCache] = None, wrapper: Optional[str] = None):
         self.lanes, self.proofs, self.fixed, self.variants, self.wrapper = lanes, proofs, fixed, variants, wrapper
+        # (lane key, lane) of the latest lane found: a repeat of it compares its key to that one,
+        # without hashing it (~0.2 us); replaced whole (another thread reads one pair or the other)
+        self.latest: tuple = _NO_LATEST
 
     def proof(self, problem: AttentionProblem) -> Proof:
         if self.variants is None:
@@ -273,13 +281,15 @@ class Calls:
         return proof
 
     def clear(self) -> None:
+        self.latest = _NO_LATEST
         self.lanes.clear()
         self.proofs.clear()
         if self.variants is not None:
             self.variants.clear()
 
 
-CALLS = Calls(LANES, PROOFS)
+# every declaration's own call cache (``Declaration.calls``; a wrapper's run passes its plan's)
+FUNCTION_CALLS: list[Calls] = []
 
 
 # CPU tensors re-run the device-data (value) checks on every call: they are cheap there. Tests turn
@@ -397,6 +407,8 @@ class _Form:
 MISS = object()  # a form's match: the values have another form
 _NONE = type(None)
 _READ_ENV = policy.read_environment()  # variable -> value as last read (None: unset)
+_SCOPED_STRICT = policy.scoped_strict
+ENV_STRICT = policy.ENV_STRICT
 
 
 class _NoForm:
@@ -501,7 +513,8 @@ class Declaration:
     call; ``per_call``: scalars whose value varies per call; ``facts(args)``: more call-key
     facts; ``unread``: arguments nothing reads (their type alone joins the keys)."""
 
-    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms")
+    __slots__ = ("entry", "spec", "params", "problem", "sizes", "size", "vary", "per_call", "facts", "forms",
+                 "calls")
 
     def __init__(self, entry: str, spec: type, params: tuple, *, problem: Callable, sizes: Callable,
                  size: Optional[Callable] = None, vary: Any = None, per_call: tuple = (),
@@ -513,12 +526,18 @@ class Declaration:
         self.problem, self.sizes, self.size = problem, sizes, size
         self.vary, self.per_call, self.facts = vary if vary is not None else {}, per_call, facts
         self.forms = Forms(frozenset(params.index(name) for name in unread))
+        # a function's call cache (a wrapper's run passes its plan's): entries called in turn keep
+        # their own latest lanes
+        self.calls = Calls(LANES, PROOFS)
+        FUNCTION_CALLS.append(self.calls)
 
-    def lane(self, values: tuple, explicit, calls: Calls = CALLS) -> "Lane":
+    def lane(self, values: tuple, explicit, calls: Optional[Calls] = None) -> "Lane":
         """The lane of the call whose argument values are ``values`` (in ``params`` order; a wrapper's
         run: the arguments its plan fixes are ``calls.fixed``): an exact repeat's, else a checked
         call's (the full checks once per call key, the size checks on every call), kept under its
-        lane key in ``calls``."""
+        lane key in ``calls`` (default: the declaration's)."""
+        if calls is None:
+            calls = self.calls
         # The lane key (None: the call is checked): every argument's type (through its form), every
         # plain value, every tensor's dtype, device, shape and strides, the explicit choice and strict
         # mode. None for a CPU query while CPU value checks are on, under ATTN_DISPATCH_VALIDATE=full,
@@ -526,13 +545,21 @@ class Declaration:
         query, key = values[0], None
         if type(query) is _TENSOR and not ((CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or (
                 _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation())):  # read and unset: no call
-            forms, strict = self.forms, policy.strict_mode()
+            strict = _SCOPED_STRICT()  # policy.strict_mode(), its common cases without a frame
+            if strict is None:
+                strict = _READ_ENV.get(ENV_STRICT, "") is not None and policy.strict_mode()
+            forms = self.forms
             key = forms.latest.match(values, explicit, strict)
             if key is MISS:
                 key = forms.new_form(values, explicit, strict)
-            found = calls.lanes.get(key) if key is not None else None
-            if found is not None:
-                return found
+            if key is not None:
+                latest = calls.latest
+                if key == latest[0]:
+                    return latest[1]
+                found = calls.lanes.get(key)
+                if found is not None:
+                    calls.latest = (key, found)
+                    return found
         args = dict(zip(self.params, values))
         if calls.fixed:
             args.update(calls.fixed)
@@ -615,7 +642,8 @@ def last_decision() -> Optional[router.Decision]:
 
 
 def clear_caches() -> None:
-    CALLS.clear()
+    for calls in FUNCTION_CALLS:
+        calls.clear()
 
 
 autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional, Union, overload
 import torch
 
 from .. import checks, ops
-from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, fold_scale, host_ints,
+from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, host_ints,
                       lens_shapes, need_index, need_int, need_tensor, paged_kv_spec, paged_nhd, split_kv)
 from . import _base as B
 from ._base import UNSET
@@ -124,10 +124,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         # a whole (pages, 2, ...) cache: its halves kept per lane (the lane key proves its facts)
         k, v = (cache_halves(paged_kv_cache, sizes.halves, lane.kept) if sizes.halves is not None
                 else self._kv_views(paged_kv_cache))
-        base = sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
-        return self._launch(lane, q, k, v, out, lse, return_lse, sinks,
-                            base if q_scale is None and k_scale is None else fold_scale(base, q_scale, k_scale),
-                            1.0 if v_scale is None else fold_scale(1.0, v_scale))
+        return self._launch(lane, q, k, v, out, lse, return_lse, sinks, q_scale, k_scale, v_scale, None)
 
     def _kv_views(self, paged_kv_cache) -> tuple:
         """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""

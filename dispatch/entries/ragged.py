@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional, Union, overload
 import torch
 
 from .. import checks, ops
-from ..checks import Scale, bad, check_indptr_values, fold_scale, host_ints, need_index, need_tensor
+from ..checks import Scale, bad, check_indptr_values, host_ints, need_index, need_tensor
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase, run_problem, run_sizes
@@ -87,27 +87,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
             res, res_lse = ops.ragged_run(self._handle, q, k, v, return_lse or lse is not None, q_scale, k_scale,
                                            v_scale, o_scale)
             return self._compiled_result(res, res_lse, out, lse, return_lse)
-        return self._run(q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf, None)
-
-    run_return_lse = functools.partialmethod(run, return_lse=True)
-
-    def _run(self, q, k, v, return_lse, q_scale, k_scale, v_scale, o_scale, out, lse, kv_cache_sf,
-             overrides: Optional[tuple], sm_scale: Optional[float] = None):
         if self._plan is None:
             raise self._unplanned()
         # the run's lane on the plan's call cache (the full run checks once per call key, the size
         # checks per call, nothing on an exact repeat)
-        lane = RUN.lane((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf, overrides,
-                         sm_scale), self._explicit, self._calls)
-        base = lane.sizes.sm_scale  # the scales fold in per call (a tensor's value is not in the key)
-        sm = base if q_scale is None and k_scale is None else fold_scale(base, q_scale, k_scale)
-        if o_scale is None:
-            return self._launch(lane, q, k, v, out, lse, return_lse, None, sm,
-                                1.0 if v_scale is None else fold_scale(1.0, v_scale))
-        if isinstance(o_scale, (int, float)) and o_scale == 0:
-            raise bad("o_scale", o_scale, "a non-zero finite float (the output is divided by it)")
-        inv_o = o_scale.reciprocal() if isinstance(o_scale, torch.Tensor) else 1.0 / o_scale
-        return self._launch(lane, q, k, v, out, lse, return_lse, None, sm, fold_scale(1.0, v_scale, inv_o))
+        lane = RUN.lane((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf, None, None),
+                        self._explicit, self._calls)
+        return self._launch(lane, q, k, v, out, lse, return_lse, None, q_scale, k_scale, v_scale, o_scale)
+
+    run_return_lse = functools.partialmethod(run, return_lse=True)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                 pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False, window_left: int = -1,
@@ -130,7 +118,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
                  rope_theta, return_lse):
         overrides, scale = self._forward_options(causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
                                                  rope_scale, rope_theta)
-        return self._run(q, k, v, return_lse, None, None, None, None, None, None, None, overrides, scale)
+        lane = RUN.lane((q, k, v, None, None, None, None, None, None, return_lse, None, overrides, scale),
+                        self._explicit, self._calls)
+        return self._launch(lane, q, k, v, None, None, return_lse, None, None, None, None, None)
 
 
 B.seed_signature(BatchPrefillWithRaggedKVCacheWrapper.__init__, {"qk_indptr_buf": None})
