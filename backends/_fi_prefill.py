@@ -28,6 +28,9 @@ from backends.base import Reason
 
 SRC_CAUSAL = "flashinfer include/flashinfer/attention/prefill.cuh (SinglePrefillWithKVCacheDispatched)"
 
+# FlashInfer versions whose single-prefill op takes the 18 arguments _run_single passes (0.7's
+# adds two optional NVFP4 scale factors after them; flashinfer/prefill.py run_single_prefill).
+SINGLE_OP_VERSIONS = ("0.5.", "0.7.")
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
@@ -185,18 +188,21 @@ class FlashInferPrefill(Provider):
         return batch.k, batch.v, "NHD"
 
     def _single_op(self, problem, batch) -> Any:
-        """FlashInfer 0.5.x's compiled single-prefill op and its fixed arguments, prepared once
-        per problem (not paying FlashInfer's Python layer per call), or None to use the public
-        function (a custom mask, fp8, or another FlashInfer version)."""
+        """FlashInfer's compiled single-prefill op and its fixed arguments, prepared once per
+        problem (not paying FlashInfer's Python layer and an out copy per call), or None to use
+        the public function (a custom mask, fp8, or a FlashInfer version whose op takes other
+        arguments). The module is loaded here either way: a first use compiles it, and a compile
+        that fails is then a plan-time refusal the router hands over, not an error in mid-call."""
         prefill = self.loaded().module
-        version = self.version() or ""
-        if not version.startswith("0.5.") or problem.mask != "none" or problem.q_dtype.startswith("float8"):
+        if problem.q_dtype.startswith("float8"):
             return None
         try:
             module = prefill.get_single_prefill_module(
                 self.kind, batch.q.dtype, batch.k.dtype, batch.out.dtype, problem.head_dim_qk,
                 problem.head_dim_vo, prefill.PosEncodingMode[problem.pos_encoding].value, problem.window_left >= 0,
                 problem.logits_soft_cap > 0, False)
+            if not (self.version() or "").startswith(SINGLE_OP_VERSIONS) or problem.mask != "none":
+                return None
             tmp = prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024, batch.q.device)
             alibi = prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, batch.q.device)
             mask = (prefill.MaskMode.CAUSAL if problem.causal else prefill.MaskMode.NON_CAUSAL).value

@@ -21,10 +21,11 @@ best first: the table's (backend, entry point) figure (``TimingTable.host_us``, 
 --host-cost`` or the bench rows' median), the median of the matching rows' ``host_us``, else
 ``DEFAULT_HOST_US`` (tables written before host times existed keep working).
 
-The entry point's own list (priorities.json ``entry_first``) stays ahead of the family's list:
-its reasons are about the entry's calling convention (device-side lengths, which FlashInfer's
-fa2/fa3 re-plan on the host every call), which rows measured through other entry points do not
-carry. Estimates order the candidates within each of the two tiers.
+The entry point's own list (priorities.json ``entry_first``) stays ahead of the family's list
+where no row measured through this entry point timed two candidates: its reasons are about the
+entry's calling convention (device-side lengths, which FlashInfer's fa2/fa3 re-plan on the host
+every call), which rows measured through other entry points do not carry. Estimates order the
+candidates within each of the two tiers (one tier where the entry's own rows exist).
 
 Without sizes (the router's problem key holds none) a backend's score is the geometric mean,
 over the matching rows' sizes (or the phase's anchor sizes), of its estimate over the best
@@ -221,7 +222,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
              else f"cost model ({where}: no row matches this problem's facts)")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
-    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device), len(per_point))
+    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted), len(per_point))
 
 
 def _counted(est: Estimate, host: tuple[float, str], graph: bool) -> Estimate:
@@ -232,9 +233,16 @@ def _counted(est: Estimate, host: tuple[float, str], graph: bool) -> Estimate:
 UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the shared row, order kept
 
 
-def _entry_tier(problem: AttentionProblem, device: DeviceDesc) -> set[str]:
-    """The backends of the entry point's own list (ahead of the family's list on a GPU)."""
+def _entry_tier(problem: AttentionProblem, device: DeviceDesc, rows: Optional[list[TimingRow]] = None,
+                accepted: Optional[list[str]] = None) -> set[str]:
+    """The backends of the entry point's own list (ahead of the family's list on a GPU), unless
+    rows measured through this entry point timed two of the candidates side by side: those
+    times carry the entry's calling convention (its host path included), which the list stands in
+    for where nothing was measured."""
     if device.kind != "cuda":
+        return set()
+    if rows and accepted and any(r.bucket.entry == problem.entry and sum(n in r.ms for n in accepted) >= 2
+                                 for r in rows):
         return set()
     return {e.backend for e in capability_db.priorities().entry_first.get(problem.entry, [])}
 

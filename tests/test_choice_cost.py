@@ -72,19 +72,25 @@ def test_the_tables_host_figure_wins_over_the_rows_and_old_tables_use_defaults(m
 
 
 def test_a_gpu_without_its_own_table_borrows_its_sms_scaled_by_its_peaks():
-    own, h200 = measured.table_for(H100), measured.table_for(H200)
-    assert own.scaling == "" and h200 is not own
-    assert h200.scaling == "h100 table scaled to this GPU (h200: bandwidth x1.43, compute x1.00)"
-    assert (h200.peak_tb_per_s, h200.peak_tflops) == (4.8, 989.0)
-    ratio = 4.8 / 3.35
-    for a, b in zip(own.rows, h200.rows):
+    gh200 = capability_db.device_for_capability(9, 0, "NVIDIA GH200 480GB")  # sm_90, no table of its own
+    own, scaled = measured.table_for(H100), measured.table_for(gh200)
+    assert own.scaling == "" and scaled is not own
+    assert scaled.scaling == "h100 table scaled to this GPU (NVIDIA GH200 480GB: bandwidth x1.19, compute x1.00)"
+    assert (scaled.peak_tb_per_s, scaled.peak_tflops) == (4.0, 989.0)
+    ratio = 4.0 / 3.35
+    for a, b in zip(own.rows, scaled.rows):
         for name, ms in a.ms.items():
             floor = min(ms, own.efficiency[name].launch_us / 1e3) if name in own.efficiency else 0.0
             want = floor + (ms - floor) / (ratio if a.bucket.phase == "decode" else 1.0)
             assert b.ms[name] == pytest.approx(want, rel=1e-3, abs=2e-5)
-    assert any(b.ms != a.ms for a, b in zip(own.rows, h200.rows) if a.bucket.phase == "decode")
-    d = router.decide(decode_problem(), H200, live=False)
-    assert "h100 table scaled to this GPU (h200: bandwidth x1.43" in " ".join(d.explain().split())
+    assert any(b.ms != a.ms for a, b in zip(own.rows, scaled.rows) if a.bucket.phase == "decode")
+    d = router.decide(decode_problem(), gh200, live=False)
+    assert "h100 table scaled to this GPU (NVIDIA GH200 480GB: bandwidth x1.19" in " ".join(d.explain().split())
+
+
+def test_the_h200_uses_its_own_measured_table():
+    h200 = measured.table_for(H200)
+    assert h200.scaling == "" and h200.gpu == "NVIDIA H200" and h200.rows
 
 
 def test_unknown_names_scale_compute_by_sm_count_or_say_they_are_unscaled():

@@ -19,6 +19,7 @@ from .. import router
 from ..problem import AttentionProblem, size_class
 from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
 from .report import regret_figures
+from .runner import call_cost
 from .table import entry_of
 
 
@@ -47,7 +48,7 @@ def replay(results: dict) -> list[dict]:
             continue
         p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
         timed = {b["backend"]: b["eager_ms"] for b in r["backends"]
-                 if b["backend"] != "auto" and b.get("status") == "ok" and b.get("eager_ms")}
+                 if b["backend"] not in ("auto", "flashinfer") and b.get("status") == "ok" and b.get("eager_ms")}
         if r.get("auto") and r.get("auto_ms") and r["auto"] not in timed:  # a backend only auto ran (fa3 off d128)
             timed[r["auto"]] = r["auto_ms"]
         if not timed:
@@ -55,9 +56,14 @@ def replay(results: dict) -> list[dict]:
         chosen = router.decide(problem_of(p), device, live=False).chosen
         fastest = min(timed, key=timed.__getitem__)
         ms = timed.get(chosen)
+        cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
+        costs = {b["backend"]: b["eager_ms"] + b["host_us"] / 1e3 for b in r["backends"]
+                 if b["backend"] in timed and b.get("host_us") is not None}
         rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
                      "fastest_ms": timed[fastest], "regret": None if ms is None else ms / timed[fastest] - 1,
-                     "auto_when_measured": r.get("auto"), "auto_regret_when_measured": r.get("regret")})
+                     "cost_regret": costs[chosen] / min(costs.values()) - 1 if chosen in costs else None,
+                     "auto_when_measured": r.get("auto"), "auto_regret_when_measured": r.get("regret"),
+                     "auto_cost_regret_when_measured": cost["cost_regret"]})
     return rows
 
 
@@ -68,7 +74,8 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
              " ".join(__doc__.split("\n\n")[0].split()), "",
              f"**Regret of today's choice** over {fig.get('count', 0)} problems (and {untimed} whose choice was not "
              f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
-             f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}.", "",
+             f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}. "
+             + _cost_text(regret_figures(rows, "cost_regret")), "",
              "| problem | chosen now | its ms | fastest | fastest ms | regret | auto when measured (regret) |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -78,6 +85,14 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
                      f"{_ms(r['fastest_ms'])} | {regret} | {r['auto_when_measured']}"
                      f"{'' if was is None else f' ({100 * was:.1f}%)'} |")
     return "\n".join(lines) + "\n"
+
+
+def _cost_text(fig: dict) -> str:
+    if not fig.get("count"):
+        return ""
+    return (f"By what an eager call costs (GPU + host, as the choice counts it), over {fig['count']}: p50 "
+            f"{fig['p50']:.1%}, p95 {fig['p95']:.1%}, max {fig['max']:.1%}; within 3%: {fig['within_3pct']}, "
+            f"within 10%: {fig['within_10pct']}.")
 
 
 def _ms(value: Optional[float]) -> str:

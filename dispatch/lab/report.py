@@ -18,16 +18,17 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
-def regret_figures(results: list[dict]) -> dict[str, Any]:
-    """Count, p50, p95, max of auto's regret and how many problems are within 3% / 10%; the noise
-    (two timings of one backend: auto's run and the forced run of what it served): p50 and max."""
-    regrets = sorted(r["regret"] for r in results if r.get("regret") is not None)
+def regret_figures(results: list[dict], key: str = "regret") -> dict[str, Any]:
+    """Count, p50, p95, max of auto's regret (``key``: "regret", GPU time; "cost_regret", GPU +
+    host per eager call) and how many problems are within 3% / 10%; the noise (two timings of one
+    backend: auto's run and the forced run of what it served): p50 and max."""
+    regrets = sorted(r[key] for r in results if r.get(key) is not None)
     if not regrets:
         return {"count": 0}
     noise = sorted(r["noise"] for r in results if r.get("noise") is not None)
     return {"count": len(regrets), "p50": _pct(regrets, 0.5), "p95": _pct(regrets, 0.95), "max": regrets[-1],
             "within_3pct": sum(x <= 0.03 for x in regrets), "within_10pct": sum(x <= 0.10 for x in regrets),
-            "auto_served_fastest": sum(r.get("auto") == r.get("fastest") for r in results if r.get("regret") is not None),
+            "auto_served_fastest": sum(r.get("auto") == r.get("fastest") for r in results if r.get(key) is not None),
             "noise_p50": _pct(noise, 0.5) if noise else None, "noise_max": noise[-1] if noise else None}
 
 

@@ -260,4 +260,26 @@ def summarize(rows: list[dict]) -> dict:
         out["regret"] = best_of[served] / best_of[fastest] - 1.0
     if served in forced and auto_ms:
         out["noise"] = abs(auto_ms / forced[served] - 1.0)
+    out.update(call_cost(rows, served))
     return out
+
+
+def call_cost(rows: list[dict], served: Optional[str]) -> dict:
+    """What the choice ranks by for an eager call (dispatch/choice.py): GPU ms + host us per call,
+    per backend (the best of its timings, as ``summarize``); the fastest by that cost, auto's
+    cost regret, and auto against FlashInfer's own call by cost."""
+    def cost(r: dict) -> Optional[float]:
+        return r["eager_ms"] + r["host_us"] / 1e3 if r.get("eager_ms") and r.get("host_us") is not None else None
+    costs: dict[str, float] = {}
+    for r in rows:
+        name = served if r["backend"] == AUTO else r["backend"]
+        c = cost(r)
+        if c is not None and name and name != FLASHINFER:
+            costs[name] = min(c, costs.get(name, c))
+    fi = next((cost(r) for r in rows if r["backend"] == FLASHINFER), None)
+    if not costs:
+        return {"cost_fastest": None, "cost_regret": None, "cost_auto_over_flashinfer": None}
+    fastest = min(costs, key=costs.__getitem__)
+    auto = costs.get(served) if served else None
+    return {"cost_fastest": fastest, "cost_regret": auto / costs[fastest] - 1.0 if auto else None,
+            "cost_auto_over_flashinfer": auto / fi if auto and fi else None}
