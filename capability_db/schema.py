@@ -167,6 +167,12 @@ class BackendCaps(_Frozen):
     cuda_graph_source: str
     hardware: Verification
     constraints: list[Constraint]
+    # How the kernel spreads one call over the GPU's SMs, for the cost model (dispatch/choice.py):
+    # "split_kv" splits the keys of a request over several blocks (few queries over many keys still
+    # fill the GPU); "query_tiles" runs one block per (request, head, tile of queries), so a call with
+    # fewer such blocks than SMs leaves the rest idle. None: not stated (no occupancy term).
+    parallelism: Optional[Literal["split_kv", "query_tiles"]] = None
+    parallelism_source: str = ""
 
     @model_validator(mode="after")
     def _install_names_the_extra(self) -> "BackendCaps":

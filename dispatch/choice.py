@@ -9,7 +9,8 @@ this is on the per-call path. Evidence, best first, for each accepted backend:
    row at other sizes is scaled to the wanted sizes by the cost model's ratio;
 3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
    launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
-   efficiencies measured on this GPU (a default where it has none).
+   efficiencies measured on this GPU (a default where it has none); divided by the share of SMs
+   a query-tiled kernel keeps busy (``occupancy``: few queries over many keys on cuDNN or fa3).
 
 **What a call costs.** An eager call costs the backend's GPU time *and* its host path (the Python,
 planning and launch work before the call returns: 10x the kernel on small problems for some
@@ -43,7 +44,7 @@ from typing import Any, Optional
 import torch
 
 import capability_db
-from capability_db.measured import ANCHORS, Efficiency, TimingRow, TimingTable, table_for
+from capability_db.measured import ANCHORS, Efficiency, TimingRow, TimingTable, gpu_peaks, table_for
 
 from . import autotune
 from .problem import NAME_DTYPES, AttentionProblem, DeviceDesc
@@ -155,7 +156,28 @@ def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes:
     else:  # a backend's decode efficiency says nothing of its bandwidth on prefill tiles
         seconds = max(moved / (PREFILL_BANDWIDTH * table.peak_tb_per_s * 1e12),
                       flops / (e.compute * table.peak_tflops * 1e12))
-    return e.launch_us / 1e3 + seconds * 1e3
+    return e.launch_us / 1e3 + seconds * 1e3 / occupancy(table, backend, problem, sizes)
+
+
+QUERY_TILE = 128  # queries per block of a query-tiled kernel (cuDNN's and FlashInfer fa3's prefill tiles)
+DEFAULT_SMS = 132  # an H100 / H200 SXM, where the table names a GPU of unknown SM count
+
+
+def occupancy(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:
+    """The share of the SMs one call keeps busy (the efficiencies were measured on calls that fill
+    the GPU): 1 for a kernel that splits a request's keys over blocks; for one that runs a block per
+    (request, query head, tile of queries) (capability data ``parallelism``), those blocks over the
+    SMs. A few queries over many keys on such a kernel leave most SMs idle (H200: single prefill
+    1 x 91 x 70435 on 4 heads took cuDNN 1.75 ms against fa2's 0.136)."""
+    try:
+        parallelism = capability_db.backend_caps(backend).parallelism
+    except ValueError:  # a backend the data does not know (a test's fake): no term
+        return 1.0
+    if parallelism != "query_tiles":
+        return 1.0
+    peaks = gpu_peaks(table.gpu)
+    b, q, _ = sizes
+    return min(1.0, b * problem.num_qo_heads * math.ceil(q / QUERY_TILE) / (peaks.sms if peaks else DEFAULT_SMS))
 
 
 def _sizes(row: TimingRow) -> Sizes:

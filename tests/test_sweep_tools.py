@@ -1,0 +1,62 @@
+"""The sweep's tools: warm-up workers (dispatch/lab/warm.py), the call-cost regret (runner.call_cost)
+and the cost model's occupancy term for query-tiled kernels (choice.occupancy)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import capability_db
+from capability_db import measured
+from dispatch import choice
+from dispatch.lab import bench, runner, warm
+from dispatch.lab.problems import PAGED, SINGLE, BenchProblem
+from dispatch.lab.vendors import make_problem
+
+H200 = capability_db.resolve_device("h200")
+
+
+def test_a_small_copy_keeps_what_selects_a_module():
+    p = BenchProblem(entry=PAGED, batch=77, q_len=900, kv_len=30000, num_qo_heads=32, num_kv_heads=8, head_dim=256,
+                     dtype="float16", kv_dtype="float8_e4m3fn", page_size=32, causal=True, window_left=5000,
+                     soft_cap=30.0, sinks=True, lse=True, kv_layout="HND", kv_pair=True)
+    s = warm.small(p)
+    assert (s.batch, s.q_len, s.kv_len) == (2, 16, 64) and 0 <= s.window_left <= 32
+    keep = {f.name for f in dataclasses.fields(p)} - {"batch", "q_len", "kv_len", "window_left"}
+    assert all(getattr(s, name) == getattr(p, name) for name in keep)
+    decode = warm.small(dataclasses.replace(p, q_len=1, window_left=-1))
+    assert decode.q_len == 1 and decode.window_left == -1
+
+
+def test_a_sweep_with_warm_workers_waits_for_them_and_records_the_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert bench.main(["--random", "2", "--seed", "11", "--device", "cpu", "--warm-workers", "1",
+                       "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "bench-random-2-seed-11-cpu.json").read_text())["results"]
+    assert len(results) == 2 and all("backends" in r and r["warm_wait_s"] >= 0 for r in results)
+
+
+def test_call_cost_ranks_gpu_and_host_time_together():
+    rows = [{"backend": "fa2", "status": "ok", "eager_ms": 0.010, "host_us": 40.0},
+            {"backend": "native-triton", "status": "ok", "eager_ms": 0.015, "host_us": 20.0},
+            {"backend": "auto", "status": "ok", "served": "fa2", "eager_ms": 0.010, "host_us": 41.0},
+            {"backend": "flashinfer", "status": "ok", "eager_ms": 0.010, "host_us": 25.0}]
+    s = runner.summarize(rows)
+    assert s["fastest"] == "fa2" and s["regret"] == 0.0  # by GPU time
+    assert s["cost_fastest"] == "native-triton"  # 35 us against fa2's 50
+    assert abs(s["cost_regret"] - (0.050 / 0.035 - 1)) < 1e-9
+    assert abs(s["cost_auto_over_flashinfer"] - 0.050 / 0.035) < 1e-9
+
+
+def test_query_tiled_kernels_pay_for_idle_sms_and_split_kv_kernels_do_not():
+    assert capability_db.backend_caps("cudnn").parallelism == "query_tiles"
+    assert capability_db.backend_caps("fa2").parallelism == "split_kv"
+    table = measured.table_for(H200)
+    problem = make_problem(entry=SINGLE, kv_storage="dense", num_qo_heads=4, num_kv_heads=4, head_dim_qk=256,
+                           head_dim_vo=256, device_type="cuda")
+    few, full = (1, 91, 70435), (8, 2048, 2048)
+    assert choice.occupancy(table, "cudnn", problem, few) == 4 / 132  # 1 request x 4 heads x 1 tile
+    assert choice.occupancy(table, "cudnn", problem, full) == 1.0
+    assert choice.occupancy(table, "fa2", problem, few) == 1.0
+    assert choice.occupancy(table, "not-a-backend", problem, few) == 1.0
+    ratio = choice.model_ms(table, "cudnn", problem, few) / choice.model_ms(table, "fa2", problem, few)
+    assert ratio > 10  # measured on the H200: 1.75 ms against 0.136 (tools/results/NOTES-h200-sweeps.md)
