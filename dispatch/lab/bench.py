@@ -164,6 +164,18 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
     return results
 
 
+def _warm_sweep(plist: list, args: argparse.Namespace, reps: int, save) -> list[dict]:
+    """``sweep``, with ``--warm-workers J`` compiling ahead of it (dispatch/lab/warm.py)."""
+    if args.warm_workers <= 0:
+        return sweep(plist, args.device, reps, args.budget_s, on_result=save)
+    from .warm import Warmup
+    warmup = Warmup(plist, args.warm_workers, args.device)
+    try:
+        return sweep(plist, args.device, reps, args.budget_s, on_result=save, warmup=warmup)
+    finally:
+        warmup.close()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     from . import report, runner
 
@@ -216,15 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     def save(results: list[dict]) -> list[Path]:
         rep.update(results=results, regret=report.regret_figures(results))
         return report.write(rep, args.out, stem)
-    warmup = None
-    if args.warm_workers > 0:
-        from .warm import Warmup
-        warmup = Warmup(plist, args.warm_workers, args.device)
-    try:
-        paths = save(sweep(plist, args.device, reps, args.budget_s, on_result=save, warmup=warmup))
-    finally:
-        if warmup is not None:
-            warmup.close()
+    paths = save(_warm_sweep(plist, args, reps, save))
     if args.json:
         print(json.dumps({"regret": rep["regret"], "outputs": [str(p) for p in paths]}, indent=1))
     else:
