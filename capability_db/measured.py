@@ -79,6 +79,10 @@ class TimingRow(BaseModel):
     ms: dict[str, float]  # backend -> GPU ms per call (eager, warm, L2-cold K/V, launch gaps not counted)
     source: str  # the results file (and problem) it came from
     host_us: dict[str, float] = {}  # backend -> host us per eager call (absent in older tables)
+    # False: a backend that should have run is missing for a failure of the run (a JIT build, say),
+    # not a limit it declared; the row's times stand, but it is no side-by-side evidence against
+    # the missing one (dispatch/choice.py shared_row)
+    complete: bool = True
 
 
 class Efficiency(BaseModel):

@@ -189,9 +189,9 @@ def _distance(a: Sizes, b: Sizes) -> float:
 
 
 def shared_row(rows: list[TimingRow], accepted: list[str], sizes: Sizes) -> Optional[TimingRow]:
-    """The row nearest ``sizes`` that timed at least two of the candidates (more of them breaking
-    ties): the one place where they were measured side by side."""
-    shared = [r for r in rows if sum(n in r.ms for n in accepted) >= 2]
+    """The complete row (``TimingRow.complete``) nearest ``sizes`` that timed at least two of the
+    candidates (more of them breaking ties): the one place where they were measured side by side."""
+    shared = [r for r in rows if r.complete and sum(n in r.ms for n in accepted) >= 2]
     return min(shared, key=lambda r: (_distance(_sizes(r), sizes), -sum(n in r.ms for n in accepted)), default=None)
 
 

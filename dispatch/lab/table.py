@@ -43,6 +43,16 @@ def peaks(gpu: str) -> tuple[float, float]:
     return known.tb_per_s, known.tflops
 
 
+def harness_failed(result: dict) -> bool:
+    """A side-by-side row with a candidate missing for a failure, not a declared limit: a backend
+    that raised, or a vendor that failed while planning (a JIT build, say). The choice reads a
+    backend absent from a complete row as one that could not serve it (choice.UNMEASURED_BEHIND);
+    such a row is kept with ``complete=False`` and never used that way (the H200's sweep A: fa3's
+    modules failed to build)."""
+    return any(b["status"] == "error" or (b["status"] == "refused" and "at plan time" in b.get("note", ""))
+               for b in result["backends"] if b["backend"] not in NOT_BACKENDS)
+
+
 NOT_BACKENDS = ("auto", "flashinfer")  # bench columns that are not a backend the router can choose
 
 
@@ -67,7 +77,8 @@ def build_table(results: dict, source: str) -> TimingTable:
                 host[r["auto"]] = auto["host_us"]
         if not ms:
             continue
-        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{source}: {r['name']}", host_us=host))
+        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{source}: {r['name']}", host_us=host,
+                              complete=not harness_failed(r)))
         for name, t in ms.items():
             kind, peak = ("bandwidth", bw_peak) if p.decode else ("compute", fl_peak)
             e = eff.setdefault(name, {"bandwidth": 0.0, "compute": 0.0})
