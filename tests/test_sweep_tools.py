@@ -60,3 +60,19 @@ def test_query_tiled_kernels_pay_for_idle_sms_and_split_kv_kernels_do_not():
     assert choice.occupancy(table, "not-a-backend", problem, few) == 1.0
     ratio = choice.model_ms(table, "cudnn", problem, few) / choice.model_ms(table, "fa2", problem, few)
     assert ratio > 10  # measured on the H200: 1.75 ms against 0.136 (tools/results/NOTES-h200-sweeps.md)
+
+
+def test_a_row_missing_a_backend_for_a_run_failure_is_no_evidence_against_it():
+    from dispatch.lab.table import harness_failed
+    built_failed = {"backends": [{"backend": "fa2", "status": "ok"},
+                                 {"backend": "fa3", "status": "error", "note": "RuntimeError: Ninja build failed."}]}
+    declared = {"backends": [{"backend": "fa2", "status": "ok"},
+                             {"backend": "fa3", "status": "refused", "note": "has_sinks=True: allowed one of False"}]}
+    assert harness_failed(built_failed) and not harness_failed(declared)
+    bucket = measured.Bucket(entry="e", phase="prefill", batch=8, q_len=2048, kv_len=2048, gqa_group=4,
+                             head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16",
+                             causal=True, window=False, soft_cap=False, sinks=False)
+    rows = [measured.TimingRow(bucket=bucket, ms={"fa2": 1.0, "cudnn": 1.2}, source="a", complete=False)]
+    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], (8, 2048, 2048)) is None
+    rows.append(rows[0].model_copy(update={"complete": True}))
+    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], (8, 2048, 2048)) is rows[1]
