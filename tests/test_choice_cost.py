@@ -128,7 +128,9 @@ def test_an_h200_run_writes_h200_json_with_gpu_and_host_times(tmp_path, monkeypa
                             {"backend": "flashinfer", "status": "ok", "eager_ms": 0.3, "host_us": 25.0}]}]}
     host = {"environment": {"gpu": "NVIDIA H200"}, "matrix": [
         {"entry": PAGED, "backend": "xqa", "size": "tiny", "host_us": 18.0},
-        {"entry": PAGED, "backend": "xqa", "size": "decode 64", "host_us": 20.0}]}
+        {"entry": PAGED, "backend": "xqa", "size": "decode 64", "host_us": 20.0},
+        {"entry": PAGED, "backend": "auto", "size": "tiny", "host_us": 9.0},  # not a backend: no figure
+        {"entry": PAGED, "backend": "flashinfer", "size": "tiny", "host_us": 9.0}]}
     (tmp_path / "bench.json").write_text(json.dumps(run))
     (tmp_path / "host.json").write_text(json.dumps(host))
     monkeypatch.setattr(table, "MEASURED_DIR", tmp_path / "measured")
@@ -138,4 +140,5 @@ def test_an_h200_run_writes_h200_json_with_gpu_and_host_times(tmp_path, monkeypa
     assert t.peak_tb_per_s == 4.8 and t.rows[0].ms == {"xqa": 0.28, "fa2": 0.3}
     assert t.rows[0].host_us == {"xqa": 21.5, "fa2": 30.0}  # auto's host time stands for the backend it ran
     entry = "BatchPrefillWithPagedKVCacheWrapper"
-    assert t.host_us == {"xqa": {entry: 19.0}, "fa2": {entry: 30.0}}  # the host-cost run's median wins
+    # the host-cost run wins, its least figure: a kernel-bound size times the GPU, not the host
+    assert t.host_us == {"xqa": {entry: 18.0}, "fa2": {entry: 30.0}}

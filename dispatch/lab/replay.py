@@ -3,12 +3,17 @@
 A sweep's own ``auto`` column measured the choice of the timing table in force *when it ran*;
 after the table learns from that sweep, ``replay`` asks the router (``router.decide`` on the
 sweep's GPU, not live) what it would choose now for each measured problem, and reads that
-backend's measured time: regret = chosen / fastest - 1. A choice the sweep did not time (a
+backend's measured time. Two choices, as the router makes them: for a call captured in a CUDA
+graph (GPU time alone counts; ``regret`` = its GPU ms / the fastest's - 1) and for an eager call
+(GPU + host time; ``cost_regret`` by that sum). ``graph_regret`` counts only the backends that
+can be captured (fa2 and fa3 cannot through our adapters: capability data ``cuda_graph``). Each also against FlashInfer's own call where it
+ran: ``over_flashinfer`` (GPU ms) and ``cost_over_flashinfer`` (GPU + host). A choice the sweep did not time (a
 backend it did not force) is listed and left out of the figures. The problem is rebuilt from
 the bench problem as the entry points build it (layouts and phases as ``build`` calls them).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Optional
@@ -53,15 +58,24 @@ def replay(results: dict) -> list[dict]:
             timed[r["auto"]] = r["auto_ms"]
         if not timed:
             continue
-        chosen = router.decide(problem_of(p), device, live=False).chosen
+        problem = problem_of(p)
+        graph = router.decide(dataclasses.replace(problem, cuda_graph=True), device, live=False)
+        chosen, capturable = graph.chosen, [n for n in graph.accepted() if n in timed]
+        eager = router.decide(problem, device, live=False).chosen
         fastest = min(timed, key=timed.__getitem__)
         ms = timed.get(chosen)
         cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
         costs = {b["backend"]: b["eager_ms"] + b["host_us"] / 1e3 for b in r["backends"]
                  if b["backend"] in timed and b.get("host_us") is not None}
+        own = next((b for b in r["backends"] if b["backend"] == "flashinfer" and b.get("status") == "ok"), {})
+        own_cost = own["eager_ms"] + own["host_us"] / 1e3 if own.get("eager_ms") and own.get("host_us") else None
         rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
                      "fastest_ms": timed[fastest], "regret": None if ms is None else ms / timed[fastest] - 1,
-                     "cost_regret": costs[chosen] / min(costs.values()) - 1 if chosen in costs else None,
+                     "graph_regret": ms / min(timed[n] for n in capturable) - 1 if ms and capturable else None,
+                     "eager_chosen": eager,
+                     "cost_regret": costs[eager] / min(costs.values()) - 1 if eager in costs else None,
+                     "over_flashinfer": ms / own["eager_ms"] if ms and own.get("eager_ms") else None,
+                     "cost_over_flashinfer": costs[eager] / own_cost if eager in costs and own_cost else None,
                      "auto_when_measured": r.get("auto"), "auto_regret_when_measured": r.get("regret"),
                      "auto_cost_regret_when_measured": cost["cost_regret"]})
     return rows

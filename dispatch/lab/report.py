@@ -32,6 +32,16 @@ def regret_figures(results: list[dict], key: str = "regret") -> dict[str, Any]:
             "noise_p50": _pct(noise, 0.5) if noise else None, "noise_max": noise[-1] if noise else None}
 
 
+def ratio_figures(results: list[dict], key: str) -> dict[str, Any]:
+    """Count, p50, max of a ratio against FlashInfer's own call (``key``: "over_flashinfer", GPU ms;
+    "cost_over_flashinfer", GPU + host) and how many are at most 1.03 and above 1.10."""
+    ratios = sorted(r[key] for r in results if r.get(key) is not None)
+    if not ratios:
+        return {"count": 0}
+    return {"count": len(ratios), "p50": _pct(ratios, 0.5), "max": ratios[-1],
+            "at_most_1_03": sum(x <= 1.03 for x in ratios), "above_1_10": sum(x > 1.10 for x in ratios)}
+
+
 def skipped(results: list[dict]) -> dict[str, str]:
     """Backend -> why it did not run here and how to enable it (once, not per problem)."""
     return {b["backend"]: b.get("note", "") for r in results for b in r.get("backends", []) if b["status"] == "skipped"}
