@@ -74,13 +74,15 @@ def main() -> int:
           line("GPU time (the choice for a CUDA graph)", gpu),
           line("GPU time, of the backends a graph can capture", regret_figures(rows, "graph_regret")),
           line("call cost (GPU + host; the eager choice)", cost),
-          "", "| against FlashInfer's own call | problems | <= 1.03 | > 1.10 | p50 | max |", "|---|---|---|---|---|---|",
+          "", "| against FlashInfer's own call | problems | <= 1.03 | > 1.10 | p50 | max |",
+          "|---|---|---|---|---|---|",
           own_line("GPU time", own), own_line("call cost", own_cost), "",
           "| problem | chosen (graph) | its ms | fastest | fastest ms | regret | chosen (eager) | cost regret |",
           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['name']} | {r['chosen']} | {replay._ms(r['chosen_ms'])} | {r['fastest']} | "
-                  f"{replay._ms(r['fastest_ms'])} | {_pct(r['regret'])} | {r['eager_chosen']} | {_pct(r['cost_regret'])} |")
+                  f"{replay._ms(r['fastest_ms'])} | {_pct(r['regret'])} | {r['eager_chosen']} | "
+                  f"{_pct(r['cost_regret'])} |")
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"crossval-{args.json[-1].stem}"
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")

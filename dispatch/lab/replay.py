@@ -4,11 +4,12 @@ A sweep's own ``auto`` column measured the choice of the timing table in force *
 after the table learns from that sweep, ``replay`` asks the router (``router.decide`` on the
 sweep's GPU, not live) what it would choose now for each measured problem, and reads that
 backend's measured time. Two choices, as the router makes them: for a call captured in a CUDA
-graph (GPU time alone counts; ``regret`` = its GPU ms / the fastest's - 1) and for an eager call
-(GPU + host time; ``cost_regret`` by that sum). ``graph_regret`` counts only the backends that
-can be captured (fa2 and fa3 cannot through our adapters: capability data ``cuda_graph``). Each also against FlashInfer's own call where it
-ran: ``over_flashinfer`` (GPU ms) and ``cost_over_flashinfer`` (GPU + host). A choice the sweep did not time (a
-backend it did not force) is listed and left out of the figures. The problem is rebuilt from
+graph (GPU time alone counts; ``regret`` = its GPU ms / the fastest's - 1; ``graph_regret``
+against the backends a graph can capture only: fa2 and fa3 cannot through our adapters,
+capability data ``cuda_graph``) and for an eager call (GPU + host time; ``cost_regret`` by that
+sum). Each also against FlashInfer's own call where it ran: ``over_flashinfer`` (GPU ms) and
+``cost_over_flashinfer`` (GPU + host). A choice the sweep did not time (a backend it did not
+force) is listed and left out of the figures. The problem is rebuilt from
 the bench problem as the entry points build it (layouts and phases as ``build`` calls them).
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
              f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
              f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}. "
              + _cost_text(regret_figures(rows, "cost_regret")), "",
-             "| problem | chosen now | its ms | fastest | fastest ms | regret | auto when measured (regret) |",
+             "| problem | chosen now (graph) | its ms | fastest | fastest ms | regret | auto when measured (regret) |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         regret = "not timed" if r["regret"] is None else f"{100 * r['regret']:.1f}%"
