@@ -156,6 +156,12 @@ class BoundedCache:
         with self._lock:
             self._data.clear()
 
+    def drop_value(self, value: Any) -> None:
+        """Forget every key whose entry is ``value`` (the object itself); who holds it keeps it."""
+        with self._lock:
+            for key in [k for k, v in self._data.items() if v is value]:
+                del self._data[key]
+
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 

@@ -91,6 +91,12 @@ def vector_sparse(prefill: Any, w: Any):
     return with_offsets
 
 
+def _packed_mask_bytes(batch) -> int:
+    """Bytes of FlashInfer's packed custom mask for the batch (its plan packs per request)."""
+    sizes = batch.mask_indptr.diff().tolist()
+    return max(1, sum((n + 7) // 8 for n in sizes))
+
+
 _PAGED_SLOTS = (3, 4, 5, 10, 11, 23)  # BatchPrefillWithPagedKVCacheWrapper.run -> paged_run
 _RAGGED_SLOTS = (3, 4, 5, 8, 9, 21)  # BatchPrefillWithRaggedKVCacheWrapper.run -> ragged_run
 
@@ -135,6 +141,28 @@ class FlashInferPrefill(Provider):
             self._wrappers.put(key, w)
         return w
 
+    def _graph_wrapper(self, problem, batch, paged: bool):
+        """A FlashInfer wrapper in its CUDA-graph mode, owned by one plan (never shared: another
+        plan would overwrite the schedule a captured graph reads), with fixed index buffers sized
+        by this batch: its batch size, and room for the page ids of the block table's width. Its
+        plan() writes a later batch into them in place (``follow``)."""
+        prefill, device = self.loaded().module, batch.q.device
+        ws = _vendor.workspace("flashinfer-float", device, FLOAT_WORKSPACE_BYTES, zeroed=False)
+        n = batch.batch_size
+        buffers = dict(use_cuda_graph=True, qo_indptr_buf=torch.empty(n + 1, dtype=torch.int32, device=device))
+        if problem.mask == "custom":
+            buffers.update(custom_mask_buf=torch.empty(_packed_mask_bytes(batch), dtype=torch.uint8, device=device),
+                           mask_indptr_buf=torch.empty(n + 1, dtype=torch.int32, device=device))
+        if not paged:
+            return prefill.BatchPrefillWithRaggedKVCacheWrapper(
+                ws, "NHD", kv_indptr_buf=torch.empty(n + 1, dtype=torch.int32, device=device), backend=self.kind,
+                **buffers)
+        return prefill.BatchPrefillWithPagedKVCacheWrapper(
+            ws, problem.kv_layout, paged_kv_indptr_buf=torch.empty(n + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buf=torch.empty(max(1, batch.block_table.numel()), dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buf=torch.empty(n, dtype=torch.int32, device=device), backend=self.kind,
+            **buffers)
+
     def _common_kwargs(self, problem, batch) -> dict:
         scale = _vendor.host_float(batch.sm_scale)
         _vendor.refuse_negative_scale(self.label, scale, self.label)
@@ -164,19 +192,58 @@ class FlashInferPrefill(Provider):
             op = self._single_op(problem, batch)
             return FiState(None, op or (), self._common_kwargs(problem, batch), False)
         paged = problem.kv_storage == "paged"
-        wrapper = self._wrapper(problem, batch.q.device, paged)
+        # graph mode (use_cuda_graph=True): a wrapper of the plan's own
+        wrapper = (self._graph_wrapper(problem, batch, paged) if problem.cuda_graph
+                   else self._wrapper(problem, batch.q.device, paged))
         kwargs = self._common_kwargs(problem, batch)
-        if paged:
-            indptr, indices, last = _vendor.paged_csr(batch.block_table, batch.kv_lens, problem.page_size)
-            args = (batch.qo_indptr, indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
-                    problem.head_dim_qk, problem.page_size)
-            kwargs["seq_lens"] = batch.kv_lens
-        else:
-            args = (batch.qo_indptr, batch.kv_indptr, problem.num_qo_heads, problem.num_kv_heads,
-                    problem.head_dim_qk)
-        state = FiState(wrapper, args, kwargs, paged)
+        state = FiState(wrapper, self._index_args(problem, batch, kwargs), kwargs, paged)
         self._apply_plan(state)
         return state
+
+    @staticmethod
+    def _index_args(problem, batch, kwargs: dict) -> tuple:
+        """plan()'s positional arguments for the batch's index tensors (``kwargs`` takes seq_lens)."""
+        if problem.kv_storage != "paged":
+            return (batch.qo_indptr, batch.kv_indptr, problem.num_qo_heads, problem.num_kv_heads,
+                    problem.head_dim_qk)
+        indptr, indices, last = _vendor.paged_csr(batch.block_table, batch.kv_lens, problem.page_size)
+        kwargs["seq_lens"] = batch.kv_lens
+        return (batch.qo_indptr, indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
+                problem.head_dim_qk, problem.page_size)
+
+    def captured(self, problem, state: FiState) -> None:
+        """A graph captured this plan's launches: its FlashInfer wrapper leaves the shared cache, so
+        no other plan re-plans it (its schedule, in the wrapper's int workspace, is what they read)."""
+        if state.wrapper is not None:
+            self._wrappers.drop_value(state.wrapper)
+
+    # -- follow (a captured graph's plan, re-planned in place: Backend.follow_refusal) ----------
+    def follow_refusal(self, problem, state: FiState, batch) -> Optional[str]:
+        w = state.wrapper
+        if w is None or not getattr(w, "_use_cuda_graph", False):
+            return f"{self.label}: the plan was not made for a CUDA graph (use_cuda_graph=False)"
+        if batch.batch_size != w._fixed_batch_size:
+            return f"{self.label}: batch size {batch.batch_size}, the graph's is {w._fixed_batch_size}"
+        if state.paged and batch.block_table.numel() > w._paged_kv_indices_buf.numel():
+            return (f"{self.label}: {batch.block_table.numel()} block-table entries, room for "
+                    f"{w._paged_kv_indices_buf.numel()} page ids")
+        if problem.mask == "custom" and _packed_mask_bytes(batch) > w._custom_mask_buf.numel():
+            return f"{self.label}: a custom mask of {_packed_mask_bytes(batch)} bytes, room for {w._custom_mask_buf.numel()}"
+        return None
+
+    def follow(self, problem, state: FiState, batch) -> None:
+        """FlashInfer's own CUDA-graph re-plan: the new indices into the wrapper's fixed buffers and
+        a schedule of the same shape (FlashInfer keeps it for a fixed batch size and at most the
+        first plan's rows), which the captured launches read."""
+        captured = list(state.wrapper._plan_info)
+        kwargs = dict(state.plan_kwargs)
+        if problem.mask == "custom":
+            kwargs["custom_mask"] = batch.custom_mask
+        state.plan_args, state.plan_kwargs = self._index_args(problem, batch, kwargs), kwargs
+        self._apply_plan(state)
+        if list(state.wrapper._plan_info) != captured:  # FlashInfer's graph mode promises it does not
+            raise RuntimeError(f"{self.label}: the re-plan changed the schedule a captured CUDA graph reads "
+                               f"({captured} -> {list(state.wrapper._plan_info)}); capture the graph again")
 
     def _single_layout(self, problem, batch) -> tuple:
         """(k, v, layout) for the single-request kernel: the caller's physical layout, except that

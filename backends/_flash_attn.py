@@ -98,7 +98,7 @@ class DaoFA3(Provider):
     extra = "fa3"
 
     def limits(self, problem) -> list[Reason]:
-        out = []
+        out = self.data_limits("fa3", problem)  # not in a CUDA graph: capability_db/backends/fa3.json
         if problem.head_dim_qk != problem.head_dim_vo:
             out.append(Reason("head_dim_vo", problem.head_dim_vo, f"equal to head_dim_qk {problem.head_dim_qk} (routed pairs)", SRC_FA3 + " L782-792"))
         return out  # K/V dtype = Q's holds for both fa3 providers: capability_db/backends/fa3.json

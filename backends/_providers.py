@@ -65,6 +65,16 @@ class Provider:
         the tensors' GPU, made current by the backend's launcher."""
         return None
 
+    def captured(self, problem, state: Any) -> None:
+        """Backend.captured for this provider's plan."""
+
+    def follow_refusal(self, problem, state: Any, batch) -> Optional[str]:
+        """Backend.follow_refusal for this provider's plan."""
+        return f"{self.label} cannot re-plan launches a CUDA graph captured"
+
+    def follow(self, problem, state: Any, batch) -> None:
+        """Backend.follow for this provider's plan."""
+
 
 @dataclass
 class ProviderPlan:
@@ -125,6 +135,16 @@ class MultiProviderBackend(Backend):
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, self.name)
         with on_device(batch.q.device):
             plan.provider.run(plan.problem, plan.state, batch)
+
+    def captured(self, plan: ProviderPlan) -> None:
+        plan.provider.captured(plan.problem, plan.state)
+
+    def follow_refusal(self, plan: ProviderPlan, batch) -> Optional[str]:
+        return plan.provider.follow_refusal(plan.problem, plan.state, batch)
+
+    def follow(self, plan: ProviderPlan, batch) -> None:
+        with on_device(batch.q.device):
+            plan.provider.follow(plan.problem, plan.state, batch)
 
     def launcher(self, plan: ProviderPlan, batch):
         launch = plan.provider.launcher(plan.problem, plan.state, batch)

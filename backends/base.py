@@ -78,6 +78,23 @@ class Backend:
         """Write ``batch.out`` (and ``batch.lse`` when present). Errors propagate."""
         raise NotImplementedError(f"backend {self.name!r} cannot run yet")
 
+    def captured(self, plan: Any) -> None:
+        """A CUDA graph captured launches of ``plan``: from now on no other plan may write what they
+        read (a buffer shared between plans, say). The base: a plan shares nothing."""
+
+    def follow_refusal(self, plan: Any, batch: "AttentionBatch") -> Optional[str]:
+        """Why the launches of ``plan`` that a CUDA graph captured cannot do ``batch``'s work, or
+        None when ``follow`` can make them. Asked when a wrapper built with ``use_cuda_graph=True``
+        is planned again after a capture: the graph replays its launches with the arguments it
+        captured, reading the captured plan's index tensors (the wrapper writes the new values into
+        them, after every backend said yes). Changes nothing. The base: no backend follows unless it
+        says how."""
+        return f"{self.name} cannot re-plan launches a CUDA graph captured"
+
+    def follow(self, plan: Any, batch: "AttentionBatch") -> None:
+        """Re-plan ``plan`` in place for ``batch`` (``follow_refusal`` said it can; ``batch``'s index
+        tensors are the captured ones, now holding the new values)."""
+
     def launcher(self, plan: Any, batch: "AttentionBatch") -> Optional[Callable[["AttentionBatch"], None]]:
         """A launch for exact repeats of a call that ``run(plan, batch)`` just served, or None.
 

@@ -6,10 +6,11 @@ a decision (reasons, fallbacks) is recorded on the Decision for ``explain()``.
 """
 from __future__ import annotations
 
+
 import logging
 import textwrap
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
@@ -266,6 +267,8 @@ def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tup
     key = (problem, device, explicit, strict, live, choice.capturing(device))  # captured: GPU time alone
     decision = _decisions.get(key)
     if decision is None:
+        if key[-1] and not problem.cuda_graph:  # decided inside a capture: only what a graph can hold
+            problem = replace(problem, cuda_graph=True)
         decision = _decide(problem, device, explicit, strict, live)
         _decisions.put(key, decision)
     return decision

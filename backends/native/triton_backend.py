@@ -193,6 +193,29 @@ class NativeTritonBackend(Backend):
             with on_device(plan.device):  # Triton launches on the current device (CPU: a null context)
                 _launch(plan, batch)
 
+    # -- follow (a captured graph's plan, re-planned in place: Backend.follow_refusal) ------------
+    def follow_refusal(self, plan: TritonPlan, batch: AttentionBatch) -> Optional[str]:
+        """The captured launches read lengths and indices from the batch's tensors; their grid,
+        split count and keys per split are fixed. They do a batch of the same size and query rows
+        whose query blocks fit the grid and, on the split kernel, whose keys fit the splits."""
+        facts = plan_facts(batch)
+        if (facts[0], facts[3], facts[4]) != (plan.facts[0], plan.facts[3], plan.facts[4]):
+            return (f"native-triton: batch size, query rows, device {facts[0]}, {facts[3]}, {facts[4]}; "
+                    f"the captured plan's {plan.facts[0]}, {plan.facts[3]}, {plan.facts[4]}")
+        cfg = plan.config
+        blocks = max(1, math.ceil(max(batch.max_q_len, 1) * cfg.heads_per_program / cfg.block_m))
+        room = plan.fixed_ints[0][0] if cfg.kernel == "plain" else plan.grid[0]
+        if blocks > room:
+            return f"native-triton: {batch.max_q_len} queries per request need {blocks} query blocks, the graph has {room}"
+        keys = plan.num_splits * plan.kv_chunk
+        if cfg.kernel != "plain" and batch.max_kv_len > keys:
+            return (f"native-triton: {batch.max_kv_len} keys per request, the captured splits cover {keys} "
+                    "(plan the capture with the longest lengths, or pass plan(max_sequence_kv=...))")
+        return None
+
+    def follow(self, plan: TritonPlan, batch: AttentionBatch) -> None:
+        plan.facts = plan_facts(batch)  # the captured launches serve these facts now (follow_refusal)
+
     def launcher(self, plan: TritonPlan, batch: AttentionBatch) -> Optional[Callable[[AttentionBatch], None]]:
         """Exact repeats of ``batch`` (Backend.launcher): what run checks and derives per call (capacity,
         device, scale kinds, strides, the split-buffer and merge arguments, the specialization key) is

@@ -221,21 +221,25 @@ class Proof:
         self.wrapper = wrapper
 
     def decision(self, query: torch.Tensor, explicit) -> router.Decision:
-        strict = policy.strict_mode()
-        decision = self._decisions.get((explicit, strict))
+        # a function entry's call inside a CUDA-graph capture is decided again (only backends a graph
+        # can hold); a wrapper's plan decided already, with its use_cuda_graph
+        key = (explicit, policy.strict_mode(),
+               self.wrapper is None and query.is_cuda and torch.cuda.is_current_stream_capturing())
+        decision = self._decisions.get(key)
         if decision is None:
-            decision = router.decide(self.problem, router.live_device(query), explicit, strict)
-            self._decisions[(explicit, strict)] = decision
+            decision = router.decide(self.problem, router.live_device(query), explicit, key[1])
+            self._decisions[key] = decision
         return decision
 
     def keeps(self, planned: router.Planned) -> bool:
-        """Whether ``planned`` is the plan kept for its (explicit, strict) pair."""
-        return self._planned.get((planned.decision.explicit, planned.decision.strict)) is planned
+        """Whether ``planned`` is the plan kept for its (explicit, strict, chosen) key."""
+        d = planned.decision
+        return self._planned.get((d.explicit, d.strict, d.chosen)) is planned
 
     def planned(self, batch, explicit) -> router.Planned:
         """The backend's plan: kept per call key when it reads nothing a later call could change."""
         decision = self.decision(batch.q, explicit)
-        key = (decision.explicit, decision.strict)
+        key = (decision.explicit, decision.strict, decision.chosen)  # a capture's decision may choose another
         planned = self._planned.get(key)
         if planned is None:
             if self.wrapper is not None and batch.q.is_cuda and torch.cuda.is_current_stream_capturing():

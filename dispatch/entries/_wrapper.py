@@ -26,6 +26,9 @@ from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, ba
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from . import _base as B
 from ._base import is_dry
+from ._captures import Captured
+
+_CUDA = torch.cuda.is_available()  # a CPU-only torch cannot ask whether a stream captures
 
 
 @dataclasses.dataclass
@@ -83,6 +86,9 @@ class PrefillWrapper:
         self._use_cuda_graph = bool(use_cuda_graph)
         self._plan: Optional[Setup] = None
         self._calls: Optional[B.Calls] = None  # the plan's call cache (plan() makes it)
+        # the plans whose runs a CUDA graph captured (kept: the graph reads their tensors); the
+        # latest's, with use_cuda_graph=True, follows plan() (dispatch.entries._captures)
+        self._captures: list[Captured] = []
         self._last: Optional[router.Planned] = None
         self._handle = ops.register_wrapper(self)  # how a torch.compile graph names this wrapper
 
@@ -122,15 +128,25 @@ class PrefillWrapper:
             rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
             device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph,
             sizes=size_class(len(q_lens), max(q_lens, default=1), max(d.kv_lens, default=1)) if q_lens else ())
-        self._plan = Setup(
+        max_kv = max(d.kv_lens, default=0)
+        if self._use_cuda_graph:  # room for the lengths a captured graph will replay (native's splits)
+            max_kv = max(max_kv, spec.max_sequence_kv or 0)
+            custom, storage = graph_owned(custom, storage, spec.max_sequence_kv)
+        plan = Setup(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
             total_q=d.qo[-1] - d.qo[0], sm_scale=spec.sm_scale if spec.sm_scale is not None else 1.0 / math.sqrt(d.dqk),
             qo_indptr=torch.tensor(d.qo, dtype=torch.int32, device=dev),
             kv_lens=torch.tensor(d.kv_lens, dtype=torch.int32, device=dev), max_q=max(q_lens, default=0),
-            max_kv=max(d.kv_lens, default=0), custom_mask=custom,
+            max_kv=max_kv, custom_mask=custom,
             mask_indptr=torch.tensor(cumsum0(sizes), dtype=torch.int32, device=dev) if custom is not None else None,
             problem=problem, batch_size=len(d.kv_lens), device=dev, **storage)
+        if self._captures and self._use_cuda_graph and self._captures[-1].setup is self._plan:
+            self._captures[-1].follow(plan)  # the graph follows: written in place, or refused unchanged
+            if self._storage == "paged":
+                self._extras["pages_used"] = self._plan.max_page_id + 1
+            return
+        self._plan = plan
         self._explicit = policy.explicit_choice(self._backend)
         # static_indices: the batch's index tensors are this plan's own, never written (a backend
         # may keep what it derives from them); pages_used: the page ids the plan reads are below it.
@@ -184,12 +200,22 @@ class PrefillWrapper:
         if lane.fast is None and (isinstance(sm_scale, torch.Tensor) or isinstance(out_scale, torch.Tensor)):
             lane.asked = True  # a device scale folded per call: its launcher would keep this call's tensor
         # the batch, positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
-        planned = lane.launch(AttentionBatch(q, k, v, p.qo_indptr, p.kv_lens, out, p.batch_size, p.max_q, p.max_kv,
-                                             sm_scale, out_scale, p.kv_indptr, p.block_table, lse, sinks,
-                                             p.custom_mask, p.mask_indptr, None, self._extras))
+        batch = AttentionBatch(q, k, v, p.qo_indptr, p.kv_lens, out, p.batch_size, p.max_q, p.max_kv, sm_scale,
+                               out_scale, p.kv_indptr, p.block_table, lse, sinks, p.custom_mask, p.mask_indptr, None,
+                               self._extras)
+        planned = lane.launch(batch)
+        if _CUDA and p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            self._captured(planned, batch)
         if not is_dry():  # explain: the decision is the context's, the wrapper's own stays as it was
             self._last = planned
         return (out, lse) if return_lse else out
+
+    def _captured(self, planned: router.Planned, batch: AttentionBatch) -> None:
+        """A CUDA graph captured this run: keep its plan (the graph reads its tensors) and tell the
+        backend (nothing else may re-plan what the launch reads)."""
+        if not self._captures or self._captures[-1].setup is not self._plan:
+            self._captures.append(Captured(self._plan, self._calls))
+        self._captures[-1].add(planned, batch)
 
     def _forward_options(self, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
                          rope_theta) -> tuple:
@@ -228,6 +254,18 @@ class PrefillWrapper:
     def decision(self) -> Optional[router.Decision]:
         """The router's decision for the latest plan/run (chosen, rejected with reasons, fallbacks)."""
         return self._last.decision if self._last is not None else None
+
+
+def graph_owned(custom: Optional[torch.Tensor], storage: dict, max_sequence_kv: Optional[int]) -> tuple:
+    """A graph-mode plan's own copies of what may be the caller's tensors (a later plan writes its
+    values into them when a graph follows), the block table wide enough for ``max_sequence_kv``."""
+    table = storage.get("block_table")
+    if table is not None:
+        width = max(table.shape[1], -(-(max_sequence_kv or 0) // storage["page_size"]))
+        wide = table.new_zeros(table.shape[0], width)
+        wide[:, : table.shape[1]] = table
+        storage = {**storage, "block_table": wide}
+    return (None if custom is None else custom.clone()), storage
 
 
 def inverse(name: str, scale):
