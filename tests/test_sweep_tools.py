@@ -80,11 +80,11 @@ def test_a_row_missing_a_backend_for_a_run_failure_is_no_evidence_against_it():
 
 
 def test_replay_judges_the_graph_choice_by_gpu_time_and_the_eager_choice_by_call_cost():
-    """A captured call can run only a backend a CUDA graph can capture (fa2 and fa3 cannot, through
-    our adapters): ``regret`` counts every backend, ``graph_regret`` the capturable ones; the eager
-    choice is judged by GPU + host time; both against FlashInfer's own call."""
+    """A captured call can run only a backend a CUDA graph can capture (fa2 and fa3 cannot through a
+    function entry, whose lengths are per call): ``regret`` counts every backend, ``graph_regret`` the
+    capturable ones; the eager choice is judged by GPU + host time; both against FlashInfer's own call."""
     from dispatch.lab import replay
-    problem = {"entry": "BatchPrefillWithPagedKVCacheWrapper.run", "batch": 64, "q_len": 1, "kv_len": 4096}
+    problem = {"entry": "xqa_batch_decode_with_kv_cache", "batch": 64, "q_len": 1, "kv_len": 4096}
     own = {"backend": "flashinfer", "status": "ok", "eager_ms": 0.25, "host_us": 50.0}
     results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"}, "results": [
         {"name": "p", "problem": problem, "backends": [
@@ -92,7 +92,7 @@ def test_replay_judges_the_graph_choice_by_gpu_time_and_the_eager_choice_by_call
             {"backend": "xqa", "status": "ok", "eager_ms": 0.24, "host_us": 20.0},
             {"backend": "native-triton", "status": "ok", "eager_ms": 0.30, "host_us": 20.0}, own]}]}
     row = replay.replay(results)[0]
-    assert row["chosen"] in ("xqa", "native-triton") and row["fastest"] == "fa2"  # fa2: never in a graph
+    assert row["chosen"] in ("xqa", "native-triton") and row["fastest"] == "fa2"  # fa2: not in a graph here
     ms = {"xqa": 0.24, "native-triton": 0.30}[row["chosen"]]
     assert row["regret"] == pytest.approx(ms / 0.20 - 1)
     assert row["graph_regret"] == pytest.approx(ms / 0.24 - 1)
