@@ -6,7 +6,6 @@ a decision (reasons, fallbacks) is recorded on the Decision for ``explain()``.
 """
 from __future__ import annotations
 
-
 import logging
 import textwrap
 import threading
