@@ -31,13 +31,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 from pathlib import Path
 from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .vocabulary import AttentionProblem, DeviceDesc
+from .vocabulary import NAME_DTYPES, AttentionProblem, DeviceDesc
 
 MEASURED_DIR = Path(__file__).resolve().parent / "measured"
 # (batch, q_len, kv_len) a phase is judged at when the sizes are not known (the anchor workloads)
@@ -60,6 +61,9 @@ class Bucket(BaseModel):
     window: bool = False
     soft_cap: bool = False
     sinks: bool = False
+    # KV heads of the measured call (0: not recorded, tables before it was); with gqa_group, its
+    # query heads: a row at other head counts is scaled like one at other sizes
+    num_kv_heads: int = Field(default=0, ge=0)
 
     def static_key(self) -> tuple:
         return (self.phase, self.gqa_group, self.head_dim_qk, self.head_dim_vo, self.q_dtype, self.kv_dtype,
@@ -93,6 +97,80 @@ class Efficiency(BaseModel):
     source: str
 
 
+Sizes = tuple[int, int, int]  # (batch, q_len, kv_len)
+
+
+def work(problem: AttentionProblem, sizes: Sizes) -> tuple[float, float]:
+    """(bytes moved, FLOPs) of one call: K/V read once, q and out once; 2 matmuls on the visible pairs."""
+    b, q, kv = sizes
+    keys = min(kv, problem.window_left + 1) if problem.window_left >= 0 else kv
+    kv_elem = NAME_DTYPES[problem.kv_dtype].itemsize
+    q_elem = NAME_DTYPES[problem.q_dtype].itemsize
+    dims = problem.head_dim_qk + problem.head_dim_vo
+    moved = b * (keys * problem.num_kv_heads * dims * kv_elem + q * problem.num_qo_heads * dims * q_elem)
+    pairs = q * keys - (q * (q - 1) / 2 if problem.causal and q <= keys else 0)
+    return float(moved), 2.0 * problem.num_qo_heads * dims * b * max(pairs, q)
+
+
+QUERY_TILE = 128  # queries per block of a query-tiled kernel (cuDNN's and FlashInfer fa3's prefill tiles)
+SMS = 132  # the SMs of the GPUs the fitted terms were shaped on (H100 / H200 SXM)
+
+
+def features(problem: AttentionProblem, sizes: Sizes) -> dict[str, float]:
+    """What ``FittedTimes`` predicts a call's log2 time from: the work (bytes, FLOPs, blocks of a
+    query-tiled kernel) and sizes in log2, the problem's facts as 0/1, the entry point as 0/1, and
+    the few bends of the curve the sweeps showed (a GPU filling up, very long keys, big batches)."""
+    b, q, kv = sizes
+    moved, flops = work(problem, sizes)
+    keys = min(kv, problem.window_left + 1) if problem.window_left >= 0 else kv
+    log = math.log2
+    lm, lf = log(moved), log(flops)
+    lb = log(b * problem.num_qo_heads * math.ceil(q / QUERY_TILE))
+    d = problem.head_dim_qk
+    f = {"one": 1.0, "log2 bytes": lm, "log2 flops": lf, "log2 blocks": lb, "log2 batch": log(b), "log2 q": log(q),
+         "log2 keys": log(keys), "log2 kv heads": log(problem.num_kv_heads), "log2 group": log(problem.gqa_group),
+         "d64": d == 64, "d256": d == 256, "causal": problem.causal and q > 1, "window": problem.window_left >= 0,
+         "soft cap": problem.logits_soft_cap > 0, "sinks": problem.has_sinks,
+         "fp8 kv": problem.kv_dtype.startswith("float8"), "lse": problem.return_lse, "HND": problem.kv_layout == "HND",
+         "custom mask": problem.mask == "custom", "log2 page": log(max(problem.page_size, 1)), "decode": q == 1,
+         f"entry {problem.entry}": 1.0,
+         "bytes^2": lm * lm / 30, "flops^2": lf * lf / 30, "bytes x flops": lm * lf / 30,
+         "bytes past 1 MiB": max(0.0, lm - 20), "flops past 32 GFLOP": max(0.0, lf - 25),
+         "blocks up to the SMs": min(lb, log(SMS)), "blocks past the SMs": max(0.0, lb - log(SMS)),
+         "blocks past 4 waves": max(0.0, lb - log(4 * SMS)), "keys past 16k": max(0.0, log(kv) - 14),
+         "batch past 32": max(0.0, log(b) - 5), f"bytes on entry {problem.entry}": lm / 10,
+         "d64 x bytes": (d == 64) * lm / 10, "d256 x bytes": (d == 256) * lm / 10, "d256 x flops": (d == 256) * lf / 10,
+         "decode x bytes": (q == 1) * lm / 10, "decode x blocks": (q == 1) * lb / 10,
+         "causal x flops": problem.causal * lf / 10, "kv heads x bytes": log(problem.num_kv_heads) * lm / 10}
+    return {k: float(v) for k, v in f.items()}
+
+
+class FittedTimes(BaseModel):
+    """Per backend, log2 of its GPU ms per call as a linear function of ``features`` (ridge
+    regression over every timed problem of the table's runs, ``bench --to-table``): what the choice
+    expects where no row was measured at the problem's own sizes. A feature the function no longer
+    computes makes the fit unusable (``usable``), never silently wrong."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    names: list[str]  # the features, in the order of each backend's coefficients
+    coef: dict[str, list[float]]  # backend -> coefficients
+    rows: dict[str, int]  # backend -> timed problems it was fitted on
+    ridge: float
+    source: str
+
+    def log2_ms(self, backend: str, values: dict[str, float]) -> Optional[float]:
+        """log2 of the backend's expected GPU ms, or None: not fitted, an entry point the fit never
+        saw, or a fit of other features than ``features`` computes (an older table)."""
+        coef = self.coef.get(backend)
+        if coef is None or not set(values) <= set(self.names):
+            return None
+        if any(n not in values and not n.startswith(PER_ENTRY) for n in self.names):
+            return None
+        return sum(c * values.get(name, 0.0) for name, c in zip(self.names, coef))
+
+
+PER_ENTRY = ("entry ", "bytes on entry ")  # features of one entry point (0 on the others)
+
+
 class TimingTable(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     gpu: str
@@ -105,6 +183,11 @@ class TimingTable(BaseModel):
     rows: list[TimingRow]
     # backend -> entry point -> host us per eager call (``bench --host-cost`` or the rows' median)
     host_us: dict[str, dict[str, float]] = {}
+    fitted: Optional[FittedTimes] = None  # per-backend fit of the rows' GPU times (absent in older tables)
+    # how a scaled table's GPU times relate to its own GPU's: decode-shaped by bandwidth, the rest by
+    # compute (``scaled_to``; a fitted time is scaled as a row is, above the launch floor)
+    bandwidth_ratio: float = 1.0
+    compute_ratio: float = 1.0
     scaling: str = ""  # "" for a GPU's own table; else how it was scaled to this GPU (explain shows it)
 
     @property
@@ -127,7 +210,8 @@ class TimingTable(BaseModel):
             return row.model_copy(update={"ms": ms})
         how = f"{self.key} table scaled to this GPU ({target}: bandwidth x{bw:.2f}, compute x{fl:.2f})"
         return self.model_copy(update={"rows": [scaled(r) for r in self.rows], "peak_tb_per_s": bandwidth,
-                                       "peak_tflops": tflops, "scaling": how})
+                                       "peak_tflops": tflops, "scaling": how, "bandwidth_ratio": bw,
+                                       "compute_ratio": fl})
 
     def rows_for(self, problem: AttentionProblem) -> list[TimingRow]:
         """Rows whose static facts match (same entry first: its own host path and variants)."""
@@ -201,6 +285,12 @@ def _sm_of(path: Path) -> int:
         return int(json.loads(path.read_text()).get("sm", -1))
     except (OSError, ValueError):
         return -1
+
+
+def forget() -> None:
+    """Drop every table read so far (a tool that swaps ``MEASURED_DIR`` for another table)."""
+    for cached in (_sm_of, load_table, table_for):
+        cached.cache_clear()
 
 
 @functools.lru_cache(maxsize=None)

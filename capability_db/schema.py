@@ -173,6 +173,11 @@ class BackendCaps(_Frozen):
     # fewer such blocks than SMs leaves the rest idle. None: not stated (no occupancy term).
     parallelism: Optional[Literal["split_kv", "query_tiles"]] = None
     parallelism_source: str = ""
+    # Entry points whose calling convention makes this backend plan again on every call (FlashInfer's
+    # fa2/fa3 read device-side lengths on the host): a time measured there holds its host syncs and
+    # says nothing of the backend on another entry point, nor the reverse (dispatch/choice.py).
+    plans_per_call: list[str] = Field(default_factory=list)
+    plans_per_call_source: str = ""
 
     @model_validator(mode="after")
     def _install_names_the_extra(self) -> "BackendCaps":

@@ -44,10 +44,11 @@ from typing import Any, Optional
 import torch
 
 import capability_db
-from capability_db.measured import ANCHORS, Efficiency, TimingRow, TimingTable, gpu_peaks, table_for
+from capability_db.measured import (ANCHORS, QUERY_TILE, Efficiency, TimingRow, TimingTable, features, gpu_peaks,
+                                    Sizes, table_for, work)
 
 from . import autotune
-from .problem import NAME_DTYPES, AttentionProblem, DeviceDesc
+from .problem import AttentionProblem, DeviceDesc
 
 TIE = 0.03  # estimates within 3% are a tie: the priority list decides
 PREFILL_BANDWIDTH = 0.9  # share of peak bandwidth any backend streams on prefill-shaped work
@@ -55,7 +56,6 @@ DEFAULT_EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.3, launch_us=10.0, sour
 SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch_us=200.0,
                                            source="default: PyTorch reference, unfused")}
 
-Sizes = tuple[int, int, int]  # (batch, q_len, kv_len)
 
 # Host microseconds per eager call of each backend's path where the table has no measured figure:
 # rough figures of the H100/H200 host-cost runs (tools/results/host-cost-h100*.md; issue 20's
@@ -104,7 +104,7 @@ def host_us(table: TimingTable, rows: list[TimingRow], backend: str, entry: str)
 class Estimate:
     backend: str
     ms: float  # expected ms per call at the sizes it was estimated for: GPU time (+ host time, eager)
-    basis: str  # "autotune" | "measured" | "measured, scaled" | "model"
+    basis: str  # "autotune" | "measured" | "fitted" | "measured, scaled" | "model"
     sizes: Sizes
     source: str
     note: str = ""  # how a row at other sizes became this estimate
@@ -136,18 +136,6 @@ class Ranking:
     points: int = 1  # sizes the scores are a geometric mean over
 
 
-def work(problem: AttentionProblem, sizes: Sizes) -> tuple[float, float]:
-    """(bytes moved, FLOPs) of one call: K/V read once, q and out once; 2 matmuls on the visible pairs."""
-    b, q, kv = sizes
-    keys = min(kv, problem.window_left + 1) if problem.window_left >= 0 else kv
-    kv_elem = NAME_DTYPES[problem.kv_dtype].itemsize
-    q_elem = NAME_DTYPES[problem.q_dtype].itemsize
-    dims = problem.head_dim_qk + problem.head_dim_vo
-    moved = b * (keys * problem.num_kv_heads * dims * kv_elem + q * problem.num_qo_heads * dims * q_elem)
-    pairs = q * keys - (q * (q - 1) / 2 if problem.causal and q <= keys else 0)
-    return float(moved), 2.0 * problem.num_qo_heads * dims * b * max(pairs, q)
-
-
 def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:
     e = table.efficiency.get(backend) or SLOW_EFFICIENCY.get(backend) or DEFAULT_EFFICIENCY
     moved, flops = work(problem, sizes)
@@ -159,7 +147,6 @@ def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes:
     return e.launch_us / 1e3 + seconds * 1e3 / occupancy(table, backend, problem, sizes)
 
 
-QUERY_TILE = 128  # queries per block of a query-tiled kernel (cuDNN's and FlashInfer fa3's prefill tiles)
 DEFAULT_SMS = 132  # an H100 / H200 SXM, where the table names a GPU of unknown SM count
 
 
@@ -188,30 +175,88 @@ def _distance(a: Sizes, b: Sizes) -> float:
     return sum(abs(math.log2(x) - math.log2(y)) for x, y in zip(a, b))
 
 
-def shared_row(rows: list[TimingRow], accepted: list[str], sizes: Sizes) -> Optional[TimingRow]:
+def _as_measured(row: TimingRow, problem: AttentionProblem) -> AttentionProblem:
+    """The problem with the row's head counts (where the row recorded them): what the row timed."""
+    kv_heads = row.bucket.num_kv_heads
+    if not kv_heads or kv_heads == problem.num_kv_heads:
+        return problem
+    return dataclasses.replace(problem, num_kv_heads=kv_heads, num_qo_heads=kv_heads * row.bucket.gqa_group)
+
+
+def _apart(row: TimingRow, problem: AttentionProblem, sizes: Sizes) -> float:
+    """How far the row is from the problem at ``sizes``: log2 steps of batch, queries, keys and
+    KV heads (the heads count as the batch does: both multiply the blocks and the bytes)."""
+    kv_heads = row.bucket.num_kv_heads or problem.num_kv_heads
+    return _distance(_sizes(row), sizes) + abs(math.log2(kv_heads) - math.log2(problem.num_kv_heads))
+
+
+def _timed(row: TimingRow, backend: str, entry: str) -> bool:
+    """Whether the row timed ``backend`` on a path it takes through ``entry``: a backend that plans
+    again on every call through some entry points (capability data ``plans_per_call``) is timed
+    there with host syncs in its GPU time, comparable with that entry point's rows alone."""
+    if backend not in row.ms:
+        return False
+    per_call = _plans_per_call(backend)
+    return row.bucket.entry == entry or (row.bucket.entry not in per_call and entry not in per_call)
+
+
+def shared_row(rows: list[TimingRow], accepted: list[str], problem: AttentionProblem,
+               sizes: Sizes) -> Optional[TimingRow]:
     """The complete row (``TimingRow.complete``) nearest ``sizes`` that timed at least two of the
     candidates (more of them breaking ties): the one place where they were measured side by side."""
-    shared = [r for r in rows if r.complete and sum(n in r.ms for n in accepted) >= 2]
-    return min(shared, key=lambda r: (_distance(_sizes(r), sizes), -sum(n in r.ms for n in accepted)), default=None)
+    def timed(r: TimingRow) -> int:
+        return sum(_timed(r, n, problem.entry) for n in accepted)
+    shared = [r for r in rows if r.complete and timed(r) >= 2]
+    return min(shared, key=lambda r: (_apart(r, problem, sizes), -timed(r)), default=None)
 
 
 def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: AttentionProblem,
              sizes: Sizes, where: str, anchor: Optional[TimingRow] = None) -> Estimate:
-    """The backend's expected ms at ``sizes``: a row there, else the nearest row scaled by the
-    model (``anchor``, the shared row, when it timed this backend: candidates compared where
-    they were measured side by side, not each at its own nearest row)."""
-    measured = [r for r in rows if backend in r.ms]
+    """The backend's expected ms at ``sizes``: a row measured there; else the table's fit of the
+    backend's times (``TimingTable.fitted``); else the nearest row scaled by the model (``anchor``,
+    the shared row, when it timed this backend: candidates compared where they were measured side
+    by side, not each at its own nearest row); else the cost model."""
+    measured = [r for r in rows if _timed(r, backend, problem.entry)]
+    there = [r for r in measured if _apart(r, problem, sizes) == 0]
+    if there:
+        return Estimate(backend, there[0].ms[backend], "measured", sizes, there[0].source)
+    fitted = fitted_ms(table, backend, problem, sizes)
+    if fitted is not None:
+        return Estimate(backend, fitted, "fitted", sizes, table.fitted.source,
+                        f"fit of {table.fitted.rows[backend]} timed problems")
     if measured:
-        near = anchor if anchor is not None and backend in anchor.ms else min(
-            measured, key=lambda r: _distance(_sizes(r), sizes))
-        if _sizes(near) == sizes:
-            return Estimate(backend, near.ms[backend], "measured", sizes, near.source)
-        scale = model_ms(table, backend, problem, sizes) / model_ms(table, backend, problem, _sizes(near))
+        near = anchor if anchor is not None and _timed(anchor, backend, problem.entry) else min(
+            measured, key=lambda r: _apart(r, problem, sizes))
+        timed = _as_measured(near, problem)
+        scale = model_ms(table, backend, problem, sizes) / model_ms(table, backend, timed, _sizes(near))
         b, q, kv = _sizes(near)
+        heads = "" if timed is problem else f", {timed.num_qo_heads}/{timed.num_kv_heads} heads"
         return Estimate(backend, near.ms[backend] * scale, "measured, scaled", sizes, near.source,
-                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv} times the model's ratio")
+                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv}{heads} times the model's ratio")
     how = f"its efficiency on the {where}" if backend in table.efficiency else "a default efficiency"
     return Estimate(backend, model_ms(table, backend, problem, sizes), "model", sizes, f"cost model at {how}")
+
+
+def fitted_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> Optional[float]:
+    """The table's fitted GPU ms of the backend, or None: no fit, or the backend plans again on
+    every call through this entry point (its times there are that entry's rows', not fitted),
+    or the fit never saw the entry point. On a scaled table, scaled as its rows are."""
+    if table.fitted is None or problem.entry in _plans_per_call(backend):
+        return None
+    log2_ms = table.fitted.log2_ms(backend, features(problem, sizes))
+    if log2_ms is None:
+        return None
+    ms = 2.0 ** log2_ms
+    ratio = table.bandwidth_ratio if sizes[1] == 1 else table.compute_ratio
+    floor = min(ms, table.efficiency[backend].launch_us / 1e3) if backend in table.efficiency else 0.0
+    return floor + (ms - floor) / ratio
+
+
+def _plans_per_call(backend: str) -> list[str]:
+    try:
+        return capability_db.backend_caps(backend).plans_per_call
+    except ValueError:  # a backend the data does not know (a test's fake): one path
+        return []
 
 
 def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
@@ -229,7 +274,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     where = f"{table.gpu} (capability_db/measured" + (f"; {table.scaling})" if table.scaling else ")")
     rows = table.rows_for(problem)
     points = [sizes] if sizes else sorted({_sizes(r) for r in rows}) or [ANCHORS.get(problem.phase, ANCHORS["prefill"])]
-    anchors = [shared_row(rows, accepted, pt) if sizes else None for pt in points]
+    anchors = [shared_row(rows, accepted, problem, pt) if sizes else None for pt in points]
     graph = problem.cuda_graph or capturing(device)
     hosts = {n: host_us(table, rows, n, problem.entry) for n in accepted}
     per_point = [{n: _counted(estimate(table, rows, n, problem, pt, where, anchor), hosts[n], graph) for n in accepted}
@@ -237,14 +282,16 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
                           / len(per_point)) for n in accepted}
     if anchors[0] is not None:  # not timed at the shared row: after those that were (a far row or the
-        for n in accepted:      # model alone is no evidence against a side-by-side measurement)
-            if n not in anchors[0].ms:
+        for n in accepted:      # cost model alone is no evidence against a side-by-side measurement)
+            if not _timed(anchors[0], n, problem.entry) and per_point[0][n].basis != "fitted":
                 scores[n] += UNMEASURED_BEHIND
     shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
     basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
              else f"cost model ({where}: no row matches this problem's facts)")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
-    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted), len(per_point))
+    fitted = any(e.basis == "fitted" for ests in per_point for e in ests.values())
+    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted, fitted),
+                    len(per_point))
 
 
 def _counted(est: Estimate, host: tuple[float, str], graph: bool) -> Estimate:
@@ -256,13 +303,17 @@ UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the share
 
 
 def _entry_tier(problem: AttentionProblem, device: DeviceDesc, rows: Optional[list[TimingRow]] = None,
-                accepted: Optional[list[str]] = None) -> set[str]:
-    """The backends of the entry point's own list (ahead of the family's list on a GPU), unless
-    rows measured through this entry point timed two of the candidates side by side: those
-    times carry the entry's calling convention (its host path included), which the list stands in
-    for where nothing was measured."""
+                accepted: Optional[list[str]] = None, fitted: bool = False) -> set[str]:
+    """The backends ahead on this entry point. Where the table's fit served the estimates (it was
+    fitted through every entry point), every backend but those that plan per call here
+    (``plans_per_call``: no fit of them here, and their host syncs on every call). Else the entry
+    point's own list (ahead of the family's list on a GPU), unless rows measured through this
+    entry point timed two of the candidates side by side: those times carry the entry's calling
+    convention (its host path included), which the list stands in for where nothing was measured."""
     if device.kind != "cuda":
         return set()
+    if fitted and accepted:
+        return {n for n in accepted if problem.entry not in _plans_per_call(n)}
     if rows and accepted and any(r.bucket.entry == problem.entry and sum(n in r.ms for n in accepted) >= 2
                                  for r in rows):
         return set()

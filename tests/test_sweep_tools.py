@@ -74,9 +74,10 @@ def test_a_row_missing_a_backend_for_a_run_failure_is_no_evidence_against_it():
                              head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16",
                              causal=True, window=False, soft_cap=False, sinks=False)
     rows = [measured.TimingRow(bucket=bucket, ms={"fa2": 1.0, "cudnn": 1.2}, source="a", complete=False)]
-    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], (8, 2048, 2048)) is None
+    problem = make_problem(entry="e", num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128)
+    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], problem, (8, 2048, 2048)) is None
     rows.append(rows[0].model_copy(update={"complete": True}))
-    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], (8, 2048, 2048)) is rows[1]
+    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], problem, (8, 2048, 2048)) is rows[1]
 
 
 def test_replay_judges_the_graph_choice_by_gpu_time_and_the_eager_choice_by_call_cost():

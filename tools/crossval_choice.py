@@ -34,10 +34,10 @@ def replay_fold(train: list[dict], test: dict, source: str) -> list[dict]:
         path = Path(tmp) / f"{measured.gpu_key(trained.gpu)}.json"
         path.write_text(trained.model_dump_json())
         with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
-            measured.load_table.cache_clear() if hasattr(measured.load_table, "cache_clear") else None
+            measured.forget()  # every cache of a table, or a fold is judged by another fold's table
             router.clear_caches()
             out = replay.replay(test)
-    measured.load_table.cache_clear() if hasattr(measured.load_table, "cache_clear") else None
+    measured.forget()
     router.clear_caches()
     return out
 

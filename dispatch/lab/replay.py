@@ -22,24 +22,10 @@ from typing import Optional
 import capability_db
 
 from .. import router
-from ..problem import AttentionProblem, size_class
-from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
+from .problems import BenchProblem
 from .report import regret_figures
 from .runner import call_cost
-from .table import entry_of
-
-
-def problem_of(p: BenchProblem) -> AttentionProblem:
-    """The AttentionProblem the entry point builds for the bench problem's call."""
-    storage = "dense" if p.entry in (SINGLE, SINGLE_LSE) else ("ragged" if p.entry == RAGGED else "paged")
-    return AttentionProblem(
-        entry=entry_of(p.entry), phase="decode" if p.decode or p.entry == XQA else "prefill", kv_storage=storage,
-        kv_layout="HND" if p.entry == CUDNN else "NHD", num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads,
-        head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type, out_dtype=p.dtype,
-        page_size=p.page_size if storage == "paged" else 0, causal=p.causal or p.entry == XQA,
-        window_left=p.window_left, logits_soft_cap=p.soft_cap, has_sinks=p.sinks,
-        return_lse=p.lse or p.entry == SINGLE_LSE or (p.entry in (CUDNN, TRTLLM) and p.lse),
-        sizes=size_class(p.batch, p.q_len, p.kv_len))
+from .table import problem_of
 
 
 def replay(results: dict) -> list[dict]:

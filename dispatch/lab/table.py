@@ -12,13 +12,19 @@ datasheets) by GPU name; the file is measured/<gpu key>.json (an H200 run: h200.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Optional
 
-from capability_db.measured import GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, TimingRow, TimingTable, gpu_key, gpu_peaks
+import torch
 
-from .problems import SINGLE_LSE, BenchProblem
+import capability_db
+from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
+                                    features, gpu_key, gpu_peaks)
+
+from ..problem import AttentionProblem, size_class
+from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
 
 
 def entry_of(bench_entry: str) -> str:
@@ -27,11 +33,26 @@ def entry_of(bench_entry: str) -> str:
     return "single_prefill_with_kv_cache" if name == SINGLE_LSE else name
 
 
+def problem_of(p: BenchProblem) -> AttentionProblem:
+    """The AttentionProblem the entry point builds for the bench problem's call."""
+    storage = "dense" if p.entry in (SINGLE, SINGLE_LSE) else ("ragged" if p.entry == RAGGED else "paged")
+    return AttentionProblem(
+        entry=entry_of(p.entry), phase="decode" if p.decode or p.entry == XQA else "prefill", kv_storage=storage,
+        kv_layout="HND" if p.entry == CUDNN else p.kv_layout, num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads,
+        head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type, out_dtype=p.dtype,
+        page_size=p.page_size if storage == "paged" else 0, causal=p.causal or p.entry == XQA,
+        window_left=p.window_left, logits_soft_cap=p.soft_cap, has_sinks=p.sinks,
+        mask="custom" if p.custom_mask else "none",
+        return_lse=p.lse or p.entry == SINGLE_LSE or (p.entry in (CUDNN, TRTLLM) and p.lse),
+        sizes=size_class(p.batch, p.q_len, p.kv_len))
+
+
 def bucket_of(p: BenchProblem) -> Bucket:
     return Bucket(entry=entry_of(p.entry), phase="decode" if p.decode else "prefill", batch=p.batch,
                   q_len=p.q_len, kv_len=p.kv_len, gqa_group=p.num_qo_heads // p.num_kv_heads,
                   head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type,
-                  causal=p.causal, window=p.window_left >= 0, soft_cap=p.soft_cap > 0, sinks=p.sinks)
+                  causal=p.causal, window=p.window_left >= 0, soft_cap=p.soft_cap > 0, sinks=p.sinks,
+                  num_kv_heads=p.num_kv_heads)
 
 
 def peaks(gpu: str) -> tuple[float, float]:
@@ -94,7 +115,45 @@ def build_table(results: dict, source: str) -> TimingTable:
                   for n, e in eff.items()}
     return TimingTable(gpu=env["gpu"], sm=int(env["capability"].removeprefix("sm_")), source=source,
                        environment={k: str(v) for k, v in env.items()}, peak_tb_per_s=bw_peak, peak_tflops=fl_peak,
-                       efficiency=efficiency, rows=rows, host_us=host_table(rows, results.get("host_cost", [])))
+                       efficiency=efficiency, rows=rows, host_us=host_table(rows, results.get("host_cost", [])),
+                       fitted=fit_times(results["results"], source))
+
+
+RIDGE = 0.1  # the fit's penalty on coefficients (intercept aside): chosen by tools/crossval_choice.py
+MIN_FIT_ROWS = 8  # a backend timed on fewer problems is not fitted (its rows and the cost model serve)
+
+
+def fit_times(results: list[dict], source: str, ridge: float = RIDGE) -> Optional[FittedTimes]:
+    """Per backend, a ridge regression of log2 GPU ms on ``features`` over every problem it was
+    timed on, through any entry point but those where it plans per call (capability data
+    ``plans_per_call``: its times there hold host syncs)."""
+    samples: dict[str, list[tuple[dict[str, float], float]]] = {}
+    for r in results:
+        if "backends" not in r:
+            continue
+        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        problem = problem_of(p)
+        values = features(problem, (p.batch, p.q_len, p.kv_len))
+        for b in r["backends"]:
+            name = b["backend"]
+            if name in NOT_BACKENDS or b["status"] != "ok" or not b.get("eager_ms") \
+                    or problem.entry in capability_db.backend_caps(name).plans_per_call:
+                continue
+            samples.setdefault(name, []).append((values, math.log2(b["eager_ms"])))
+    names = list(dict.fromkeys(k for rows in samples.values() for values, _ in rows for k in values))
+    coef, counts = {}, {}
+    for name, rows in sorted(samples.items()):
+        if len(rows) < MIN_FIT_ROWS:
+            continue
+        x = torch.tensor([[values.get(k, 0.0) for k in names] for values, _ in rows], dtype=torch.float64)
+        y = torch.tensor([t for _, t in rows], dtype=torch.float64)
+        penalty = torch.full((len(names),), ridge, dtype=torch.float64)
+        penalty[names.index("one")] = 0.0
+        solved = torch.linalg.solve(x.T @ x + torch.diag(penalty), x.T @ y)
+        coef[name], counts[name] = [round(float(c), 6) for c in solved], len(rows)
+    if not coef:
+        return None
+    return FittedTimes(names=names, coef=coef, rows=counts, ridge=ridge, source=f"ridge fit over {source}")
 
 
 def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, dict[str, float]]:

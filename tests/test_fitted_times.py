@@ -1,0 +1,107 @@
+"""The timing table's fit (dispatch/lab/table.py fit_times, capability_db/measured.py FittedTimes):
+what the choice expects where no row was measured at the problem's sizes, and the cross-validation
+that judges it (tools/crossval_choice.py) on problems its table never saw."""
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+from unittest import mock
+
+import capability_db
+import pytest
+from capability_db import measured
+from dispatch import choice, router
+from dispatch.lab import table
+from dispatch.lab.problems import CUDNN, PAGED
+
+H200 = capability_db.resolve_device("h200")
+ENVIRONMENT = {"gpu": "NVIDIA H200", "capability": "sm_90"}
+
+
+def result(name: str, problem: dict, times: dict[str, float]) -> dict:
+    work = problem["batch"] * problem["kv_len"] * 8 * 256 * 2  # bytes of K and V (8 KV heads, d128, bf16)
+    return {"name": name, "problem": problem, "work": work,
+            "backends": [{"backend": n, "status": "ok", "eager_ms": ms, "host_us": 20.0} for n, ms in times.items()]}
+
+
+def synthetic(seed: int, count: int = 40) -> list[dict]:
+    """Paged decode problems at random sizes; native-triton streams the K/V at 3 TB/s, fa2 at 2 TB/s
+    (and plans per call through the cuDNN entry, 10x slower there)."""
+    rng, out = random.Random(seed), []
+    for i in range(count):
+        entry = CUDNN if i % 4 == 0 else PAGED
+        p = {"entry": entry, "batch": rng.choice([1, 3, 8, 17, 64]), "q_len": 1, "kv_len": rng.randint(256, 60000)}
+        gb = p["batch"] * p["kv_len"] * 8 * 256 * 2 / 1e9  # K and V, 8 heads, d128, bf16
+        fa2 = gb / 2.0 * (10 if entry == CUDNN else 1)
+        out.append(result(f"{entry} {i}", p, {"native-triton": gb / 3.0 + 0.004, "fa2": fa2 + 0.004}))
+    return out
+
+
+def test_the_fit_predicts_a_problem_it_never_saw():
+    fit = table.fit_times(synthetic(1), "synthetic")
+    problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=32, q_len=1, kv_len=20000))
+    gb = 32 * 20000 * 8 * 256 * 2 / 1e9
+    for name, truth in (("native-triton", gb / 3.0 + 0.004), ("fa2", gb / 2.0 + 0.004)):
+        got = 2 ** fit.log2_ms(name, measured.features(problem, (32, 1, 20000)))
+        assert got == pytest.approx(truth, rel=0.15), name
+
+
+def test_the_fit_leaves_out_a_backends_times_where_it_plans_per_call():
+    assert CUDNN in capability_db.backend_caps("fa2").plans_per_call
+    results = synthetic(2)
+    fit = table.fit_times(results, "synthetic")
+    through_cudnn = sum(r["problem"]["entry"] == CUDNN for r in results)
+    assert fit.rows == {"fa2": len(results) - through_cudnn, "native-triton": len(results)}
+    tab = table.build_table({"environment": ENVIRONMENT, "results": results}, "synthetic")
+    on_cudnn = table.problem_of(table.BenchProblem(entry=CUDNN, batch=8, q_len=1, kv_len=4096))
+    assert choice.fitted_ms(tab, "fa2", on_cudnn, (8, 1, 4096)) is None  # that entry's rows serve it
+    assert choice.fitted_ms(tab, "native-triton", on_cudnn, (8, 1, 4096)) is not None
+
+
+def test_a_fit_without_the_entry_point_or_of_other_features_is_not_used():
+    fit = table.fit_times(synthetic(3), "synthetic")
+    values = measured.features(table.problem_of(table.BenchProblem(entry=PAGED, batch=8, q_len=1, kv_len=4096)),
+                               (8, 1, 4096))
+    assert fit.log2_ms("native-triton", values) is not None
+    assert fit.log2_ms("cudnn", values) is None  # never timed
+    unseen = {**{k: v for k, v in values.items() if not k.startswith(measured.PER_ENTRY)}, "entry xqa": 1.0}
+    assert fit.log2_ms("native-triton", unseen) is None
+    stale = fit.model_copy(update={"names": fit.names[:-1] + ["a feature no longer computed"]})
+    assert stale.log2_ms("native-triton", values) is None
+
+
+def test_the_choice_takes_the_fit_over_the_entry_points_list():
+    """Through the cuDNN entry the entry's list puts cuDNN first where no row of that entry timed two
+    candidates; a fit of rows through that entry too knows it, so the faster by the fit wins there."""
+    sizes = [(2 ** (i % 7), 512 * (1 + i)) for i in range(12)]
+    rows = [result(f"p{i}", {"entry": CUDNN if i % 3 == 0 else PAGED, "batch": b, "q_len": 1, "kv_len": kv},
+                   {"cudnn": b * kv * 4096 / 1e9 + 0.01, "native-triton": b * kv * 4096 / 3e9 + 0.004})
+            for i, (b, kv) in enumerate(sizes)]
+    tab = table.build_table({"environment": ENVIRONMENT, "results": rows}, "synthetic")
+    problem = table.problem_of(table.BenchProblem(entry=CUDNN, batch=4, q_len=1, kv_len=35000))
+    with mock.patch.object(choice, "table_for", return_value=tab):
+        ranking = choice.rank(problem, H200, ["cudnn", "native-triton"], problem.sizes)
+    assert ranking.order[0] == "native-triton"
+    assert ranking.estimates["native-triton"].basis == "fitted"
+
+
+def test_crossval_judges_each_fold_by_a_table_built_without_it():
+    """Each fold's choice comes from its own table: a cached table of an earlier fold (or the repo's,
+    which holds every problem) would judge problems the table has seen."""
+    spec = importlib.util.spec_from_file_location("crossval_choice", Path("tools/crossval_choice.py"))
+    crossval = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crossval)
+    problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024}
+    test = {"environment": ENVIRONMENT, "results": [result("t", problem, {"fa2": 0.01, "native-triton": 0.01})]}
+
+    def fold(fast: str) -> dict:
+        slow = "native-triton" if fast == "fa2" else "fa2"
+        return {"environment": ENVIRONMENT, "results": [result("r", problem, {fast: 0.01, slow: 0.05})]}
+    router.clear_caches()
+    device = capability_db.device_for_capability(9, 0, ENVIRONMENT["gpu"])  # the device replay decides for
+    measured.table_for(device)  # the repo's table, cached first
+    first = crossval.replay_fold([fold("fa2")], test, "fold a")[0]["chosen"]
+    second = crossval.replay_fold([fold("native-triton")], test, "fold b")[0]["chosen"]
+    assert (first, second) == ("fa2", "native-triton")
+    assert len(measured.table_for(device).rows) > 100  # the repo's table again once the folds are done
