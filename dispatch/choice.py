@@ -4,9 +4,12 @@ Called by ``router.evaluate`` once per (problem, device) — the decision is cac
 this is on the per-call path. Evidence, best first, for each accepted backend:
 
 1. autotune (opt-in, ``dispatch.autotune``): times measured on this machine for the bucket;
-2. the GPU's timing table (capability_db/measured/<gpu>.json): rows whose static facts match
-   the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks); a
-   row at other sizes is scaled to the wanted sizes by the cost model's ratio;
+2. the GPU's timing table (capability_db/measured/<gpu>.json): a row whose static facts match
+   the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
+   sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
+   linear in ``measured.features``; cross-validated on the H200's sweeps, 73% within 3% of the
+   fastest against 53% for the nearest row, tools/results/NOTES-h200-sweeps.md); else (a table
+   without a fit) the nearest row, scaled to the wanted sizes by the cost model's ratio;
 3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
    launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
    efficiencies measured on this GPU (a default where it has none); divided by the share of SMs
@@ -25,8 +28,9 @@ best first: the table's (backend, entry point) figure (``TimingTable.host_us``, 
 The entry point's own list (priorities.json ``entry_first``) stays ahead of the family's list
 where no row measured through this entry point timed two candidates: its reasons are about the
 entry's calling convention (device-side lengths, which FlashInfer's fa2/fa3 re-plan on the host
-every call), which rows measured through other entry points do not carry. Estimates order the
-candidates within each of the two tiers (one tier where the entry's own rows exist).
+every call), which rows measured through other entry points do not carry. Where the fit served
+the estimates (it knows the entry point), only the backends that plan per call through this entry
+(capability data ``plans_per_call``) go behind. Estimates order the candidates within each tier.
 
 Without sizes (the router's problem key holds none) a backend's score is the geometric mean,
 over the matching rows' sizes (or the phase's anchor sizes), of its estimate over the best
@@ -286,10 +290,12 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
             if not _timed(anchors[0], n, problem.entry) and per_point[0][n].basis != "fitted":
                 scores[n] += UNMEASURED_BEHIND
     shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
-    basis = (f"measured time ({len(rows)} matching rows of {where})" if rows
+    fitted = any(e.basis == "fitted" for ests in per_point for e in ests.values())
+    basis = (f"measured time ({len(rows)} matching rows of {where}" + ("; the fit of its times elsewhere)" if fitted
+                                                                        else ")") if rows
+             else f"fitted time ({where}: no row matches this problem's facts)" if fitted
              else f"cost model ({where}: no row matches this problem's facts)")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
-    fitted = any(e.basis == "fitted" for ests in per_point for e in ests.values())
     return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted, fitted),
                     len(per_point))
 
