@@ -148,8 +148,8 @@ def features(problem: AttentionProblem, sizes: Sizes) -> dict[str, float]:
 class FittedTimes(BaseModel):
     """Per backend, log2 of its GPU ms per call as a linear function of ``features`` (ridge
     regression over every timed problem of the table's runs, ``bench --to-table``): what the choice
-    expects where no row was measured at the problem's own sizes. A feature the function no longer
-    computes makes the fit unusable (``usable``), never silently wrong."""
+    expects where no row was measured at the problem's own sizes. A fit of features ``features`` no
+    longer computes, or of no row through the problem's entry point, is not used (``log2_ms``)."""
     model_config = ConfigDict(frozen=True, extra="forbid")
     names: list[str]  # the features, in the order of each backend's coefficients
     coef: dict[str, list[float]]  # backend -> coefficients

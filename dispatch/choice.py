@@ -48,7 +48,7 @@ from typing import Any, Optional
 import torch
 
 import capability_db
-from capability_db.measured import (ANCHORS, QUERY_TILE, Efficiency, TimingRow, TimingTable, features, gpu_peaks,
+from capability_db.measured import (ANCHORS, QUERY_TILE, SMS, Efficiency, TimingRow, TimingTable, features, gpu_peaks,
                                     Sizes, table_for, work)
 
 from . import autotune
@@ -151,7 +151,7 @@ def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes:
     return e.launch_us / 1e3 + seconds * 1e3 / occupancy(table, backend, problem, sizes)
 
 
-DEFAULT_SMS = 132  # an H100 / H200 SXM, where the table names a GPU of unknown SM count
+DEFAULT_SMS = SMS  # an H100 / H200 SXM, where the table names a GPU of unknown SM count
 
 
 def occupancy(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:

@@ -73,11 +73,14 @@ def test_a_fit_without_the_entry_point_or_of_other_features_is_not_used():
 
 def test_the_choice_takes_the_fit_over_the_entry_points_list():
     """Through the cuDNN entry the entry's list puts cuDNN first where no row of that entry timed two
-    candidates; a fit of rows through that entry too knows it, so the faster by the fit wins there."""
-    sizes = [(2 ** (i % 7), 512 * (1 + i)) for i in range(12)]
-    rows = [result(f"p{i}", {"entry": CUDNN if i % 3 == 0 else PAGED, "batch": b, "q_len": 1, "kv_len": kv},
-                   {"cudnn": b * kv * 4096 / 1e9 + 0.01, "native-triton": b * kv * 4096 / 3e9 + 0.004})
-            for i, (b, kv) in enumerate(sizes)]
+    candidates side by side (here each such row timed one); the fit, which saw rows of that entry,
+    ranks them instead, and the faster by the fit wins there."""
+    sizes = [(2 ** (i % 7), 512 * (1 + i)) for i in range(18)]
+    times = [{"cudnn": b * kv * 4096 / 1e9 + 0.01, "native-triton": b * kv * 4096 / 3e9 + 0.004} for b, kv in sizes]
+    rows = [result(f"p{i}", {"entry": PAGED, "batch": b, "q_len": 1, "kv_len": kv}, t)
+            if i % 3 else result(f"p{i}", {"entry": CUDNN, "batch": b, "q_len": 1, "kv_len": kv},
+                                 {n: t[n] for n in (("cudnn",) if i % 2 else ("native-triton",))})
+            for i, ((b, kv), t) in enumerate(zip(sizes, times))]
     tab = table.build_table({"environment": ENVIRONMENT, "results": rows}, "synthetic")
     problem = table.problem_of(table.BenchProblem(entry=CUDNN, batch=4, q_len=1, kv_len=35000))
     with mock.patch.object(choice, "table_for", return_value=tab):
