@@ -436,7 +436,8 @@ def call_inputs(key: GraphKey, batch) -> dict:
                   if uid not in derived)
     if key.lse_strides is not None and not key.lse_padded:
         derived[UID_OFF_STATS] = key.lse_strides[0]
-    inputs.update(_strided_offsets(batch.qo_indptr, derived))
+    if derived:  # read only when needed: the cuDNN entry's indptr is divided out of the offsets on read
+        inputs.update(_strided_offsets(batch.qo_indptr, derived))
     if key.kv_storage == "paged":
         inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = _int32(batch.block_table)
     else:

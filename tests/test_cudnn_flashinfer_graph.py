@@ -150,6 +150,40 @@ def test_heuristic_fallback_only_when_a_proposes_nothing(fake, monkeypatch):
     _assert_padded_lse(problem, batch, padded, (1, 1))
 
 
+def test_entry_batch_divides_element_offsets_only_for_a_backend_that_reads_them(fake, monkeypatch):
+    """With Q's offsets in elements (the seed's form, and the bench's FlashInfer call), the entry's
+    batch derives no token indptr for cuDNN, which binds the offsets themselves: FlashInfer's call
+    launches no division, and on a decode-sized call that kernel was a tenth of our GPU time. Only
+    the plan (once) and a backend that reads ``qo_indptr`` pay the division."""
+    _heuristics(fake, monkeypatch)
+    q_lens, kv_lens = (1, 1, 1, 1), (9, 40, 4, 23)
+    backend = adapter.CudnnBackend()
+    problem, first = _entry_batch(q_lens, kv_lens, seed=1)
+    plan = backend.plan(problem, first)
+    for repeat in (backend.run, lambda p, b: backend.launcher(p, first)(b)):  # a kept plan; an exact repeat
+        problem, batch, reference = _entry_batch(q_lens, kv_lens, seed=2, with_reference=True)
+        repeat(plan, batch)
+        assert batch.__dict__["_qo_indptr"] is None, "cuDNN's call divided the offsets"
+        assert rel_error(batch.out, oracle(problem, reference)[0]) < 1e-5
+    assert torch.equal(batch.qo_indptr, reference.qo_indptr.to(torch.int32))  # read: divided once, then kept
+    assert batch.qo_indptr is batch.qo_indptr
+
+
+def _entry_batch(q_lens, kv_lens, seed, with_reference=False):
+    """The batch ``dispatch/entries/cudnn.py`` builds for ``_entry_call``'s call (no LSE)."""
+    from types import SimpleNamespace
+
+    from dispatch.entries import cudnn as entry
+    problem, reference, _, _ = _entry_call(q_lens, kv_lens, return_lse=False, seed=seed)
+    given, b, (total, hq, d) = reference.extras["cudnn"], len(q_lens), reference.q.shape
+    z = SimpleNamespace(total_q=total, hq=hq, dqk=d, hkv=2, dvo=d, out_dtype=torch.float32, batch=b, paged=True,
+                        max_q=max(q_lens), one_row_each=None)
+    batch = entry._batch(z, reference.q, given["pool_k"], given["pool_v"], 0.25, 1.0, max(q_lens), max(kv_lens),
+                         given["seq_q"], reference.kv_lens, reference.block_table, False, given["off_q"],
+                         given["off_o"], None, False, torch.full((total, hq, d), float("nan")))
+    return (problem, batch, reference) if with_reference else (problem, batch)
+
+
 # -- on a GPU with cuDNN: the padded LSE FlashInfer's form writes (one-row graphs included) --------
 def _cudnn_usable() -> bool:
     from backends import get_backend

@@ -108,9 +108,31 @@ def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, se
     out = out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
     given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache, padded_lse)
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
-    return AttentionBatch(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
-                          block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None,
-                          given)
+    kind = AttentionBatch if qo_indptr is not None else _DividedOnRead
+    batch = kind(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
+                 block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None, given)
+    if qo_indptr is None:
+        batch.__dict__["_qo_offsets"] = (offsets_q, z.hq * z.dqk)
+    return batch
+
+
+class _DividedOnRead(AttentionBatch):
+    """The batch of a call that gave Q's offsets in elements: its token ``qo_indptr`` is divided
+    out of them when a backend first reads it. cuDNN binds the caller's offsets themselves, so a
+    call it serves launches no division (FlashInfer's call launches none: on a decode-sized call
+    that kernel was a tenth of the GPU time); any other backend pays the one division."""
+
+    @property  # type: ignore[override]
+    def qo_indptr(self) -> torch.Tensor:
+        indptr = self.__dict__.get("_qo_indptr")
+        if indptr is None:
+            offsets, row = self.__dict__["_qo_offsets"]
+            indptr = self.__dict__["_qo_indptr"] = _token_offsets(offsets, row, False)
+        return indptr
+
+    @qo_indptr.setter
+    def qo_indptr(self, value: Optional[torch.Tensor]) -> None:
+        self.__dict__["_qo_indptr"] = value
 
 
 def _nhd_pages(pool: torch.Tensor) -> tuple:
@@ -198,9 +220,10 @@ def _token_offsets(offsets: torch.Tensor, units_per_token: int, tokens: bool) ->
 
 def _indices(q, d, tokens: bool, seq_q, seq_kv, offsets_q, offsets_k):
     """Token-unit qo_indptr / kv_indptr and (B,) kv_lens; absent offsets are the packed prefix
-    sums of the lengths (what FlashInfer computes for packed inputs)."""
-    if offsets_q is not None:
-        qo = _token_offsets(offsets_q, d.hq * d.dqk, tokens)
+    sums of the lengths (what FlashInfer computes for packed inputs). qo_indptr is None where Q's
+    offsets came in elements: the batch divides them on first read (``_DividedOnRead``)."""
+    if offsets_q is not None:  # in elements: divided when a backend reads it (_DividedOnRead)
+        qo = _token_offsets(offsets_q, d.hq * d.dqk, tokens) if tokens else None
     elif d.one_row_each is not None:
         qo = d.one_row_each[0]  # cached: no kernel per call
     elif seq_q is not None:
