@@ -56,6 +56,21 @@ def test_check_catches_unwritten_rows_and_wrong_values():
     assert b.check((out * 1.01, lse))[0] > tol
 
 
+@pytest.mark.parametrize("window", [-1, 300])
+def test_check_catches_a_call_that_dropped_the_sinks_at_long_kv(window):
+    """The sinks the bench draws carry weight however long the KV: FlashInfer 0.7.2's paged wrapper
+    passed the check at long KV and disagreed only where the KV was short (NOTES-h200-sweeps.md)."""
+    p = BenchProblem(PAGED, 2, 1, 3000, num_qo_heads=4, num_kv_heads=2, head_dim=16, dtype="bfloat16", page_size=16,
+                     window_left=window, sinks=True)
+    b = build.build(p, "cpu")
+    b.poison()
+    out = b.call()(b.operands[0])
+    err, _, tol = b.check(out)
+    assert err < tol
+    b.sinks = None  # what the call would be checked against had it dropped the sinks
+    assert b.check(out)[0] > 5 * tol
+
+
 @pytest.mark.parametrize("q, kv, causal, window", [(1, 9, False, -1), (5, 9, True, -1), (5, 9, True, 2),
                                                    (7, 7, False, 3), (3, 40, True, 0)])
 def test_visible_pairs_counts_the_oracles_mask(q, kv, causal, window):
