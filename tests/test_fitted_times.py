@@ -108,3 +108,17 @@ def test_crossval_judges_each_fold_by_a_table_built_without_it():
     second = crossval.replay_fold([fold("native-triton")], test, "fold b")[0]["chosen"]
     assert (first, second) == ("fa2", "native-triton")
     assert len(measured.table_for(device).rows) > 100  # the repo's table again once the folds are done
+
+
+def test_learning_curve_builds_each_fold_from_the_share_it_names():
+    """``--learning-curve``: each share's tables hold that share of the other folds' problems, and
+    the figures are replays against measured times (a synthetic sweep the fit learns: native-triton
+    is the fastest on every paged problem, which the choice finds with most of the problems)."""
+    spec = importlib.util.spec_from_file_location("crossval_choice", Path("tools/crossval_choice.py"))
+    crossval = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crossval)
+    parts = crossval.folds({"environment": ENVIRONMENT, "results": synthetic(3, 50)}, 5)
+    curve = crossval.learning_curve(parts, "synthetic", [0.25, 1.0], draws=2)
+    assert [c["training_problems"] for c in curve] == [10, 40]
+    assert curve[-1]["graph_within_3pct"] > 0.9
+    router.clear_caches()

@@ -6,11 +6,17 @@ Prints the regret figures, by GPU time and by call cost (GPU + host per eager ca
 DIR/crossval-<stem>.json and .md.
 
     python tools/crossval_choice.py tools/results/bench-random-150-seed-*-cuda*.json --folds 5 --out DIR
+
+``--learning-curve 0.25 0.5 0.75 1``: the same, with each fold's table built from that share of the
+other folds' problems (drawn at random, ``--draws`` times per share): how the choice grows with the
+problems measured. Writes DIR/crossval-<stem>-learning-curve.json and .md instead.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -42,6 +48,48 @@ def replay_fold(train: list[dict], test: dict, source: str) -> list[dict]:
     return out
 
 
+def learning_curve(parts: list[dict], source: str, shares: list[float], draws: int) -> list[dict]:
+    """Per share of the training problems: the within-3% figures of the graph and eager choices and
+    auto / FlashInfer <= 1.03, each the mean over ``draws`` random draws (seeded by the draw)."""
+    curve = []
+    for share in shares:
+        figures = []
+        for draw in range(draws):
+            pick = random.Random(draw)
+            rows = []
+            for i, test in enumerate(parts):
+                train = [row for part in parts[:i] + parts[i + 1:] for row in part["results"]]
+                kept = pick.sample(train, max(1, round(share * len(train))))
+                rows += replay_fold([{"results": kept}], test, f"{source} (fold {i}, {share:.0%} of the rest)")
+            gpu, cost, own = regret_figures(rows), regret_figures(rows, "cost_regret"), ratio_figures(rows, "over_flashinfer")
+            figures.append((len(kept), _share(gpu, "within_3pct"), _share(cost, "within_3pct"),
+                            _share(own, "at_most_1_03")))
+        mean = [statistics.mean(f[i] for f in figures) if figures[0][i] is not None else None for i in range(4)]
+        curve.append({"share": share, "training_problems": round(mean[0]), "graph_within_3pct": mean[1],
+                      "eager_within_3pct": mean[2], "auto_over_flashinfer_at_most_1_03": mean[3], "draws": draws})
+    return curve
+
+
+def _share(fig: dict, key: str):
+    return fig[key] / fig["count"] if fig.get("count") else None
+
+
+def write_curve(curve: list[dict], source: str, folds: int, stem: Path) -> None:
+    md = ["# How the choice grows with the problems measured (K-fold cross-validation, learning curve)", "",
+          f"Sources: {source}; {folds} folds; each fold's table built from a random share of the other folds' "
+          "problems, the mean of the draws; tools/crossval_choice.py --learning-curve.", "",
+          "| share | problems per table | graph choice within 3% | eager choice within 3% | auto / FI <= 1.03 |",
+          "|---|---|---|---|---|"]
+    def cell(x) -> str:
+        return "-" if x is None else f"{x:.1%}"
+    md += [f"| {c['share']:.0%} | {c['training_problems']} | {cell(c['graph_within_3pct'])} | "
+           f"{cell(c['eager_within_3pct'])} | {cell(c['auto_over_flashinfer_at_most_1_03'])} |" for c in curve]
+    stem.with_suffix(".md").write_text("\n".join(md) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"sources": source, "folds": folds, "curve": curve}, indent=1))
+    print("\n".join(md[4:]))
+    print(f"outputs: {stem}.md {stem}.json")
+
+
 def line(name: str, fig: dict) -> str:
     if not fig.get("count"):
         return f"| {name} | 0 | - | - | - | - | - |"
@@ -61,9 +109,16 @@ def main() -> int:
     ap.add_argument("json", type=Path, nargs="+")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--learning-curve", type=float, nargs="+", metavar="SHARE")
+    ap.add_argument("--draws", type=int, default=3)
     args = ap.parse_args()
     results, source = table.merged(args.json)
     parts = folds(results, args.folds)
+    if args.learning_curve:
+        args.out.mkdir(parents=True, exist_ok=True)
+        curve = learning_curve(parts, source, args.learning_curve, args.draws)
+        write_curve(curve, source, args.folds, args.out / f"crossval-{args.json[-1].stem}-learning-curve")
+        return 0
     rows = [row for i, test in enumerate(parts)
             for row in replay_fold(parts[:i] + parts[i + 1:], test, f"{source} (fold {i} held out)")]
     gpu, cost = regret_figures(rows), regret_figures(rows, "cost_regret")
