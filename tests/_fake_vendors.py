@@ -11,6 +11,7 @@ re-exported here for the contract tests.
 from __future__ import annotations
 
 import math
+import sys
 import types
 
 import torch
@@ -54,6 +55,18 @@ def make_flashinfer(rec: Recorder, version="0.5.3", new_api=False):
     prefill.single_prefill_with_kv_cache = _single_prefill(rec)
     _single_prefill_internals(prefill, rec)
     return {"flashinfer": fi, "flashinfer.decode": decode, "flashinfer.prefill": prefill}
+
+
+def install_flashinfer(monkeypatch, rec: Recorder) -> dict:
+    """``make_flashinfer``'s modules in sys.modules for the test (monkeypatch restores them); the
+    backends' import cache forgotten, so they import the fakes. Call ``_vendor.forget_imports()``
+    again once the test is done."""
+    from backends import _vendor
+    mods = make_flashinfer(rec)
+    for name in ("flashinfer", "flashinfer.decode", "flashinfer.prefill"):
+        monkeypatch.setitem(sys.modules, name, mods.get(name))
+    _vendor.forget_imports()
+    return mods
 
 
 def _xqa_compute(rec, query, kv_cache, workspace_buffer, block_tables, seq_lens, bmm1_scale, bmm2_scale,

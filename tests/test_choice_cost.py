@@ -15,7 +15,7 @@ from capability_db import measured
 from dispatch import choice, router
 from dispatch.lab import runner, table
 from dispatch.lab.problems import PAGED, BenchProblem
-from dispatch.lab.vendors import make_problem
+from test_autotune import decode_problem
 
 H100 = capability_db.resolve_device("h100")
 H200 = capability_db.resolve_device("h200")
@@ -26,11 +26,6 @@ def fresh():
     router.clear_caches()
     yield
     router.clear_caches()
-
-
-def decode_problem(**kw):
-    return make_problem(entry="BatchPrefillWithPagedKVCacheWrapper", phase="decode", num_qo_heads=32,
-                        num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, device_type="cuda", **kw)
 
 
 def synthetic(monkeypatch, ms: dict, host_us: dict, table_host: dict | None = None):

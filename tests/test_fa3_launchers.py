@@ -5,7 +5,6 @@ the page indices into token offsets for the call's K strides on every call (as F
 repeats take the launcher, never the wrapper's Python run."""
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -18,11 +17,7 @@ from backends._fi_prefill import FiState, FlashInferPrefill
 
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
-    rec = fv.Recorder()
-    mods = fv.make_flashinfer(rec)
-    for name in ("flashinfer", "flashinfer.decode", "flashinfer.prefill"):
-        monkeypatch.setitem(sys.modules, name, mods.get(name))
-    _vendor.forget_imports()
+    mods = fv.install_flashinfer(monkeypatch, fv.Recorder())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     yield mods["flashinfer.prefill"]
     _vendor.forget_imports()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 
 import pytest
 import torch
@@ -128,10 +127,7 @@ def test_no_launcher_for_a_tensor_scale(gpu_like, counting_launcher):
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
     rec = fv.Recorder()
-    mods = fv.make_flashinfer(rec)
-    for name in ("flashinfer", "flashinfer.decode", "flashinfer.prefill"):
-        monkeypatch.setitem(sys.modules, name, mods.get(name))
-    _vendor.forget_imports()
+    fv.install_flashinfer(monkeypatch, rec)
     yield rec
     _vendor.forget_imports()
 
