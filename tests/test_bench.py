@@ -163,6 +163,22 @@ def test_replay_reads_todays_choice_against_measured_times(tmp_path):
     assert "Regret of today's choice" in md.read_text()
 
 
+@pytest.mark.parametrize("version, counted", [("0.7.2", False), ("0.6.18", True)])
+def test_replay_leaves_out_a_flashinfer_call_known_to_drop_the_sinks(version, counted):
+    """FlashInfer 0.7.2's paged wrapper on sm_90 drops the sinks (build.OWN_CALL_WRONG): its time on
+    a sinks problem is no comparison; another version's still is (nothing was seen of it)."""
+    from dispatch.lab import replay
+    problem = {"entry": PAGED, "batch": 8, "q_len": 1, "kv_len": 4096, "sinks": True}
+    results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90", "flashinfer": version}, "results": [
+        {"name": "p", "problem": problem, "backends": [
+            {"backend": "native-triton", "status": "ok", "eager_ms": 0.30},
+            {"backend": "xqa", "status": "ok", "eager_ms": 0.30},
+            {"backend": "flashinfer", "status": "ok", "eager_ms": 0.10}]}]}
+    row = replay.replay(results)[0]
+    assert row["chosen_ms"] == 0.30
+    assert row["over_flashinfer"] == (pytest.approx(3.0) if counted else None)
+
+
 def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     """The ``flashinfer`` row: FlashInfer's own entry point with the same inputs, checked against
     fp64 and timed like ours (here our own functions stand in for FlashInfer: none on the CPU);

@@ -268,5 +268,27 @@ def flashinfer_own_crash(p: BenchProblem) -> Optional[str]:
     return None
 
 
+# FlashInfer's own calls measured computing another function than the problem's: (version, sm, entry,
+# feature) -> what was seen. The bench's check says DISAGREES once its inputs show the difference; the
+# rows of older sweeps, whose inputs could not (sinks of N(0, 1) at long KV: ``_sinks``), are read
+# through this list (``flashinfer_own_wrong``): their FlashInfer times compare with nothing.
+OWN_CALL_WRONG = {
+    ("0.7.2", "sm_90", PAGED, "sinks"):
+        "FlashInfer 0.7.2's paged wrapper run(sinks=...) on the H200 is 45-67% away from the fp64 oracle once the "
+        "sinks carry weight, as if it dropped them (tools/results/bench-cudnn-decode-and-sinks-cuda.md)",
+}
+
+
+def flashinfer_own_wrong(p: BenchProblem, environment: dict) -> Optional[str]:
+    """Why FlashInfer's own call of ``p`` on the run's environment (its FlashInfer version and GPU
+    capability) computed something else (``OWN_CALL_WRONG``), or None."""
+    facts = ("sinks",) if p.sinks else ()
+    for fact in facts:
+        seen = OWN_CALL_WRONG.get((environment.get("flashinfer"), environment.get("capability"), p.entry, fact))
+        if seen:
+            return seen
+    return None
+
+
 _CALLS = {SINGLE: _single, SINGLE_LSE: _single, RAGGED: _ragged, PAGED: _paged, TRTLLM: _trtllm, XQA: _xqa,
           CUDNN: _cudnn}

@@ -8,7 +8,8 @@ graph (GPU time alone counts; ``regret`` = its GPU ms / the fastest's - 1; ``gra
 against the backends a graph can capture only: fa2 and fa3 cannot through our adapters,
 capability data ``cuda_graph``) and for an eager call (GPU + host time; ``cost_regret`` by that
 sum). Each also against FlashInfer's own call where it ran: ``over_flashinfer`` (GPU ms) and
-``cost_over_flashinfer`` (GPU + host). A choice the sweep did not time (a backend it did not
+``cost_over_flashinfer`` (GPU + host), unless that call is known to compute something else there
+(``build.flashinfer_own_wrong``). A choice the sweep did not time (a backend it did not
 force) is listed and left out of the figures. The problem is rebuilt from
 the bench problem as the entry points build it (layouts and phases as ``build`` calls them).
 """
@@ -22,6 +23,7 @@ from typing import Optional
 import capability_db
 
 from .. import router
+from .build import flashinfer_own_wrong
 from .problems import BenchProblem
 from .report import regret_figures
 from .runner import call_cost
@@ -54,7 +56,8 @@ def replay(results: dict) -> list[dict]:
         cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
         costs = {b["backend"]: b["eager_ms"] + b["host_us"] / 1e3 for b in r["backends"]
                  if b["backend"] in timed and b.get("host_us") is not None}
-        own = next((b for b in r["backends"] if b["backend"] == "flashinfer" and b.get("status") == "ok"), {})
+        own = next((b for b in r["backends"] if b["backend"] == "flashinfer" and b.get("status") == "ok"
+                    and not flashinfer_own_wrong(p, env)), {})
         own_cost = own["eager_ms"] + own["host_us"] / 1e3 if own.get("eager_ms") and own.get("host_us") else None
         rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
                      "fastest_ms": timed[fastest], "regret": None if ms is None else ms / timed[fastest] - 1,
