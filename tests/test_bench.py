@@ -179,6 +179,25 @@ def test_replay_leaves_out_a_flashinfer_call_known_to_drop_the_sinks(version, co
     assert row["over_flashinfer"] == (pytest.approx(3.0) if counted else None)
 
 
+@pytest.mark.parametrize("entry, layout, capability, runs", [
+    ("trtllm", "NHD", (9, 0), False), ("trtllm", "NHD", (10, 0), True),  # trtllm-gen: SM100+ only
+    ("single", "HND", (9, 0), False), ("single", "NHD", (9, 0), True), ("paged", "HND", (9, 0), True)])
+def test_flashinfer_own_call_is_not_made_where_it_cannot_run(monkeypatch, entry, layout, capability, runs):
+    """The bench neither times nor warms FlashInfer's own call where it fails or kills the process
+    on this GPU (build.flashinfer_own_not_run); elsewhere it is made."""
+    from dispatch.lab import runner
+    from dispatch.lab.problems import problem_from_json
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    p = problem_from_json({"entry": entry, "batch": 1 if entry == "single" else 2, "q_len": 4, "kv_len": 64,
+                           "heads": "4/2", "head_dim": 16, "dtype": "float32", "kv_layout": layout})
+    assert (build.flashinfer_own_not_run(p) is None) == runs
+    monkeypatch.setattr(runner, "flashinfer_api", lambda: ({p.entry: object()}, ""))
+    monkeypatch.setattr(runner, "measure", lambda *a: {"backend": runner.FLASHINFER, "status": "ok"})
+    row = runner._flashinfer_row(build.build(p, "cpu"), "cuda", 1)
+    assert row["status"] == ("ok" if runs else "absent")
+
+
 def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     """The ``flashinfer`` row: FlashInfer's own entry point with the same inputs, checked against
     fp64 and timed like ours (here our own functions stand in for FlashInfer: none on the CPU);

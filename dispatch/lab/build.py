@@ -256,15 +256,24 @@ def flashinfer_api() -> tuple[Optional[dict], str]:
     return api, ""
 
 
-def flashinfer_own_crash(p: BenchProblem) -> Optional[str]:
-    """Why FlashInfer's own call of ``p`` is not made (it kills the process), or None. Seen on the
-    H200 with 0.7.2 (tools/results/NOTES-h200-sweeps.md): single prefill with an HND K/V on its
-    default sm_90 backend, fa3, dies of SIGFPE in single_prefill_*_sm90.so (as 0.5.3's did on
-    the H100: its fa3 binding reads kv_len / num_kv_heads as k.size(0) / k.size(1) whatever the
-    layout). Ours hands fa3 the NHD view of the same storage (backends/_fi_prefill.py)."""
-    if p.entry in (SINGLE, SINGLE_LSE) and p.kv_layout == "HND" and torch.cuda.is_available() \
-            and torch.cuda.get_device_capability()[0] == 9:
+def flashinfer_own_not_run(p: BenchProblem) -> Optional[str]:
+    """Why FlashInfer's own call of ``p`` is not made on this GPU, or None. Seen on the H200 with
+    0.7.2 (tools/results/NOTES-h200-sweeps.md):
+    - single prefill with an HND K/V on its default sm_90 backend, fa3, dies of SIGFPE in
+      single_prefill_*_sm90.so (as 0.5.3's did on the H100: its fa3 binding reads kv_len /
+      num_kv_heads as k.size(0) / k.size(1) whatever the layout). Ours hands fa3 the NHD view of
+      the same storage (backends/_fi_prefill.py);
+    - ``trtllm_batch_context_with_kv_cache`` runs trtllm-gen kernels, SM100+ only: it failed on
+      all 71 calls of the H200 sweeps, 65 of them after fetching the kernels' cubins from the
+      network, which the GPU machine cannot reach (each fetch held the sweep, and the workers
+      compiling beside it, until it timed out)."""
+    if not torch.cuda.is_available():
+        return None
+    major = torch.cuda.get_device_capability()[0]
+    if p.entry in (SINGLE, SINGLE_LSE) and p.kv_layout == "HND" and major == 9:
         return "not run: FlashInfer's own fa3 single prefill with HND K/V dies of SIGFPE on sm_90"
+    if p.entry == TRTLLM and major < 10:
+        return f"not run: FlashInfer's trtllm-gen kernels need SM100+ (this GPU: sm_{major}x)"
     return None
 
 

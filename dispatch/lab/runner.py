@@ -22,7 +22,7 @@ import backends
 
 from .. import policy, router
 from .. import timing
-from .build import Built, build, flashinfer_api, flashinfer_own_crash
+from .build import Built, build, flashinfer_api, flashinfer_own_not_run
 from .problems import BenchProblem
 
 AUTO = "auto"
@@ -234,9 +234,9 @@ def _flashinfer_row(built: Built, device: str, reps: int) -> dict:
     api, why = flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
     if api is None or api.get(built.problem.entry) is None:
         return {"backend": FLASHINFER, "status": "absent", "note": why or "no such entry point in this version"}
-    crash = flashinfer_own_crash(built.problem)
-    if crash:
-        return {"backend": FLASHINFER, "status": "absent", "note": crash}
+    not_run = flashinfer_own_not_run(built.problem)
+    if not_run:
+        return {"backend": FLASHINFER, "status": "absent", "note": not_run}
     return measure(built, FLASHINFER, device, reps, api)
 
 

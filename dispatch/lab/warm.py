@@ -82,12 +82,12 @@ class Warmup:
 def _warm_one(p: BenchProblem, device: str) -> list[str]:
     """Call ``p`` once per backend forced and with FlashInfer's own call; the failures, one line each."""
     from . import runner
-    from .build import build, flashinfer_api, flashinfer_own_crash
+    from .build import build, flashinfer_api, flashinfer_own_not_run
 
     built, failed = build(p, device), []
     api, _ = flashinfer_api() if device == "cuda" else (None, "")
     calls = [(name, None) for name in runner.backends_to_force(p, device)]
-    own = api is not None and api.get(p.entry) is not None and flashinfer_own_crash(p) is None
+    own = api is not None and api.get(p.entry) is not None and flashinfer_own_not_run(p) is None
     calls += [(runner.FLASHINFER, api)] if own else []
     for name, own in calls:
         with runner._scope(name):
