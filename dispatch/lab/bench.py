@@ -15,6 +15,7 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
     attn-dispatch bench --random 60 --out $OUT                # a fresh seed, printed and recorded
     attn-dispatch bench --random 60 --seed 1234 --start 40    # resume that sweep at problem 40
     attn-dispatch bench --to-table DIR/bench-h100.json        # -> capability_db/measured/<gpu>.json
+    ATTN_DISPATCH_AUTOTUNE=1 attn-dispatch bench --random 60  # auto with the opt-in autotune (-autotune files)
 
 Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
 host_cost (host time per call of every entry point), problems / grids / build / runner / report,
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+
+from .. import autotune
 
 # grids, problems, report and runner (which reach the router) are imported by the functions that
 # use them.
@@ -118,6 +121,8 @@ def environment(device: str) -> dict:
             env[module] = getattr(__import__(module), "__version__", "installed")
         except Exception as exc:  # noqa: BLE001 - a missing package is a fact of the run
             env[module] = f"not installed ({type(exc).__name__})"
+    if autotune.enabled():  # ATTN_DISPATCH_AUTOTUNE=1: auto's column is what timing on this machine chose
+        env["autotune"] = f"on ({autotune.describe_cache()})"
     return env
 
 
@@ -218,7 +223,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("\n".join(p.name for p in plist))
         return 0
     reps = args.reps or (10 if args.device == "cuda" else 5)
-    stem = f"bench-{name}-{args.device}" + (f"-from-{args.start}" if args.start else "")  # a resume keeps the first part
+    stem = (f"bench-{name}-{args.device}" + ("-autotune" if autotune.enabled() else "")
+            + (f"-from-{args.start}" if args.start else ""))  # a resume keeps the first part
     rep = {"grid": name, "environment": environment(args.device),
            "method": runner.METHOD.format(rows=16, reps=reps), "results": [], "regret": {}}
     if args.random is not None:
