@@ -269,11 +269,11 @@ def flashinfer_own_not_run(p: BenchProblem) -> Optional[str]:
       compiling beside it, until it timed out)."""
     if not torch.cuda.is_available():
         return None
-    major = torch.cuda.get_device_capability()[0]
+    major, minor = torch.cuda.get_device_capability()
     if p.entry in (SINGLE, SINGLE_LSE) and p.kv_layout == "HND" and major == 9:
         return "not run: FlashInfer's own fa3 single prefill with HND K/V dies of SIGFPE on sm_90"
     if p.entry == TRTLLM and major < 10:
-        return f"not run: FlashInfer's trtllm-gen kernels need SM100+ (this GPU: sm_{major}x)"
+        return f"not run: FlashInfer's trtllm-gen kernels need SM100+ (this GPU: sm_{major}{minor})"
     return None
 
 
