@@ -120,8 +120,9 @@ class _DividedOnRead(AttentionBatch):
     """The batch of a call that gave Q's offsets in elements: its token ``qo_indptr`` is divided
     out of them when a backend first reads it. cuDNN binds the caller's offsets themselves, so a
     call it serves launches no division, as FlashInfer's launches none. On tiny decode calls that
-    kernel made ours 1.17-1.28x FlashInfer's GPU time; without it 0.92-1.00x (H200,
-    tools/results/bench-cudnn-decode-and-sinks-cuda.md). Any other backend pays the one division."""
+    kernel made ours 1.17-1.28x FlashInfer's GPU time (the H200 sweeps' rows); without it
+    0.92-1.00x (tools/results/bench-cudnn-decode-and-sinks-cuda.md; both in NOTES-h200-sweeps.md,
+    session 6). Any other backend pays the one division."""
 
     @property  # type: ignore[override]
     def qo_indptr(self) -> torch.Tensor:
