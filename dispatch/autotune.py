@@ -5,7 +5,9 @@ it off). When the router ranks the candidates of a problem it has not decided be
 (``choice.rank``, inside ``router.decide``'s cached step: never per call), the bucket — the
 problem's facts and its sizes rounded up to powers of two; without sizes the phase's anchor
 sizes — is looked up in a JSON file; a miss times every accepted candidate on fresh random
-inputs (plan, one warm call, then ``timing.device_ms``) and stores the times.
+inputs at the middle of the bucket (plan, one warm call, then ``timing.device_ms``: GPU time)
+and stores the times. The ranking (``choice.rank``) adds each backend's host path on the entry
+point from the GPU's table for an eager call, GPU time alone in a CUDA graph.
 
 Never inside CUDA-graph capture or torch.compile tracing (the table or model decides then and
 nothing is stored). The file is keyed by the GPU, driver, torch and library versions (a new
@@ -35,6 +37,8 @@ from .problem import AttentionProblem, DeviceDesc
 ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"
 ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
 REPS = 5
+SHORT_MS = 0.2  # a call shorter than this is timed over back-to-back calls (at most MAX_CALLS)
+MAX_CALLS = 64
 log = logging.getLogger("attn_dispatch")
 
 _switch: Optional[bool] = None  # set by autotune(); None: the environment decides
@@ -91,6 +95,12 @@ def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
     return f"{problem!r}|" + "x".join(str(_pow2(n)) for n in sizes)
 
 
+def middle(bucket: tuple[int, ...]) -> tuple[int, ...]:
+    """Where a bucket is timed: each size at 3/4 of its power of two, the middle of the class
+    (N/2, N] it stands for (the top would time every call of the class at its largest)."""
+    return tuple(n if n <= 2 else 3 * n // 4 for n in bucket)
+
+
 def may_measure() -> bool:
     """Not inside CUDA-graph capture, not while torch.compile traces."""
     if torch.compiler.is_compiling():
@@ -112,11 +122,11 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     if hit is None or any(n not in hit for n in accepted):
         if not may_measure():
             return None
-        hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], sizes)}
+        hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], middle(sizes))}
         with _lock:
             data["buckets"][key] = hit
             _write(path, data, device)
-    times = {n: (hit[n], sizes) for n in accepted if hit.get(n) is not None}
+    times = {n: (hit[n], middle(sizes)) for n in accepted if hit.get(n) is not None}
     return times or None
 
 
@@ -145,8 +155,6 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
     """ms per call of each backend on fresh random inputs of these sizes (None: it failed)."""
     from backends import get_backend
 
-    from . import timing
-
     b, q, kv = sizes
     device = torch.device("cuda" if problem.device_type == "cuda" else "cpu")
     case = Case("autotune", problem, (q,) * b, (kv,) * b)
@@ -159,12 +167,24 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
         try:
             plan = backend.plan(problem, batch)
             backend.run(plan, batch)  # warm: compiles, workspaces
-            out[name] = timing.device_ms(lambda: backend.run(plan, batch), device.type, reps=REPS)
+            out[name] = _timed(lambda: backend.run(plan, batch), device.type)
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is not chosen by its time
             log.info("attn_dispatch: autotune of %s on %s failed: %s", name, problem.describe(), exc)
             out[name] = None
     log.info("attn_dispatch: autotuned %s at %s: %s", problem.describe(), sizes, out)
     return out
+
+
+def _timed(run: Callable[[], object], device_type: str) -> float:
+    """ms per call; a short call is timed again over back-to-back calls filling about SHORT_MS, so
+    the events' resolution (about a microsecond) does not decide between kernels of a few."""
+    from . import timing
+
+    once = timing.device_ms(run, device_type, reps=REPS)
+    if device_type != "cuda" or once >= SHORT_MS:
+        return once
+    calls = min(MAX_CALLS, math.ceil(SHORT_MS / max(once, 1e-3)))
+    return timing.device_ms(run, device_type, reps=REPS, calls=calls)
 
 
 class _CallableModule(sys.modules[__name__].__class__):

@@ -268,9 +268,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     """``accepted`` (in priority order) ordered by expected time; the priority order breaks ties."""
     tuned = autotune.lookup(problem, device, accepted, sizes) if len(accepted) > 1 else None
     if tuned:
-        ests = {n: Estimate(n, ms, "autotune", sz, autotune.describe_cache()) for n, (ms, sz) in tuned.items()}
-        return _ordered(accepted, ests, {n: e.ms for n, e in ests.items()}, "autotune (timed on this machine)",
-                        _entry_tier(problem, device))
+        return _autotuned(problem, device, accepted, tuned)
     table = table_for(device) if len(accepted) > 1 else None
     if table is None:
         why = "one candidate" if len(accepted) <= 1 else f"no timing table for {device.name} (sm {device.sm})"
@@ -298,6 +296,28 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
     return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted, fitted),
                     len(per_point))
+
+
+def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
+               tuned: dict[str, tuple[float, Sizes]]) -> Ranking:
+    """The GPU times measured on this machine, side by side, plus (an eager call) each backend's
+    host path on this entry point from the table. Only the backends that plan per call through
+    this entry point go behind: the timing ran a kept plan, which their calls here do not. A
+    backend whose timing failed goes last."""
+    table = table_for(device)
+    graph = problem.cuda_graph or capturing(device)
+    rows = table.rows_for(problem) if table is not None and not graph else []
+    ests = {}
+    for n, (ms, sz) in tuned.items():
+        est = Estimate(n, ms, "autotune", sz, autotune.describe_cache())
+        ests[n] = est if graph or table is None else est.with_host(*host_us(table, rows, n, problem.entry))
+    timed = [n for n in accepted if n in ests]
+    tier = {n for n in timed if problem.entry not in _plans_per_call(n)} if device.kind == "cuda" else set()
+    basis = "autotune (timed on this machine)" + ("; GPU time only (CUDA graph)" if graph
+                                                  else "; GPU time + host time per eager call" if table else "")
+    ranking = _ordered(timed, ests, {n: e.ms for n, e in ests.items()}, basis, tier)
+    ranking.order.extend(n for n in accepted if n not in ests)
+    return ranking
 
 
 def _counted(est: Estimate, host: tuple[float, str], graph: bool) -> Estimate:

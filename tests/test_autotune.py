@@ -114,7 +114,7 @@ def test_autotune_times_a_new_bucket_once_and_keeps_it_in_the_cache_file(monkeyp
     p = make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
     got = autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40))
     ms, sizes = got["reference"]
-    assert ms > 0 and sizes == (2, 1, 64)  # sizes rounded up to powers of two: the bucket
+    assert ms > 0 and sizes == (2, 1, 48)  # timed at the middle of the bucket (2, 1, 64)
     files = list(tmp_path.glob("autotune-*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
@@ -139,6 +139,44 @@ def test_autotune_times_order_the_candidates(monkeypatch):
     r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
     assert r.order == ["native-triton", "reference"] and r.basis.startswith("autotune")
     assert r.estimates["native-triton"].describe().startswith("autotune: 1 ms")
+
+
+def _tuned_table(monkeypatch, gpu_ms: dict[str, float], host: dict[str, float]):
+    """Autotune returns ``gpu_ms``; the H100 table (no rows) holds ``host`` us per call on every entry."""
+    real = measured.table_for(H100)
+    table = real.model_copy(update={"rows": [], "host_us": {n: {e: us for e in measured_entries()} for n, us in host.items()}})
+    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    autotune.autotune(True)
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: gpu_ms.get(n) for n in names})
+
+
+def measured_entries() -> list[str]:
+    return ["BatchPrefillWithPagedKVCacheWrapper", "cudnn_batch_prefill_with_kv_cache"]
+
+
+def test_autotune_counts_the_host_path_of_an_eager_call_and_not_in_a_cuda_graph(monkeypatch):
+    # fa2's kernel is 2 us faster, its host path 25 us slower: an eager call costs more on fa2
+    _tuned_table(monkeypatch, {"fa2": 0.010, "native-triton": 0.012}, {"fa2": 30.0, "native-triton": 5.0})
+    eager = choice.rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
+    graph = choice.rank(decode_problem(cuda_graph=True), H100, ["fa2", "native-triton"], (8, 1, 1024))
+    assert eager.order == ["native-triton", "fa2"] and "host time per eager call" in eager.basis
+    assert eager.estimates["fa2"].host_us == 30.0
+    assert graph.order == ["fa2", "native-triton"] and "GPU time only" in graph.basis
+
+
+def test_autotune_times_outrank_the_entry_points_own_list_but_not_a_per_call_plan(monkeypatch):
+    """On the cuDNN entry point cuDNN leads its list; a faster native-triton timed here goes first,
+    and fa2 (which plans on every call through this entry point) stays behind however fast."""
+    _tuned_table(monkeypatch, {"cudnn": 0.030, "native-triton": 0.020, "fa2": 0.005},
+                 {"cudnn": 5.0, "native-triton": 5.0, "fa2": 5.0})
+    p = dataclasses.replace(decode_problem(), entry="cudnn_batch_prefill_with_kv_cache")
+    assert choice.rank(p, H100, ["cudnn", "fa2", "native-triton"], (8, 1, 1024)).order == ["native-triton", "cudnn", "fa2"]
+
+
+def test_a_backend_whose_autotune_failed_goes_last(monkeypatch):
+    _tuned_table(monkeypatch, {"fa2": None, "native-triton": 0.020, "cudnn": 0.015}, {})
+    r = choice.rank(decode_problem(cuda_graph=True), H100, ["fa2", "native-triton", "cudnn"], (8, 1, 1024))
+    assert r.order == ["cudnn", "native-triton", "fa2"] and "fa2" not in r.estimates
 
 
 def test_reference_serving_a_cuda_problem_warns_once_with_the_others_reasons(caplog):
