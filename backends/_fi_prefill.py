@@ -31,6 +31,13 @@ SRC_CAUSAL = "flashinfer include/flashinfer/attention/prefill.cuh (SinglePrefill
 # FlashInfer versions whose single-prefill op takes the 18 arguments _run_single passes (0.7's
 # adds two optional NVFP4 scale factors after them; flashinfer/prefill.py run_single_prefill).
 SINGLE_OP_VERSIONS = ("0.5.", "0.7.")
+# FlashInfer versions whose wrappers' run() builds the compiled op's arguments from plan-time
+# attributes and the call's q, k, v, out, lse, and launches nothing else first for fa2 / fa3 without
+# a JIT variant (0.7.2 flashinfer/prefill.py: BatchPrefillWithPagedKVCacheWrapper.run's run_args
+# and paged_run, BatchPrefillWithRaggedKVCacheWrapper.run's and ragged_run): the first run after a
+# plan records them (``recorded_run``), later runs call the op. 0.5.x builds them (``_direct_run``):
+# its fa3 paged run converts the page indices per call, which a recording would skip.
+RECORDED_RUN_VERSIONS = ("0.7.",)
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
@@ -45,7 +52,8 @@ class FiState:
     plan_args: tuple
     plan_kwargs: dict
     paged: bool
-    direct: Optional["DirectRun"] = None  # fa2 / fa3 on FlashInfer 0.5.x: the compiled run (_direct_run)
+    direct: Optional["DirectRun"] = None  # fa2 / fa3: the compiled run (_direct_run, or recorded by run())
+    record: bool = False  # the next run() records the compiled run's arguments (RECORDED_RUN_VERSIONS)
 
 
 class DirectRun:
@@ -58,18 +66,60 @@ class DirectRun:
 
     __slots__ = ("fn", "head", "middle", "tail", "sparse")
 
-    def __init__(self, fn: Any, args: tuple, slots: tuple, sm_scale: float, sparse: Any = None):
+    def __init__(self, fn: Any, args: tuple, slots: tuple, sm_scale: Optional[float], sparse: Any = None):
         q, k, v, out, lse, scale = slots
-        if (k, v, lse) != (q + 1, q + 2, out + 1) or not q < out < scale:
+        if (k, v, lse) != (q + 1, q + 2, out + 1) or not q < out or (scale is not None and not out < scale):
             raise IndexError(f"slots {slots}: q, k, v and out, lse must be adjacent, in that order")
         args = list(args)
-        args[scale] = sm_scale
+        if scale is not None:  # None: the recorded arguments hold the plan's scale already
+            args[scale] = sm_scale
         self.fn, self.head, self.middle, self.tail = fn, tuple(args[:q]), tuple(args[v + 1:out]), tuple(args[lse + 1:])
         self.sparse = sparse
 
     def __call__(self, q, k, v, out, lse) -> None:
         middle = self.middle if self.sparse is None else self.sparse(k, self.middle)
         self.fn(*self.head, q, k, v, *middle, out, lse, *self.tail)
+
+
+class _RecordingModule:
+    """A FlashInfer wrapper's ``_cached_module`` for one public run: the op ``name`` records its
+    arguments in ``calls`` and runs; every other attribute is the module's."""
+
+    __slots__ = ("_module", "_name", "_calls")
+
+    def __init__(self, module: Any, name: str, calls: list):
+        self._module, self._name, self._calls = module, name, calls
+
+    def __getattr__(self, attr: str) -> Any:
+        fn = getattr(self._module, attr)
+        if attr != self._name:
+            return fn
+
+        def record(*args):
+            self._calls.append(args)
+            return fn(*args)
+        return record
+
+
+def recorded_run(fn: Any, args: tuple, tensors: tuple, plan_time: set) -> Optional[DirectRun]:
+    """The DirectRun of an op called with ``args`` by a public run of ``tensors`` (q, k, v, out,
+    lse), or None unless: q, k, v are the call's own tensors at adjacent places, out and lse
+    (or None) likewise, and every other tensor is a plan-time one (its id in ``plan_time``: the
+    wrapper's buffers, FlashInfer's cached ALiBi slopes). A tensor FlashInfer made or converted for
+    this call (a cast q, a fresh buffer) would be stale at the next call: then public runs stay."""
+    q, k, v, out, lse = tensors
+    places = [next((i for i, a in enumerate(args) if a is t), None) for t in (q, k, v, out)]
+    if None in places:
+        return None
+    at_q, at_out = places[0], places[3]
+    at_lse = at_out + 1
+    if places[1:3] != [at_q + 1, at_q + 2] or not at_q < at_out or at_lse >= len(args) or args[at_lse] is not lse:
+        return None
+    call_places = {at_q, at_q + 1, at_q + 2, at_out, at_lse}
+    if any(isinstance(a, torch.Tensor) and i not in call_places and id(a) not in plan_time
+           for i, a in enumerate(args)):
+        return None
+    return DirectRun(fn, args, (at_q, at_q + 1, at_q + 2, at_out, at_lse, None), None)
 
 
 def vector_sparse(prefill: Any, w: Any):
@@ -308,6 +358,35 @@ class FlashInferPrefill(Provider):
         state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
         state.wrapper._attn_dispatch_plan = state  # who planned it last
         state.direct = self._direct_run(state)
+        state.record = state.direct is None and self._recordable(state.wrapper)
+
+    def _recordable(self, w: Any) -> bool:
+        version = self.version() or ""
+        return (self.kind in ("fa2", "fa3") and version.startswith(RECORDED_RUN_VERSIONS)
+                and getattr(w, "_jit_module", None) is None and getattr(w, "_backend", None) == self.kind
+                and getattr(w, "_prefix_len_ptr", None) is None and getattr(w, "_cached_module", None) is not None)
+
+    def _public_run(self, state: FiState, q, k, v, out, lse) -> None:
+        """FlashInfer's own run(); the first after a plan of a RECORDED_RUN_VERSIONS wrapper
+        records its op's arguments, and later runs call the op (``state.direct``)."""
+        w = state.wrapper
+        kv = ((k, v),) if state.paged else (k, v)
+        if not state.record:
+            w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None)
+            return
+        state.record, module, calls = False, w._cached_module, []
+        op = "paged_run" if state.paged else "ragged_run"
+        w._cached_module = _RecordingModule(module, op, calls)
+        try:
+            w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None)
+        finally:
+            w._cached_module = module
+        if len(calls) == 1:
+            plan_time = {id(t) for t in vars(w).values() if isinstance(t, torch.Tensor)}
+            alibi = getattr(self.loaded().module, "_get_cache_alibi_slopes_buf", None)
+            if alibi is not None:
+                plan_time.add(id(alibi(q.shape[1], q.device)))
+            state.direct = recorded_run(getattr(module, op), calls[0], (q, k, v, out, lse), plan_time)
 
     def _direct_run(self, state: FiState) -> Optional[DirectRun]:
         """FlashInfer 0.5.x fa2's / fa3's compiled ``paged_run`` / ``ragged_run`` (the module's
@@ -367,11 +446,9 @@ class FlashInferPrefill(Provider):
         if state.direct is not None:
             k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
             state.direct(batch.q, k, v, out, lse)
-        elif state.paged:
-            k, v, _ = _vendor.physical_kv(problem, batch.k, batch.v)
-            state.wrapper.run(batch.q, (k, v), out=out, lse=lse, return_lse=lse is not None)
         else:
-            state.wrapper.run(batch.q, batch.k, batch.v, out=out, lse=lse, return_lse=lse is not None)
+            k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
+            self._public_run(state, batch.q, k, v, out, lse)
         _vendor.write_back(batch.out, out)
         _vendor.write_back(batch.lse, lse)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
