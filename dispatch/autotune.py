@@ -28,8 +28,10 @@ from typing import Callable, Optional
 
 import torch
 
-from . import policy
+import capability_db
 from capability_db.measured import ANCHORS
+
+from . import policy
 
 from .inputs import Case, make_batch
 from .problem import AttentionProblem, DeviceDesc
@@ -113,6 +115,7 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     """{backend: (ms, sizes)} for the bucket (timed now on a miss), or None when off or not allowed."""
     if not enabled():
         return None
+    accepted = timed_on(device, accepted)
     sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
     path, key = cache_file(device), bucket_key(problem, sizes)
     with _lock:
@@ -128,6 +131,21 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
             _write(path, data, device)
     times = {n: (hit[n], middle(sizes)) for n in accepted if hit.get(n) is not None}
     return times or None
+
+
+def timed_on(device: DeviceDesc, accepted: list[str]) -> list[str]:
+    """The candidates worth timing: on a GPU not a CPU-only backend (the PyTorch reference runs
+    100-1000x slower there: up to 6 s a call, tens of seconds per bucket on the H200) while a
+    GPU backend is accepted; untimed, it ranks last (``choice.rank``)."""
+    def cpu_only(name: str) -> bool:
+        try:
+            return capability_db.backend_caps(name).hardware.status == "cpu only"
+        except ValueError:  # a backend the data does not know (a test's fake)
+            return False
+    if device.kind != "cuda":
+        return accepted
+    gpu = [n for n in accepted if not cpu_only(n)]
+    return gpu or accepted
 
 
 def _read(path: Path) -> dict:

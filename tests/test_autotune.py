@@ -179,6 +179,17 @@ def test_a_backend_whose_autotune_failed_goes_last(monkeypatch):
     assert r.order == ["cudnn", "native-triton", "fa2"] and "fa2" not in r.estimates
 
 
+def test_autotune_never_times_the_cpu_only_reference_on_a_gpu(monkeypatch):
+    """On the H200 the reference took up to 6 s a call: a bucket's timing spent tens of seconds on it."""
+    timed = []
+    _tuned_table(monkeypatch, {"fa2": 0.010, "reference": 0.001}, {})
+    measure = autotune.measure
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: timed.extend(names) or measure(problem, names, sizes))
+    r = choice.rank(decode_problem(cuda_graph=True), H100, ["fa2", "reference"], (8, 1, 1024))
+    assert timed == ["fa2"] and r.order == ["fa2", "reference"]
+    assert autotune.timed_on(capability_db.CPU_DEVICE, ["reference"]) == ["reference"]
+
+
 def test_reference_serving_a_cuda_problem_warns_once_with_the_others_reasons(caplog):
     # head dim 1024: only the reference accepts it; on an H100 that is worth a warning, once
     p = make_problem(phase="decode", head_dim_qk=1024, head_dim_vo=1024, device_type="cuda")
