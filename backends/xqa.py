@@ -30,7 +30,7 @@ from backends import _vendor
 from backends._device import device_key, on_device, on_device_launch
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
-SRC = "flashinfer 0.5.3 flashinfer/decode.py xqa_batch_decode_with_kv_cache, flashinfer/xqa.py, flashinfer/jit/xqa.py"
+SRC = "flashinfer 0.5.3 / 0.7.2 flashinfer/decode.py xqa_batch_decode_with_kv_cache, flashinfer/xqa.py, flashinfer/jit/xqa.py"
 
 
 @dataclass
@@ -38,14 +38,17 @@ class XqaPlan:
     problem: Any
     fn: Any
     spec: dict = field(default_factory=dict)  # q_len_per_req, mask[, q_cu_seq_lens]
-    direct: Optional["DirectXqa"] = None  # FlashInfer 0.5.x's compiled kernel entry, when usable
+    direct: Optional["DirectXqa"] = None  # FlashInfer 0.5.x's / 0.7.x's kernel entry, when usable
 
 
 @dataclass(frozen=True)
 class DirectXqa:
-    """FlashInfer 0.5.x's compiled ``xqa_wrapper`` and the arguments that do not change per call,
-    prepared at plan time: what ``flashinfer.xqa.xqa`` derives on every call (SM count, PDL
-    support, the workspace split) is derived once, so a call pays no FlashInfer Python layer."""
+    """FlashInfer's XQA kernel entry and the arguments that do not change per call, prepared at
+    plan time: what ``flashinfer.xqa.xqa`` derives on every call (SM count, PDL support, the
+    workspace split) is derived once, so a call pays no FlashInfer Python layer. ``abi``: "0.5",
+    the compiled ``xqa_wrapper`` (21 arguments); "0.7", the kernel variant's ``xqa`` function of
+    ``flashinfer.xqa.get_xqa_module`` (24 arguments: FlashInfer 0.7.2 xqa.py), which takes q, out
+    and the lengths as FlashInfer's decode function passes them, with a unit query axis."""
 
     run: Any
     fp8_sm90: bool
@@ -57,6 +60,19 @@ class DirectXqa:
     semaphores: torch.Tensor
     scratch: torch.Tensor
     pdl: bool
+    abi: str = "0.5"
+
+    def __call__(self, q_scale, out, q, sinks, k, v, table, kv_capacity: int, lens, rows: int) -> None:
+        """One launch; ``q_scale`` a float, or a device tensor (``q_scale_tensor``)."""
+        tensor = isinstance(q_scale, torch.Tensor)
+        if self.abi == "0.7":
+            self.run(self.fp8_sm90, self.sm_count, self.num_kv_heads, self.sliding_window, q_scale,
+                     out.unsqueeze(1), 1.0, q.unsqueeze(1), sinks, k, v, None, None, table, kv_capacity,
+                     lens.unsqueeze(1), rows, 1.0, self.semaphores, self.scratch, self.pdl, 1, None, None)
+            return
+        self.run(self.fp8_sm90, self.sm_count, self.num_kv_heads, self.sliding_window, 1.0 if tensor else q_scale,
+                 q_scale if tensor else None, out, 1.0, q, sinks, k, v, table, kv_capacity, lens, rows, 1.0, None,
+                 self.semaphores, self.scratch, self.pdl)
 
 
 def draft_mask(qo_indptr: torch.Tensor, max_q: int, causal: bool, device) -> torch.Tensor:
@@ -110,29 +126,40 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
             return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
 
     def _direct(self, problem, batch, ws: torch.Tensor) -> Optional[DirectXqa]:
-        """The compiled kernel entry of FlashInfer 0.5.x (flashinfer/xqa.py ``get_xqa_module``:
-        ``module.xqa_wrapper``, 21 positional arguments), or None: another version, or any
-        lookup failure, keeps the public function."""
+        """The kernel entry of FlashInfer 0.5.x (flashinfer/xqa.py ``get_xqa_module``:
+        ``module.xqa_wrapper``, 21 positional arguments) or 0.7.x (``get_xqa_module(...).xqa``, 24),
+        or None: another version, or any lookup failure, keeps the public function."""
         version = self.version() or ""
-        if not version.startswith("0.5.") or batch.q.device.type != "cuda":
+        if not version.startswith(("0.5.", "0.7.")) or batch.q.device.type != "cuda":
             return None
         try:
+            return self.bind_direct(problem, batch.q.dtype, batch.k.dtype, batch.out.dtype, batch.q.device, ws,
+                                    "0.7" if version.startswith("0.7.") else "0.5")
+        except (ImportError, AttributeError, TypeError, RuntimeError, OSError):
+            return None
+
+    @staticmethod
+    def bind_direct(problem, q_dtype, kv_dtype, out_dtype, device, ws: torch.Tensor, abi: str) -> DirectXqa:
+        """What FlashInfer's ``xqa_batch_decode_with_kv_cache`` and ``xqa.xqa`` derive per call for
+        one query per request, bmm2_scale = o_scale = 1 (0.7.2: the SM90 fp8 kernel up to head dim
+        256 only; 0.5.3: every head dim it serves)."""
+        group = problem.num_qo_heads // problem.num_kv_heads
+        sliding = problem.window_left >= 0
+        key = (q_dtype, kv_dtype, problem.page_size, problem.head_dim_qk, group, sliding, out_dtype)
+        if abi == "0.7":
+            from flashinfer.xqa import get_xqa_module  # FlashInfer's cached kernel variant and its entry
+            run = get_xqa_module(*key, 1, False).xqa
+        else:
             from flashinfer.jit.xqa import gen_xqa_module  # FlashInfer's JIT module of this kernel variant
-            group = problem.num_qo_heads // problem.num_kv_heads
-            sliding = problem.window_left >= 0
-            key = (batch.q.dtype, batch.k.dtype, problem.page_size, problem.head_dim_qk, group, sliding,
-                   batch.out.dtype)
             module = _MODULES.get(key)
             if module is None:
                 module = _MODULES[key] = gen_xqa_module(*key).build_and_load()
-            major = torch.cuda.get_device_capability(batch.q.device)[0]
-            return DirectXqa(
-                module.xqa_wrapper, batch.k.dtype == torch.float8_e4m3fn and major == 9,
-                torch.cuda.get_device_properties(batch.q.device).multi_processor_count, problem.num_kv_heads,
-                problem.window_left + 1 if sliding else 0, problem.page_size, float(problem.head_dim_qk) ** 0.5,
-                ws[:SEMAPHORE_BYTES], ws[SEMAPHORE_BYTES:], major >= 9)
-        except (ImportError, AttributeError, TypeError, RuntimeError, OSError):
-            return None
+            run = module.xqa_wrapper
+        major = torch.cuda.get_device_capability(device)[0]
+        fp8_sm90 = kv_dtype == torch.float8_e4m3fn and major == 9 and (abi == "0.5" or problem.head_dim_qk <= 256)
+        return DirectXqa(run, fp8_sm90, torch.cuda.get_device_properties(device).multi_processor_count,
+                         problem.num_kv_heads, problem.window_left + 1 if sliding else 0, problem.page_size,
+                         float(problem.head_dim_qk) ** 0.5, ws[:SEMAPHORE_BYTES], ws[SEMAPHORE_BYTES:], major >= 9, abi)
 
     def _spec_kwargs(self, problem, batch, fn) -> dict:
         if not (_vendor.has_param(fn, "mask") and _vendor.has_param(fn, "q_len_per_req")):
@@ -184,27 +211,24 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         """What flashinfer.decode.xqa_batch_decode_with_kv_cache then flashinfer.xqa.xqa do per
         call with bmm2_scale = o_scale = 1 (q_scale = bmm1 * sqrt(d), kv_scale = 1), straight into
         the compiled entry. Our K/V are the logical NHD views whatever the physical layout: the
-        kernel reads them by stride, as it reads FlashInfer's own transposed HND views. ``out``,
-        ``q`` and the lengths go without FlashInfer's ``unsqueeze(1)``: 0.5.3's entry reads only
-        their data pointers (csrc/xqa/xqa_wrapper.cu), and each view costs about 1 us of host time."""
+        kernel reads them by stride, as it reads FlashInfer's own transposed HND views. On 0.5.x
+        ``out``, ``q`` and the lengths go without FlashInfer's ``unsqueeze(1)``: 0.5.3's entry reads
+        only their data pointers (csrc/xqa/xqa_wrapper.cu), and each view costs about 1 us of host
+        time; 0.7.x's entry takes them as FlashInfer passes them (``DirectXqa.__call__``)."""
         out = _vendor.writable(batch.out)
         q = batch.q if batch.q.is_contiguous() else batch.q.contiguous()
         scale = batch.sm_scale
-        tensor_scale = isinstance(scale, torch.Tensor)
+        q_scale = (scale.reshape(-1).to(device=q.device, dtype=torch.float32) * x.sqrt_head_dim
+                   if isinstance(scale, torch.Tensor) else float(scale) * x.sqrt_head_dim)
         table = _contiguous(batch.block_table)
-        x.run(x.fp8_sm90, x.sm_count, x.num_kv_heads, x.sliding_window,
-              1.0 if tensor_scale else float(scale) * x.sqrt_head_dim,
-              scale.reshape(-1).to(torch.float32) * x.sqrt_head_dim if tensor_scale else None,
-              out, 1.0, q,
-              batch.sinks.reshape(x.num_kv_heads, -1) if batch.sinks is not None else None,
-              batch.k, batch.v, table, table.shape[-1] * x.page_size, _contiguous(batch.kv_lens), table.shape[0],
-              1.0, None, x.semaphores, x.scratch, x.pdl)
+        sinks = batch.sinks.reshape(x.num_kv_heads, -1) if batch.sinks is not None else None
+        x(q_scale, out, q, sinks, batch.k, batch.v, table, table.shape[-1] * x.page_size, _contiguous(batch.kv_lens),
+          table.shape[0])
         _vendor.write_back(batch.out, out)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
 
-
     def launcher(self, plan: XqaPlan, batch):
-        """The compiled entry with everything but the call's tensors bound (``_launch_direct`` for
+        """The kernel entry with everything but the call's tensors bound (``_launch_direct`` for
         a float scale, no output scale, caller buffers the kernel can write); else None."""
         x = plan.direct
         if (x is None or isinstance(batch.sm_scale, torch.Tensor) or float(batch.sm_scale) < 0
@@ -217,6 +241,11 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         head = (x.fp8_sm90, x.sm_count, x.num_kv_heads, x.sliding_window, q_scale, None)
         tail = (1.0, None, x.semaphores, x.scratch, x.pdl)
         run, heads = x.run, x.num_kv_heads
+        if x.abi != "0.5":
+            def launch_xqa(b) -> None:
+                x(q_scale, b.out, b.q, b.sinks.reshape(heads, -1) if b.sinks is not None else None, b.k, b.v,
+                  b.block_table, kv_capacity, b.kv_lens, rows)
+            return on_device_launch(batch.q.device, launch_xqa)
 
         def launch_xqa(b) -> None:
             sinks = b.sinks.reshape(heads, -1) if b.sinks is not None else None

@@ -166,14 +166,14 @@ def test_fa2_launcher_refuses_what_the_key_does_not_prove(fake_flashinfer):
 
 
 # -- XQA's compiled entry -------------------------------------------------------------------------
-def _recording_xqa(calls: list):
+def _recording_xqa(calls: list, abi: str = "0.5"):
     def run(*args):
         calls.append(args)
-    return DirectXqa(run, False, 132, 2, 0, 16, 8.0, torch.empty(4), torch.empty(4), True)
+    return DirectXqa(run, False, 132, 2, 0, 16, 8.0, torch.empty(4), torch.empty(4), True, abi)
 
 
-def _same_args(a: tuple, b: tuple) -> None:
-    assert len(a) == len(b) == 21
+def _same_args(a: tuple, b: tuple, n: int = 21) -> None:
+    assert len(a) == len(b) == n
     for x, y in zip(a, b):
         if isinstance(x, torch.Tensor):
             assert x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
@@ -182,8 +182,10 @@ def _same_args(a: tuple, b: tuple) -> None:
 
 
 @pytest.mark.parametrize("sinks", [False, True])
-def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks):
-    """The launcher's 21 arguments are those ``_launch_direct`` builds for the same batch."""
+@pytest.mark.parametrize("abi, n, q_at", [("0.5", 21, 8), ("0.7", 24, 7)])
+def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks, abi, n, q_at):
+    """The launcher's arguments (FlashInfer 0.5's 21 or 0.7's 24) are those ``_launch_direct``
+    builds for the same batch; 0.7's entry takes q with a unit query axis, as FlashInfer passes it."""
     c = paged(q_lens=(1, 1, 1))
     q = torch.randn(3, 4, 16)
     k, v = _base.paged_kv(c["cache"], "NHD")
@@ -192,12 +194,13 @@ def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks):
                            torch.empty(3, 4, 16), 3, 1, 13, 0.25, 1.0, None, c["table"], None,
                            torch.randn(4) if sinks else None)
     calls: list = []
-    plan = XqaPlan(None, None, direct=_recording_xqa(calls))
+    plan = XqaPlan(None, None, direct=_recording_xqa(calls, abi))
     XqaBackend._launch_direct(plan.direct, batch)
     launch = XqaBackend().launcher(plan, batch)
     launch(batch)
-    _same_args(calls[0], calls[1])
+    _same_args(calls[0], calls[1], n)
     assert calls[1][4] == 0.25 * 8.0  # q_scale = bmm1_scale * sqrt(head_dim)
+    assert calls[1][q_at].data_ptr() == q.data_ptr() and calls[1][q_at].shape == ((3, 4, 16) if abi == "0.5" else (3, 1, 4, 16))
     batch.out_scale = 2.0  # scaled after the kernel by run: not a launcher's
     assert XqaBackend().launcher(plan, batch) is None
 
