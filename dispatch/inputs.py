@@ -53,6 +53,24 @@ def _indptr(lengths, device) -> torch.Tensor:
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
 
 
+def _masks(case: Case, device, gen) -> dict:
+    """The masks the problem declares: a custom mask keeps each key with probability 3/4 and each
+    query's own key (bottom-right), so no row is fully masked; XQA's draft bits a causal draft."""
+    p = case.problem
+    if p.mask == "custom":
+        masks = []
+        for q_len, kv_len in zip(case.q_lens, case.kv_lens):
+            keep = torch.rand(q_len, kv_len, generator=gen) < 0.75
+            keep[torch.arange(q_len), (torch.arange(q_len) + kv_len - q_len).clamp(min=0)] = True
+            masks.append(keep.reshape(-1))
+        return dict(custom_mask=torch.cat(masks).to(device),
+                    mask_indptr=_indptr([m.numel() for m in masks], device))
+    if p.mask == "spec_bits":
+        from backends.xqa import draft_mask
+        return dict(spec_mask=draft_mask(_indptr(case.q_lens, "cpu"), max(case.q_lens), True, device))
+    return {}
+
+
 def make_batch(case: Case, device, seed: int = 0) -> AttentionBatch:
     """Fresh random inputs for a case; out and lse poisoned with NaN."""
     p, gen = case.problem, torch.Generator().manual_seed(seed)
@@ -70,6 +88,7 @@ def make_batch(case: Case, device, seed: int = 0) -> AttentionBatch:
     out = torch.full((total_q, p.num_qo_heads, p.head_dim_vo), float("nan"), dtype=NAME_DTYPES[p.out_dtype], device=device)
     lse = torch.full((total_q, p.num_qo_heads), float("nan"), dtype=torch.float32, device=device) if p.return_lse else None
     sinks = torch.randn(p.num_qo_heads, generator=gen).to(device) if p.has_sinks else None
+    extra.update(_masks(case, device, gen))
     sm_scale, out_scale = 1.0 / math.sqrt(p.head_dim_qk), case.out_scale
     if case.tensor_scales:
         sm_scale = torch.tensor(sm_scale, dtype=torch.float32, device=device)

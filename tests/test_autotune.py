@@ -266,3 +266,16 @@ def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):
     autotune.autotune(False)
     assert len(w._variants) == 0
     assert torch.equal(w.run(c["q"], c["cache"]), expected) and decided == [1]
+
+
+@pytest.mark.parametrize("phase, q_len", [("prefill", 3), ("decode", 1)])
+def test_autotune_times_a_custom_mask_problem_with_its_mask(phase, q_len):
+    """The timing inputs carry the mask the problem declares (on the H200 every custom-mask bucket
+    failed on native-triton and the reference, and fa2 was timed without its mask)."""
+    p = make_problem(phase=phase, mask="custom", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
+    assert autotune.measure(p, ["reference"], (2, q_len, 40))["reference"] is not None
+    from dispatch.inputs import Case, make_batch
+    batch = make_batch(Case("masked", p, (q_len, 5), (40, 3)), "cpu")
+    assert batch.custom_mask.dtype == torch.bool and batch.mask_indptr.tolist() == [0, q_len * 40, q_len * 40 + 15]
+    own = batch.custom_mask[q_len * 40:].reshape(5, 3)[torch.arange(5), (torch.arange(5) - 2).clamp(min=0)]
+    assert own.all()  # each query keeps its own key (bottom-right; 5 queries on 3 keys clamp to key 0)
