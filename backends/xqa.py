@@ -218,8 +218,11 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         out = _vendor.writable(batch.out)
         q = batch.q if batch.q.is_contiguous() else batch.q.contiguous()
         scale = batch.sm_scale
-        q_scale = (scale.reshape(-1).to(device=q.device, dtype=torch.float32) * x.sqrt_head_dim
-                   if isinstance(scale, torch.Tensor) else float(scale) * x.sqrt_head_dim)
+        if isinstance(scale, torch.Tensor):  # 0.7.x: 0-dim, as FlashInfer's decode function passes ours
+            shape = (-1,) if x.abi == "0.5" else ()
+            q_scale = scale.reshape(shape).to(device=q.device, dtype=torch.float32) * x.sqrt_head_dim
+        else:
+            q_scale = float(scale) * x.sqrt_head_dim
         table = _contiguous(batch.block_table)
         sinks = batch.sinks.reshape(x.num_kv_heads, -1) if batch.sinks is not None else None
         x(q_scale, out, q, sinks, batch.k, batch.v, table, table.shape[-1] * x.page_size, _contiguous(batch.kv_lens),
