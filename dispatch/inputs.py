@@ -53,16 +53,21 @@ def _indptr(lengths, device) -> torch.Tensor:
     return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device=device)
 
 
+def random_mask(q_len: int, kv_len: int, gen: torch.Generator) -> torch.Tensor:
+    """One request's (q_len, kv_len) bool mask: each key kept with probability 3/4, each query's own
+    key (bottom-right: kv_len - q_len + i, the first key where that is negative) always, so no row
+    is fully masked."""
+    keep = torch.rand(q_len, kv_len, generator=gen) < 0.75
+    keep[torch.arange(q_len), (torch.arange(q_len) + kv_len - q_len).clamp(min=0)] = True
+    return keep
+
+
 def _masks(case: Case, device, gen) -> dict:
-    """The masks the problem declares: a custom mask keeps each key with probability 3/4 and each
-    query's own key (bottom-right), so no row is fully masked; XQA's draft bits a causal draft."""
+    """The masks the problem declares: a custom one (``random_mask`` per request), XQA's draft bits
+    of a causal draft."""
     p = case.problem
     if p.mask == "custom":
-        masks = []
-        for q_len, kv_len in zip(case.q_lens, case.kv_lens):
-            keep = torch.rand(q_len, kv_len, generator=gen) < 0.75
-            keep[torch.arange(q_len), (torch.arange(q_len) + kv_len - q_len).clamp(min=0)] = True
-            masks.append(keep.reshape(-1))
+        masks = [random_mask(q_len, kv_len, gen).reshape(-1) for q_len, kv_len in zip(case.q_lens, case.kv_lens)]
         return dict(custom_mask=torch.cat(masks).to(device),
                     mask_indptr=_indptr([m.numel() for m in masks], device))
     if p.mask == "spec_bits":

@@ -24,6 +24,7 @@ import torch
 from . import cases as lab
 from ..entries import ENTRIES
 from ..entries._base import last_decision
+from ..inputs import random_mask
 from ..problem import NAME_DTYPES
 from .oracle import attention_fp64, band, relative_error
 from .problems import CUDNN, PAGED, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
@@ -148,15 +149,8 @@ def _sinks(p: BenchProblem, gen: torch.Generator) -> torch.Tensor:
 
 
 def _masks(p: BenchProblem, gen: torch.Generator, device: str) -> list:
-    """One (q_len, kv_len) bool mask per request: keys kept with probability 3/4, each query's own
-    key (bottom-right: kv_len - q_len + i) always kept, so no row is fully masked."""
-    own = torch.arange(p.q_len) + (p.kv_len - p.q_len)
-    out = []
-    for _ in range(p.batch):
-        m = torch.rand(p.q_len, p.kv_len, generator=gen) < 0.75
-        m[torch.arange(p.q_len), own] = True
-        out.append(m.to(device))
-    return out
+    """One (q_len, kv_len) bool mask per request (``inputs.random_mask``: no row fully masked)."""
+    return [random_mask(p.q_len, p.kv_len, gen).to(device) for _ in range(p.batch)]
 
 
 # -- the public calls, FlashInfer's spelling ------------------------------------------------------
