@@ -5,9 +5,10 @@ it off). When the router ranks the candidates of a problem it has not decided be
 (``choice.rank``, inside ``router.decide``'s cached step: never per call), the bucket — the
 problem's facts and its sizes rounded up to powers of two; without sizes the phase's anchor
 sizes — is looked up in a JSON file; a miss times every accepted candidate on fresh random
-inputs at the middle of the bucket (plan, one warm call, then ``timing.device_ms``: GPU time)
-and stores the times. The ranking (``choice.rank``) adds each backend's host path on the entry
-point from the GPU's table for an eager call, GPU time alone in a CUDA graph.
+inputs at the middle of the bucket (plan, one warm call, then ``timing.device_ms``: GPU time;
+on a GPU also the host time of the backend's launcher, what an eager repeat calls) and stores the
+times. The ranking (``choice.rank``) adds that host time for an eager call (the table's figure for
+the entry point where none was timed), GPU time alone in a CUDA graph.
 
 Never inside CUDA-graph capture or torch.compile tracing (the table or model decides then and
 nothing is stored). The file is keyed by the GPU, driver, torch and library versions (a new
@@ -24,7 +25,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -41,6 +42,7 @@ ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
 REPS = 5
 SHORT_MS = 0.2  # a call shorter than this is timed over back-to-back calls (at most MAX_CALLS)
 MAX_CALLS = 64
+HOST_CALLS = 20
 log = logging.getLogger("attn_dispatch")
 
 _switch: Optional[bool] = None  # set by autotune(); None: the environment decides
@@ -110,9 +112,15 @@ def may_measure() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+class Timed(NamedTuple):
+    ms: float  # GPU time per call
+    sizes: tuple  # where it was timed (the bucket's middle)
+    host_us: Optional[float]  # host time per eager repeat (the backend's launcher, else its run); None: not timed
+
+
 def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
-           sizes: Optional[tuple[int, int, int]]) -> Optional[dict[str, tuple[float, tuple]]]:
-    """{backend: (ms, sizes)} for the bucket (timed now on a miss), or None when off or not allowed."""
+           sizes: Optional[tuple[int, int, int]]) -> Optional[dict[str, Timed]]:
+    """{backend: Timed} for the bucket (timed now on a miss), or None when off or not allowed."""
     if not enabled():
         return None
     accepted = timed_on(device, accepted)
@@ -129,8 +137,15 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         with _lock:
             data["buckets"][key] = hit
             _write(path, data, device)
-    times = {n: (hit[n], middle(sizes)) for n in accepted if hit.get(n) is not None}
+    times = {n: _entry(hit[n], middle(sizes)) for n in accepted if hit.get(n) is not None}
     return times or None
+
+
+def _entry(value, sizes: tuple) -> Timed:
+    """A cache value: {"ms", "host_us"}, or the GPU ms alone (files written before host times)."""
+    if isinstance(value, dict):
+        return Timed(value["ms"], sizes, value.get("host_us"))
+    return Timed(value, sizes, None)
 
 
 def timed_on(device: DeviceDesc, accepted: list[str]) -> list[str]:
@@ -169,8 +184,10 @@ def _write(path: Path, data: dict, device: DeviceDesc) -> None:
         log.warning("attn_dispatch: autotune cache %s not written: %s", path, exc)
 
 
-def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int]) -> dict[str, Optional[float]]:
-    """ms per call of each backend on fresh random inputs of these sizes (None: it failed)."""
+def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int]) -> dict[str, Optional[dict]]:
+    """Per backend, on fresh random inputs of these sizes: {"ms": GPU time per call, "host_us": host
+    time per eager repeat on a GPU (its launcher, what a lane's repeats call; else its run), None on
+    the CPU}; None: it failed."""
     from backends import get_backend
 
     b, q, kv = sizes
@@ -179,13 +196,14 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
     batch = make_batch(case, device, seed=0)
     if problem.has_sinks and batch.sinks is None:
         batch.sinks = torch.zeros(problem.num_qo_heads, device=device)
-    out: dict[str, Optional[float]] = {}
+    out: dict[str, Optional[dict]] = {}
     for name in names:
         backend = get_backend(name)
         try:
             plan = backend.plan(problem, batch)
             backend.run(plan, batch)  # warm: compiles, workspaces
-            out[name] = _timed(lambda: backend.run(plan, batch), device.type)
+            out[name] = {"ms": _timed(lambda: backend.run(plan, batch), device.type),
+                         "host_us": _host_us(backend, plan, batch) if device.type == "cuda" else None}
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is not chosen by its time
             log.info("attn_dispatch: autotune of %s on %s failed: %s", name, problem.describe(), exc)
             out[name] = None
@@ -203,6 +221,17 @@ def _timed(run: Callable[[], object], device_type: str) -> float:
         return once
     calls = min(MAX_CALLS, math.ceil(SHORT_MS / max(once, 1e-3)))
     return timing.device_ms(run, device_type, reps=REPS, calls=calls)
+
+
+def _host_us(backend, plan, batch) -> float:
+    """Host microseconds per eager repeat: back-to-back calls of the backend's launcher (else its
+    run) on the host clock, no sync inside (HOST_CALLS, few enough that the launch queue never fills)."""
+    from . import timing
+
+    launch = backend.launcher(plan, batch)
+    call = (lambda: launch(batch)) if launch is not None else (lambda: backend.run(plan, batch))
+    torch.cuda.synchronize()
+    return timing.wall_ms(call, reps=3, warmup=1, calls=HOST_CALLS) * 1e3
 
 
 class _CallableModule(sys.modules[__name__].__class__):

@@ -299,22 +299,27 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
 
 
 def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
-               tuned: dict[str, tuple[float, Sizes]]) -> Ranking:
+               tuned: dict[str, "autotune.Timed"]) -> Ranking:
     """The GPU times measured on this machine, side by side, plus (an eager call) each backend's
-    host path on this entry point from the table. Only the backends that plan per call through
-    this entry point go behind: the timing ran a kept plan, which their calls here do not. A
-    backend whose timing failed goes last."""
+    host time timed with them (else its host path on this entry point from the table). Only the
+    backends that plan per call through this entry point go behind: the timing ran a kept plan,
+    which their calls here do not. A backend whose timing failed goes last."""
     table = table_for(device)
     graph = problem.cuda_graph or capturing(device)
     rows = table.rows_for(problem) if table is not None and not graph else []
     ests = {}
-    for n, (ms, sz) in tuned.items():
-        est = Estimate(n, ms, "autotune", sz, autotune.describe_cache())
-        ests[n] = est if graph or table is None else est.with_host(*host_us(table, rows, n, problem.entry))
+    for n, t in tuned.items():
+        est = Estimate(n, t.ms, "autotune", t.sizes, autotune.describe_cache())
+        if not graph and t.host_us is not None:
+            est = est.with_host(t.host_us, "autotune")
+        elif not graph and table is not None:
+            est = est.with_host(*host_us(table, rows, n, problem.entry))
+        ests[n] = est
     timed = [n for n in accepted if n in ests]
     tier = {n for n in timed if problem.entry not in _plans_per_call(n)} if device.kind == "cuda" else set()
+    counted = table is not None or any(t.host_us is not None for t in tuned.values())
     basis = "autotune (timed on this machine)" + ("; GPU time only (CUDA graph)" if graph
-                                                  else "; GPU time + host time per eager call" if table else "")
+                                                  else "; GPU time + host time per eager call" if counted else "")
     ranking = _ordered(timed, ests, {n: e.ms for n, e in ests.items()}, basis, tier)
     ranking.order.extend(n for n in accepted if n not in ests)
     return ranking

@@ -113,13 +113,13 @@ def test_autotune_times_a_new_bucket_once_and_keeps_it_in_the_cache_file(monkeyp
     autotune.autotune(True)
     p = make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
     got = autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40))
-    ms, sizes = got["reference"]
-    assert ms > 0 and sizes == (2, 1, 48)  # timed at the middle of the bucket (2, 1, 64)
+    ms, sizes, host_us = got["reference"]
+    assert ms > 0 and sizes == (2, 1, 48) and host_us is None  # the bucket (2, 1, 64)'s middle; no host on the CPU
     files = list(tmp_path.glob("autotune-*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
     assert {"device", "driver", "torch", "reference"} <= set(data["environment"])
-    assert list(data["buckets"].values()) == [{"reference": ms}]
+    assert list(data["buckets"].values()) == [{"reference": {"ms": ms, "host_us": None}}]
     autotune._files.clear()  # a new process reads the file instead of measuring
     monkeypatch.setattr(autotune, "measure", lambda *a: pytest.fail("measured a known bucket"))
     assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 33))["reference"][0] == ms
@@ -162,6 +162,17 @@ def test_autotune_counts_the_host_path_of_an_eager_call_and_not_in_a_cuda_graph(
     assert eager.order == ["native-triton", "fa2"] and "host time per eager call" in eager.basis
     assert eager.estimates["fa2"].host_us == 30.0
     assert graph.order == ["fa2", "native-triton"] and "GPU time only" in graph.basis
+
+
+def test_autotune_counts_its_own_host_times_over_the_tables(monkeypatch):
+    """The host times timed beside the GPU times (this machine, these versions) are counted, not the
+    table's (which say fa2 is the cheaper call here); a cache file of GPU times alone still reads."""
+    _tuned_table(monkeypatch, {}, {"fa2": 5.0, "native-triton": 30.0})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {
+        "fa2": {"ms": 0.010, "host_us": 30.0}, "native-triton": {"ms": 0.012, "host_us": 5.0}})
+    r = choice.rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
+    assert r.order == ["native-triton", "fa2"] and r.estimates["fa2"].host_source == "autotune"
+    assert autotune._entry(0.25, (1, 1, 1)) == autotune.Timed(0.25, (1, 1, 1), None)
 
 
 def test_autotune_times_outrank_the_entry_points_own_list_but_not_a_per_call_plan(monkeypatch):
@@ -279,3 +290,17 @@ def test_autotune_times_a_custom_mask_problem_with_its_mask(phase, q_len):
     assert batch.custom_mask.dtype == torch.bool and batch.mask_indptr.tolist() == [0, q_len * 40, q_len * 40 + 15]
     own = batch.custom_mask[q_len * 40:].reshape(5, 3)[torch.arange(5), (torch.arange(5) - 2).clamp(min=0)]
     assert own.all()  # each query keeps its own key (bottom-right; 5 queries on 3 keys clamp to key 0)
+
+
+def test_autotune_host_time_is_the_launchers_an_eager_repeat_calls(monkeypatch):
+    calls = {"launch": 0, "run": 0}
+
+    class Backend:
+        def launcher(self, plan, batch):
+            return lambda b: calls.__setitem__("launch", calls["launch"] + 1)
+
+        def run(self, plan, batch):
+            calls["run"] += 1
+    monkeypatch.setattr(autotune.torch.cuda, "synchronize", lambda: None)
+    assert autotune._host_us(Backend(), None, None) > 0
+    assert calls == {"launch": 1 + 3 * autotune.HOST_CALLS, "run": 0}  # a warm call, three timed rounds
