@@ -304,3 +304,12 @@ def test_autotune_host_time_is_the_launchers_an_eager_repeat_calls(monkeypatch):
     monkeypatch.setattr(autotune.torch.cuda, "synchronize", lambda: None)
     assert autotune._host_us(Backend(), None, None) > 0
     assert calls == {"launch": 1 + 3 * autotune.HOST_CALLS, "run": 0}  # a warm call, three timed rounds
+
+
+def test_autotune_inputs_carry_xqa_draft_bits_for_a_spec_bits_problem():
+    from dispatch.inputs import Case, make_batch
+    p = make_problem(phase="spec_decode", mask="spec_bits", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
+    batch = make_batch(Case("drafts", p, (3, 3), (20, 9)), "cpu")
+    assert batch.spec_mask.dtype == torch.uint16 and batch.spec_mask.shape[0] == 6
+    words = batch.spec_mask.view(torch.int32)[:, 0]  # row i of a request: drafts 0..i (causal)
+    assert words.tolist() == [1, 3, 7, 1, 3, 7]

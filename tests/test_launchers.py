@@ -489,3 +489,24 @@ def test_a_kv_pairs_lane_key_holds_each_tensors_facts_and_the_pair_length(gpu_li
     swapped = w.run(c["q"], (v, k))  # same facts, other data: the lane, on this call's tensors
     _base.CPU_VALUE_CHECKS = True
     assert torch.equal(swapped, w.run(c["q"], (v, k))) and not torch.equal(swapped, first)
+
+
+def test_xqa_07_binds_flashinfers_kernel_variant_and_its_fp8_rule(monkeypatch):
+    """FlashInfer 0.7: the entry is ``get_xqa_module(<variant>, q_seq_len=1, ragged=False).xqa``, and
+    the SM90 fp8 kernel serves head dims up to 256 only (0.7.2 xqa.py); 0.5's rule has no bound."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+    variants = []
+    fake = ModuleType("flashinfer.xqa")
+    fake.get_xqa_module = lambda *variant: variants.append(variant) or SimpleNamespace(xqa="entry")
+    monkeypatch.setitem(sys.modules, "flashinfer.xqa", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(multi_processor_count=132))
+    from dispatch.lab.vendors import make_problem
+    ws = torch.zeros(16 << 20, dtype=torch.uint8)
+    for head_dim, fp8_kernel in ((128, True), (512, False)):
+        p = make_problem(entry="xqa_batch_decode_with_kv_cache", phase="decode", num_qo_heads=8, num_kv_heads=2,
+                         head_dim_qk=head_dim, head_dim_vo=head_dim, page_size=16, window_left=7, device_type="cuda")
+        x = XqaBackend.bind_direct(p, torch.bfloat16, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu"), ws, "0.7")
+        assert x.run == "entry" and x.abi == "0.7" and x.fp8_sm90 is fp8_kernel and x.sliding_window == 8
+        assert variants[-1] == (torch.bfloat16, torch.float8_e4m3fn, 16, head_dim, 4, True, torch.bfloat16, 1, False)
