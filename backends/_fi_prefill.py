@@ -435,9 +435,9 @@ class FlashInferPrefill(Provider):
     def run(self, problem, state: FiState, batch) -> None:
         if state.wrapper is None:
             return self._run_single(problem, state, batch)
-        scale = batch.sm_scale
-        if not isinstance(scale, torch.Tensor) and float(scale) != state.plan_kwargs["sm_scale"]:
-            state.plan_kwargs = {**state.plan_kwargs, "sm_scale": float(scale)}  # a plan must not bake it
+        scale = self._host_scale(batch.sm_scale)
+        if scale != state.plan_kwargs["sm_scale"]:
+            state.plan_kwargs = {**state.plan_kwargs, "sm_scale": scale}  # a plan must not bake it
             state.wrapper._attn_dispatch_plan = None
         if getattr(state.wrapper, "_attn_dispatch_plan", None) is not state:
             self._apply_plan(state)  # another plan used the wrapper meanwhile, or the scale changed
@@ -452,6 +452,20 @@ class FlashInferPrefill(Provider):
         _vendor.write_back(batch.out, out)
         _vendor.write_back(batch.lse, lse)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
+
+    def _host_scale(self, scale) -> float:
+        """The softmax scale as the float FlashInfer's wrappers plan with. A device scale (a tensor
+        q_scale / k_scale folded in) is read on the host, as plan() reads one: a sync, outside a
+        CUDA-graph capture only (a read there would break the capture: the router hands it on)."""
+        if not isinstance(scale, torch.Tensor):
+            return float(scale)
+        if scale.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise _vendor.rejected(self.kind, "sm_scale", "a device tensor inside a CUDA-graph capture",
+                                   "a float: FlashInfer's wrappers take the softmax scale on the host",
+                                   "flashinfer flashinfer/prefill.py (run: sm_scale *= q_scale, k_scale)")
+        value = _vendor.host_float(scale)
+        _vendor.refuse_negative_scale(self.label, value, self.label)
+        return value
 
     # -- launch (exact repeats: Backend.launcher) ----------------------------------------------
     def launcher(self, problem, state: FiState, batch):

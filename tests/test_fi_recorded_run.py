@@ -131,3 +131,32 @@ def test_a_failed_public_run_leaves_flashinfers_module_in_place(monkeypatch):
     with pytest.raises(RuntimeError, match="kernel failed"):
         provider.run(PROBLEM, state, call())
     assert wrapper._cached_module is module and state.direct is None
+
+
+@pytest.mark.parametrize("version", ["0.7.2", "0.5.3"])
+def test_a_device_scale_is_read_on_every_run(monkeypatch, version):
+    """run(q, kv, k_scale=<tensor>) folds a device scale: the plan's float would ignore it. Each run
+    reads it (as plan() does) and re-plans when it differs, the recorded op included."""
+    provider, wrapper = provider_at(monkeypatch, version), Fake07Wrapper(True)
+    state = planned(provider, wrapper)
+    for value in (0.3, 0.15, 0.15, 0.6):
+        batch = call()
+        batch.sm_scale = torch.tensor(value)
+        provider.run(PROBLEM, state, batch)
+        assert wrapper._sm_scale == pytest.approx(value) and state.plan_kwargs["sm_scale"] == pytest.approx(value)
+    assert [a[-1] for _, a in wrapper.ops] == pytest.approx([0.3, 0.15, 0.15, 0.6])
+    assert provider.launcher(PROBLEM, state, batch) is None  # the value is not in a lane's key
+
+
+def test_a_device_scale_inside_a_capture_is_handed_on(monkeypatch):
+    """Reading a device scale inside a CUDA-graph capture would break it: refused before launch."""
+    provider, wrapper = provider_at(monkeypatch, "0.7.2"), Fake07Wrapper(True)
+    state = planned(provider, wrapper)
+    batch = call()
+    batch.sm_scale = SimpleNamespace(device=torch.device("cuda"))
+    monkeypatch.setattr(torch, "Tensor", SimpleNamespace)  # the stand-in scale counts as a tensor
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    from backends._vendor import BackendRejected
+    with pytest.raises(BackendRejected, match="sm_scale"):
+        provider.run(PROBLEM, state, batch)
+    assert wrapper.ops == []
