@@ -3,6 +3,7 @@ what the choice expects where no row was measured at the problem's sizes, and th
 that judges it (tools/crossval_choice.py) on problems its table never saw."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import random
 from pathlib import Path
@@ -122,3 +123,27 @@ def test_learning_curve_builds_each_fold_from_the_share_it_names():
     assert [c["training_problems"] for c in curve] == [10, 40]
     assert curve[-1]["graph_within_3pct"] > 0.9
     router.clear_caches()
+
+
+def test_the_fit_learns_a_kernel_that_pays_for_keys_outside_the_window():
+    """FlashInfer fa2's single-request prefill walks every key up to the diagonal and masks the
+    window (H200: 10.9 ms against fa3's 0.028 on 1 x 266 x 129196, window 118); fa3 skips the keys
+    left of it. The fit sees each backend's cost of a window ("window saving"), so a narrow window
+    over many keys it never saw ranks fa2 behind, by about the keys the window leaves out."""
+    rng, rows = random.Random(4), []
+    for i in range(48):
+        q, kv = rng.choice([1, 16, 128, 512]), rng.randint(1024, 65536)
+        window = rng.choice([-1, -1, rng.randint(16, 512)])
+        p = {"entry": "single_prefill_with_kv_cache", "batch": 1, "q_len": q, "kv_len": kv, "causal": False,
+             "window_left": window}
+        problem = table.problem_of(table.BenchProblem(**p))
+        walked = measured.work(dataclasses.replace(problem, window_left=-1), problem.sizes)[1]
+        kept = measured.work(problem, problem.sizes)[1]
+        rows.append(result(f"single {i}", p, {"fa2": walked / 2e14 * 1e3 + 0.006, "fa3": kept / 2e14 * 1e3 + 0.006}))
+    fit = table.fit_times(rows, "synthetic")
+    unseen = table.problem_of(table.BenchProblem(entry="single_prefill_with_kv_cache", batch=1, q_len=256,
+                                                 kv_len=100000, window_left=100))
+    values = measured.features(unseen, unseen.sizes)
+    assert values["window saving"] > 9  # log2 of the keys the window leaves out
+    fa2, fa3 = (2 ** fit.log2_ms(n, values) for n in ("fa2", "fa3"))
+    assert fa2 > 20 * fa3
