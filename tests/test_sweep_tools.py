@@ -101,3 +101,25 @@ def test_replay_judges_the_graph_choice_by_gpu_time_and_the_eager_choice_by_call
     cost = {"fa2": 0.23, "xqa": 0.26, "native-triton": 0.32}[row["eager_chosen"]]
     assert row["cost_regret"] == pytest.approx(cost / 0.23 - 1)
     assert row["cost_over_flashinfer"] == pytest.approx(cost / 0.30)
+    assert row["cause"].startswith("fa2 not a candidate: cuda_graph=True")  # the miss, named
+
+
+def test_replay_names_the_estimate_that_ranked_a_miss():
+    """A miss (regret over 3%) carries its cause: which of the two estimates was off, by how much and
+    on what basis, against the measured times; a hit carries none."""
+    from types import SimpleNamespace
+
+    from dispatch.lab import replay
+    estimate = lambda ms: SimpleNamespace(ms=ms, basis="fitted")  # noqa: E731
+    decision = SimpleNamespace(chosen="fa2", ranking="fitted time", candidates=[
+        SimpleNamespace(backend="fa2", accepted=True, ranked=True, evidence=estimate(0.10), reasons=[], why=""),
+        SimpleNamespace(backend="native-triton", accepted=True, ranked=True, evidence=estimate(0.50), reasons=[],
+                        why="")])
+    cause = replay.miss_cause(decision, {"fa2": 0.12, "native-triton": 0.10}, "native-triton")
+    assert "native-triton's estimate (fitted) off by 0.20x" in cause
+    rows = [{"chosen": "fa2", "fastest": "native-triton", "cause": cause}, {"chosen": "fa2", "fastest": "fa2",
+                                                                            "cause": ""}]
+    assert replay.cause_kinds(rows) == [("the fastest's estimate too high (fitted)", 1)]
+    decision.candidates[1].evidence = estimate(0.099)
+    assert replay.miss_cause(decision, {"fa2": 0.12, "native-triton": 0.10}, "native-triton").startswith(
+        "ranked fa2 first though it expected it 1.01x")

@@ -131,20 +131,20 @@ def main() -> int:
           line("call cost (GPU + host; the eager choice)", cost),
           "", "| against FlashInfer's own call | problems | <= 1.03 | > 1.10 | p50 | max |",
           "|---|---|---|---|---|---|",
-          own_line("GPU time", own), own_line("call cost", own_cost), "",
-          "| problem | chosen (graph) | its ms | fastest | fastest ms | regret | chosen (eager) | cost regret |",
-          "|---|---|---|---|---|---|---|---|"]
+          own_line("GPU time", own), own_line("call cost", own_cost), "", *replay.cause_table(rows), "",
+          "| problem | chosen (graph) | its ms | fastest | fastest ms | regret | chosen (eager) | cost regret "
+          "| why the graph choice missed |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['name']} | {r['chosen']} | {replay._ms(r['chosen_ms'])} | {r['fastest']} | "
                   f"{replay._ms(r['fastest_ms'])} | {_pct(r['regret'])} | {r['eager_chosen']} | "
-                  f"{_pct(r['cost_regret'])} |")
+                  f"{_pct(r['cost_regret'])} | {r.get('cause', '')} |")
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"crossval-{args.json[-1].stem}"
     stem.with_suffix(".md").write_text("\n".join(md) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"sources": source, "folds": args.folds, "gpu": gpu, "cost": cost,
                                                      "over_flashinfer": own, "cost_over_flashinfer": own_cost,
                                                      "rows": rows}, indent=1))
-    print("\n".join(md[4:14]))
+    print("\n".join(md[4:14 + len(replay.cause_kinds(rows)) + 3]))
     print(f"outputs: {stem}.md {stem}.json")
     return 0
 

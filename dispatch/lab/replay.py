@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -59,8 +60,10 @@ def replay(results: dict) -> list[dict]:
         own = next((b for b in r["backends"] if b["backend"] == "flashinfer" and b.get("status") == "ok"
                     and not flashinfer_own_wrong(p, env)), {})
         own_cost = own["eager_ms"] + own["host_us"] / 1e3 if own.get("eager_ms") and own.get("host_us") else None
+        regret = None if ms is None else ms / timed[fastest] - 1
         rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
-                     "fastest_ms": timed[fastest], "regret": None if ms is None else ms / timed[fastest] - 1,
+                     "fastest_ms": timed[fastest], "regret": regret,
+                     "cause": miss_cause(graph, timed, fastest) if regret is not None and regret > MISS else "",
                      "graph_regret": ms / min(timed[n] for n in capturable) - 1 if ms and capturable else None,
                      "eager_chosen": eager,
                      "cost_regret": costs[eager] / min(costs.values()) - 1 if eager in costs else None,
@@ -69,6 +72,55 @@ def replay(results: dict) -> list[dict]:
                      "auto_when_measured": r.get("auto"), "auto_regret_when_measured": r.get("regret"),
                      "auto_cost_regret_when_measured": cost["cost_regret"]})
     return rows
+
+
+MISS = 0.03  # a regret above this is a miss, and gets its cause
+
+
+def miss_cause(decision: router.Decision, timed: dict[str, float], fastest: str) -> str:
+    """Why the choice missed the fastest backend, in one line: the fastest was not a candidate
+    (its first reason), or the estimates that ranked the chosen ahead, each against its
+    measured time (which estimate was off, by how much, and on what basis), or a ranking rule
+    that put the chosen first although it expected it slower."""
+    chosen = decision.chosen
+    by_name = {c.backend: c for c in decision.candidates}
+    candidate = by_name.get(fastest)
+    if candidate is None or not candidate.accepted:
+        why = str(candidate.reasons[0]) if candidate is not None and candidate.reasons else "not installed"
+        return f"{fastest} not a candidate: {why[:160]}"
+    if not candidate.ranked:
+        return f"{fastest} not in the automatic order ({candidate.why})"
+    ours, theirs = by_name[chosen].evidence, candidate.evidence
+    if ours is None or theirs is None:
+        return f"no estimate to rank {chosen} against {fastest} ({decision.ranking})"
+    if ours.ms > theirs.ms:
+        return (f"ranked {chosen} first though it expected it {ours.ms / theirs.ms:.2f}x {fastest}'s time "
+                f"({decision.ranking})")
+    off = {n: timed[n] / e.ms for n, e in ((chosen, ours), (fastest, theirs))}
+    worse = max(off, key=lambda n: abs(math.log(off[n])))
+    basis = (ours if worse == chosen else theirs).basis
+    return (f"expected {chosen} {ours.ms:.4g} ms, {fastest} {theirs.ms:.4g} ms; measured {timed[chosen]:.4g}, "
+            f"{timed[fastest]:.4g}: {worse}'s estimate ({basis}) off by {off[worse]:.2f}x")
+
+
+def cause_kinds(rows: list[dict]) -> list[tuple[str, int]]:
+    """The misses' causes by kind, commonest first: a fastest that was no candidate, a ranking
+    rule, no estimate, or which estimate was off and on what basis."""
+    kinds: dict[str, int] = {}
+    for r in rows:
+        cause = r.get("cause")
+        if not cause:
+            continue
+        if "estimate (" in cause:
+            whose = "the chosen's estimate too low" if cause.split(": ")[-1].startswith(r["chosen"]) \
+                else "the fastest's estimate too high"
+            kind = f"{whose} ({cause.split('estimate (')[1].split(')')[0]})"
+        elif cause.startswith("ranked "):
+            kind = "ranked the chosen first though it expected it slower (a tie within 3%, or a ranking rule)"
+        else:
+            kind = cause.split(":")[0].split(" (")[0].replace(r["fastest"], "the fastest").replace(r["chosen"], "the chosen")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return sorted(kinds.items(), key=lambda kv: -kv[1])
 
 
 def markdown(rows: list[dict], sources: list[str]) -> str:
@@ -80,15 +132,22 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
              f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
              f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}. "
              + _cost_text(regret_figures(rows, "cost_regret")), "",
-             "| problem | chosen now (graph) | its ms | fastest | fastest ms | regret | auto when measured (regret) |",
-             "|---|---|---|---|---|---|---|"]
+             *cause_table(rows), "",
+             "| problem | chosen now (graph) | its ms | fastest | fastest ms | regret | auto when measured (regret) "
+             "| why, where it missed |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         regret = "not timed" if r["regret"] is None else f"{100 * r['regret']:.1f}%"
         was = r["auto_regret_when_measured"]
         lines.append(f"| {r['name']} | {r['chosen']} | {_ms(r['chosen_ms'])} | {r['fastest']} | "
                      f"{_ms(r['fastest_ms'])} | {regret} | {r['auto_when_measured']}"
-                     f"{'' if was is None else f' ({100 * was:.1f}%)'} |")
+                     f"{'' if was is None else f' ({100 * was:.1f}%)'} | {r.get('cause', '')} |")
     return "\n".join(lines) + "\n"
+
+
+def cause_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: the graph choice's misses (regret over 3%) by cause."""
+    return ["| why the graph choice missed (regret > 3%) | problems |", "|---|---|",
+            *(f"| {kind} | {n} |" for kind, n in cause_kinds(rows))]
 
 
 def _cost_text(fig: dict) -> str:
