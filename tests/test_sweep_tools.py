@@ -123,3 +123,21 @@ def test_replay_names_the_estimate_that_ranked_a_miss():
     decision.candidates[1].evidence = estimate(0.099)
     assert replay.miss_cause(decision, {"fa2": 0.12, "native-triton": 0.10}, "native-triton").startswith(
         "ranked fa2 first though it expected it 1.01x")
+
+
+def test_replay_can_judge_the_eager_choice_by_todays_host_times():
+    """Rows measured before a backend's host path changed carry the old path's host time: with
+    ``host_now`` (a table's host_us) the eager cost takes today's figure where the table has one."""
+    from dispatch.lab import replay
+    problem = {"entry": "BatchPrefillWithPagedKVCacheWrapper.run", "batch": 1, "q_len": 1, "kv_len": 64}
+    results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"}, "results": [
+        {"name": "p", "problem": problem, "backends": [
+            {"backend": "fa2", "status": "ok", "eager_ms": 0.010, "host_us": 34.0},
+            {"backend": "native-triton", "status": "ok", "eager_ms": 0.012, "host_us": 14.0}]}]}
+    then = replay.replay(results)[0]
+    now = replay.replay(results, {"fa2": {"BatchPrefillWithPagedKVCacheWrapper": 15.0}})[0]
+    chosen = then["eager_chosen"]
+    assert now["eager_chosen"] == chosen
+    then_cost, now_cost = {"fa2": 0.044, "native-triton": 0.026}, {"fa2": 0.025, "native-triton": 0.026}
+    assert then["cost_regret"] == pytest.approx(then_cost[chosen] / 0.026 - 1)
+    assert now["cost_regret"] == pytest.approx(now_cost[chosen] / 0.025 - 1)

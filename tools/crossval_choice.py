@@ -32,8 +32,9 @@ def folds(results: dict, k: int) -> list[dict]:
     return [{**results, "results": measured_rows[i::k]} for i in range(k)]
 
 
-def replay_fold(train: list[dict], test: dict, source: str) -> list[dict]:
-    """The choice for ``test``'s problems under a table built from ``train`` alone."""
+def replay_fold(train: list[dict], test: dict, source: str, host_now: bool = False) -> list[dict]:
+    """The choice for ``test``'s problems under a table built from ``train`` alone; ``host_now``:
+    the eager choice judged by that table's host times, not the rows' (``replay.replay``)."""
     rows = [row for part in train for row in part["results"]]
     trained = table.build_table({**test, "results": rows}, source)
     with tempfile.TemporaryDirectory() as tmp:
@@ -42,7 +43,7 @@ def replay_fold(train: list[dict], test: dict, source: str) -> list[dict]:
         with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
             measured.forget()  # every cache of a table, or a fold is judged by another fold's table
             router.clear_caches()
-            out = replay.replay(test)
+            out = replay.replay(test, trained.host_us if host_now else None)
     measured.forget()
     router.clear_caches()
     return out
@@ -111,6 +112,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--learning-curve", type=float, nargs="+", metavar="SHARE")
     ap.add_argument("--draws", type=int, default=3)
+    ap.add_argument("--host-now", action="store_true",
+                    help="judge the eager choice by the table's host times (bench --host-cost --matrix), not the "
+                         "rows': for rows measured before a backend's host path changed")
     args = ap.parse_args()
     results, source = table.merged(args.json)
     parts = folds(results, args.folds)
@@ -120,11 +124,12 @@ def main() -> int:
         write_curve(curve, source, args.folds, args.out / f"crossval-{args.json[-1].stem}-learning-curve")
         return 0
     rows = [row for i, test in enumerate(parts)
-            for row in replay_fold(parts[:i] + parts[i + 1:], test, f"{source} (fold {i} held out)")]
+            for row in replay_fold(parts[:i] + parts[i + 1:], test, f"{source} (fold {i} held out)", args.host_now)]
     gpu, cost = regret_figures(rows), regret_figures(rows, "cost_regret")
     own, own_cost = ratio_figures(rows, "over_flashinfer"), ratio_figures(rows, "cost_over_flashinfer")
     md = ["# The choice on problems its table never saw (K-fold cross-validation)", "",
-          f"Sources: {source}; {args.folds} folds; tools/crossval_choice.py.", "",
+          f"Sources: {source}; {args.folds} folds; tools/crossval_choice.py"
+          + (" --host-now (the eager choice judged by the table's host times)." if args.host_now else "."), "",
           "| regret by | problems | within 3% | within 10% | p50 | p95 | max |", "|---|---|---|---|---|---|---|",
           line("GPU time (the choice for a CUDA graph)", gpu),
           line("GPU time, of the backends a graph can capture", regret_figures(rows, "graph_regret")),

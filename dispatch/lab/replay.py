@@ -28,12 +28,14 @@ from .build import flashinfer_own_wrong
 from .problems import BenchProblem
 from .report import regret_figures
 from .runner import call_cost
-from .table import problem_of
+from .table import entry_of, problem_of
 
 
-def replay(results: dict) -> list[dict]:
+def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None) -> list[dict]:
     """Per measured problem: today's choice, its measured ms, the fastest, the regret (None when
-    the choice was not timed)."""
+    the choice was not timed). ``host_now`` (a table's ``host_us``: backend -> entry -> us): judge
+    the eager choice by those host times instead of the rows' own, for rows measured before a
+    backend's host path changed (their host times are of a path that no longer runs)."""
     env = results["environment"]
     major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
     device = capability_db.device_for_capability(major, minor, env["gpu"])
@@ -55,7 +57,8 @@ def replay(results: dict) -> list[dict]:
         fastest = min(timed, key=timed.__getitem__)
         ms = timed.get(chosen)
         cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
-        costs = {b["backend"]: b["eager_ms"] + b["host_us"] / 1e3 for b in r["backends"]
+        now = {n: hosts[entry_of(p.entry)] for n, hosts in (host_now or {}).items() if entry_of(p.entry) in hosts}
+        costs = {b["backend"]: b["eager_ms"] + now.get(b["backend"], b["host_us"]) / 1e3 for b in r["backends"]
                  if b["backend"] in timed and b.get("host_us") is not None}
         own = next((b for b in r["backends"] if b["backend"] == "flashinfer" and b.get("status") == "ok"
                     and not flashinfer_own_wrong(p, env)), {})
