@@ -214,8 +214,7 @@ class FlashInferPrefill(Provider):
             **buffers)
 
     def _common_kwargs(self, problem, batch) -> dict:
-        scale = _vendor.host_float(batch.sm_scale)
-        _vendor.refuse_negative_scale(self.label, scale, self.label)
+        scale = self._host_scale(batch.sm_scale)
         kwargs = dict(
             head_dim_vo=problem.head_dim_vo,
             causal=problem.causal,
@@ -330,8 +329,7 @@ class FlashInferPrefill(Provider):
 
     def _run_single(self, problem, state: FiState, batch) -> None:
         """One request on FlashInfer's single-request kernel, written straight into batch.out."""
-        scale = _vendor.host_float(batch.sm_scale)  # per call: never baked
-        _vendor.refuse_negative_scale(self.label, scale, self.label)
+        scale = self._host_scale(batch.sm_scale)  # per call: never baked
         _vendor.refuse_causal_overhang(self.label, problem.causal, batch.q.shape[0], batch.k.shape[0], SRC_CAUSAL)
         k, v, layout = self._single_layout(problem, batch)
         if state.plan_args:
@@ -454,16 +452,17 @@ class FlashInferPrefill(Provider):
         _vendor.apply_out_scale(batch.out, batch.out_scale)
 
     def _host_scale(self, scale) -> float:
-        """The softmax scale as the float FlashInfer's wrappers plan with. A device scale (a tensor
-        q_scale / k_scale folded in) is read on the host, as plan() reads one: a sync, outside a
-        CUDA-graph capture only (a read there would break the capture: the router hands it on)."""
-        if not isinstance(scale, torch.Tensor):
-            return float(scale)
-        if scale.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise _vendor.rejected(self.kind, "sm_scale", "a device tensor inside a CUDA-graph capture",
-                                   "a float: FlashInfer's wrappers take the softmax scale on the host",
-                                   "flashinfer flashinfer/prefill.py (run: sm_scale *= q_scale, k_scale)")
-        value = _vendor.host_float(scale)
+        """The softmax scale as the float FlashInfer's ops take, refused when negative (before any
+        launch). A device scale (a tensor q_scale / k_scale folded in) is read on the host: a sync,
+        outside a CUDA-graph capture only (a read there would break the capture: the router hands
+        the call on)."""
+        if isinstance(scale, torch.Tensor):
+            if scale.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise _vendor.rejected(self.kind, "sm_scale", "a device tensor inside a CUDA-graph capture",
+                                       "a float: FlashInfer's wrappers take the softmax scale on the host",
+                                       "flashinfer flashinfer/prefill.py (run: sm_scale *= q_scale, k_scale)")
+            scale = _vendor.host_float(scale)
+        value = float(scale)
         _vendor.refuse_negative_scale(self.label, value, self.label)
         return value
 
