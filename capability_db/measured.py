@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import re
+import struct
 from pathlib import Path
 from typing import Optional
 
@@ -151,17 +152,44 @@ def features(problem: AttentionProblem, sizes: Sizes) -> dict[str, float]:
     return {k: float(v) for k, v in f.items()}
 
 
+class Tree(BaseModel):
+    """One regression tree of the fit's correction (scikit-learn's layout, made plain): node ``i``
+    sends the values left where ``x[feature[i]] <= threshold[i]`` (x rounded to float32, as the
+    fitting library compared), else right; a leaf (``left[i] == -1``) adds ``value[i]``."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    feature: list[int]
+    threshold: list[float]
+    left: list[int]
+    right: list[int]
+    value: list[float]
+
+    def leaf(self, x: list[float]) -> float:
+        left, right, feature, threshold = self.left, self.right, self.feature, self.threshold
+        node = 0
+        while left[node] >= 0:
+            node = left[node] if x[feature[node]] <= threshold[node] else right[node]
+        return self.value[node]
+
+
 class FittedTimes(BaseModel):
     """Per backend, log2 of its GPU ms per call as a linear function of ``features`` (ridge
-    regression over every timed problem of the table's runs, ``bench --to-table``): what the choice
-    expects where no row was measured at the problem's own sizes. A fit of features ``features`` no
-    longer computes, or of no row through the problem's entry point, is not used (``log2_ms``)."""
+    regression over every timed problem of the table's runs, ``bench --to-table``), plus, where
+    the table was built from enough problems, one boosted-tree correction of those linear fits'
+    errors shared by every backend (the backend a 0/1 feature ``backend <name>``): the bends a
+    linear fit misses (H200 sweeps A-H, 5-fold cross-validation: within 3% of the fastest on 78%
+    of problems against 75% for the linear fit alone; tools/results/NOTES-h200-sweeps.md). What
+    the choice expects where no row was measured at the problem's own sizes; beyond the problems
+    it saw the linear part extrapolates and the trees add their edge's correction. A fit of
+    features ``features`` no longer computes, or of no row through the problem's entry point,
+    is not used (``log2_ms``)."""
     model_config = ConfigDict(frozen=True, extra="forbid")
     names: list[str]  # the features, in the order of each backend's coefficients
     coef: dict[str, list[float]]  # backend -> coefficients
     rows: dict[str, int]  # backend -> timed problems it was fitted on
     ridge: float
     source: str
+    trees: list[Tree] = []  # the correction (absent: the linear fits alone)
+    tree_features: list[str] = []  # what the trees' ``feature`` indexes: ``names`` + ``backend <name>``
 
     def log2_ms(self, backend: str, values: dict[str, float]) -> Optional[float]:
         """log2 of the backend's expected GPU ms, or None: not fitted, an entry point the fit never
@@ -171,7 +199,12 @@ class FittedTimes(BaseModel):
             return None
         if any(n not in values and not n.startswith(PER_ENTRY) for n in self.names):
             return None
-        return sum(c * values.get(name, 0.0) for name, c in zip(self.names, coef))
+        linear = sum(c * values.get(name, 0.0) for name, c in zip(self.names, coef))
+        if not self.trees:
+            return linear
+        x = struct.unpack(f"{len(self.tree_features)}f", struct.pack(
+            f"{len(self.tree_features)}f", *(values.get(n, float(n == f"backend {backend}")) for n in self.tree_features)))
+        return linear + sum(tree.leaf(x) for tree in self.trees)
 
 
 PER_ENTRY = ("entry ", "bytes on entry ")  # features of one entry point (0 on the others)

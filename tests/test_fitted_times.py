@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import random
+import struct
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -147,3 +149,54 @@ def test_the_fit_learns_a_kernel_that_pays_for_keys_outside_the_window():
     assert values["window saving"] > 9  # log2 of the keys the window leaves out
     fa2, fa3 = (2 ** fit.log2_ms(n, values) for n in ("fa2", "fa3"))
     assert fa2 > 20 * fa3
+
+
+def banded(seed: int, count: int) -> list[dict]:
+    """Paged decode problems where native-triton takes twice its streaming time on 4k-8k keys (a bend
+    no linear term of the features draws) and fa2 streams at 2 TB/s everywhere."""
+    rng, out = random.Random(seed), []
+    for i in range(count):
+        p = {"entry": PAGED, "batch": rng.choice([1, 2, 4, 8, 16, 32, 64]), "q_len": 1, "kv_len": rng.randint(512, 32768)}
+        gb = p["batch"] * p["kv_len"] * 8 * 256 * 2 / 1e9
+        native = gb / 3.0 * (2 if 4096 < p["kv_len"] <= 8192 else 1)
+        out.append(result(f"paged {i}", p, {"native-triton": native + 0.004, "fa2": gb / 2.0 + 0.004}))
+    return out
+
+
+def test_the_trees_correct_what_the_linear_fit_cannot_draw():
+    """Over enough problems the fit adds boosted trees on the linear fits' errors: inside the band
+    where native-triton is slow, the linear fit alone ranks it first; with the trees, fa2 is first."""
+    fit = table.fit_times(banded(5, 300), "synthetic")
+    assert fit.trees and fit.tree_features[-2:] == ["backend fa2", "backend native-triton"]
+    linear = fit.model_copy(update={"trees": []})
+    problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=24, q_len=1, kv_len=6000))
+    values = measured.features(problem, (24, 1, 6000))
+    gb = 24 * 6000 * 8 * 256 * 2 / 1e9
+    native, fa2 = (2 ** fit.log2_ms(n, values) for n in ("native-triton", "fa2"))
+    assert native == pytest.approx(gb / 1.5 + 0.004, rel=0.25) and fa2 < native
+    assert 2 ** linear.log2_ms("native-triton", values) < 2 ** linear.log2_ms("fa2", values)
+    saved = measured.FittedTimes.model_validate_json(fit.model_dump_json())  # the table's JSON keeps them
+    assert saved.log2_ms("native-triton", values) == fit.log2_ms("native-triton", values)
+
+
+def test_the_plain_trees_sum_to_what_scikit_learn_predicts():
+    """``trees_of`` + ``Tree.leaf`` give the fitted regressor's predictions, at its thresholds too
+    (where the float32 rounding of the inputs decides the side)."""
+    from sklearn.ensemble import GradientBoostingRegressor
+    rng = random.Random(6)
+    x = [[rng.uniform(-3, 3) for _ in range(4)] for _ in range(300)]
+    y = [a * a - b + (c > 0.7) * 2 + rng.gauss(0, 0.1) for a, b, c, _ in x]
+    boosted = GradientBoostingRegressor(init="zero", random_state=0, **table.TREES).fit(x, y)
+    trees = table.trees_of(boosted)
+    on_threshold = [[t.threshold[0] if i == t.feature[0] else 0.5 for i in range(4)] for t in trees[:20]]
+    probes = [[rng.uniform(-4, 4) for _ in range(4)] for _ in range(50)] + on_threshold
+    for point, want in zip(probes, boosted.predict(probes)):
+        rounded = list(struct.unpack("4f", struct.pack("4f", *point)))
+        assert sum(t.leaf(rounded) for t in trees) == pytest.approx(want, abs=1e-6)
+
+
+def test_without_scikit_learn_the_fit_is_linear_and_says_so():
+    with mock.patch.dict(sys.modules, {"sklearn.ensemble": None}):
+        fit = table.fit_times(banded(7, 300), "synthetic")
+    assert not fit.trees and "scikit-learn" in fit.source
+    assert table.fit_times(banded(7, 100), "synthetic").trees == []  # 200 pairs: too few for trees

@@ -21,7 +21,7 @@ import torch
 
 import capability_db
 from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
-                                    features, gpu_key, gpu_peaks)
+                                    Tree, features, gpu_key, gpu_peaks)
 
 from ..problem import AttentionProblem, size_class
 from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
@@ -121,25 +121,21 @@ def build_table(results: dict, source: str) -> TimingTable:
 
 RIDGE = 0.1  # the fit's penalty on coefficients (intercept aside): chosen by tools/crossval_choice.py
 MIN_FIT_ROWS = 8  # a backend timed on fewer problems is not fitted (its rows and the cost model serve)
+# The trees correcting the linear fits (``FittedTimes.trees``), gradient-boosted on their errors:
+# scikit-learn's GradientBoostingRegressor with these settings (tools/crossval_choice.py chose them
+# on the H200's sweeps: 300 trees of depth 5 at rate 0.1, 78% within 3%; depth 4 or 6, 200-400
+# trees or rate 0.05 did no better); only over MIN_TREE_SAMPLES timed (problem, backend) pairs,
+# for trees fitted on a few dozen would learn their noise
+TREES = {"n_estimators": 300, "learning_rate": 0.1, "max_depth": 5, "min_samples_leaf": 10}
+MIN_TREE_SAMPLES = 400
 
 
 def fit_times(results: list[dict], source: str, ridge: float = RIDGE) -> Optional[FittedTimes]:
     """Per backend, a ridge regression of log2 GPU ms on ``features`` over every problem it was
     timed on, through any entry point but those where it plans per call (capability data
-    ``plans_per_call``: its times there hold host syncs)."""
-    samples: dict[str, list[tuple[dict[str, float], float]]] = {}
-    for r in results:
-        if "backends" not in r:
-            continue
-        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
-        problem = problem_of(p)
-        values = features(problem, (p.batch, p.q_len, p.kv_len))
-        for b in r["backends"]:
-            name = b["backend"]
-            if name in NOT_BACKENDS or b["status"] != "ok" or not b.get("eager_ms") \
-                    or problem.entry in capability_db.backend_caps(name).plans_per_call:
-                continue
-            samples.setdefault(name, []).append((values, math.log2(b["eager_ms"])))
+    ``plans_per_call``: its times there hold host syncs); then the trees that correct its errors
+    (``fit_trees``)."""
+    samples = fit_samples(results)
     names = list(dict.fromkeys(k for rows in samples.values() for values, _ in rows for k in values))
     coef, counts = {}, {}
     for name, rows in sorted(samples.items()):
@@ -153,7 +149,62 @@ def fit_times(results: list[dict], source: str, ridge: float = RIDGE) -> Optiona
         coef[name], counts[name] = [round(float(c), 6) for c in solved], len(rows)
     if not coef:
         return None
-    return FittedTimes(names=names, coef=coef, rows=counts, ridge=ridge, source=f"ridge fit over {source}")
+    linear = FittedTimes(names=names, coef=coef, rows=counts, ridge=ridge, source=f"ridge fit over {source}")
+    return fit_trees(linear, {name: rows for name, rows in samples.items() if name in coef}, source)
+
+
+def fit_samples(results: list[dict]) -> dict[str, list[tuple[dict[str, float], float]]]:
+    """backend -> (features, log2 GPU ms) of every problem it was timed on, but through the entry
+    points where it plans per call."""
+    samples: dict[str, list[tuple[dict[str, float], float]]] = {}
+    for r in results:
+        if "backends" not in r:
+            continue
+        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        problem = problem_of(p)
+        values = features(problem, (p.batch, p.q_len, p.kv_len))
+        for b in r["backends"]:
+            name = b["backend"]
+            if name in NOT_BACKENDS or b["status"] != "ok" or not b.get("eager_ms") \
+                    or problem.entry in capability_db.backend_caps(name).plans_per_call:
+                continue
+            samples.setdefault(name, []).append((values, math.log2(b["eager_ms"])))
+    return samples
+
+
+def fit_trees(linear: FittedTimes, samples: dict[str, list[tuple[dict[str, float], float]]],
+              source: str) -> FittedTimes:
+    """``linear`` with boosted trees fitted to its errors over every (problem, backend) pair, the
+    backend a 0/1 feature; ``linear`` unchanged where the pairs are too few or scikit-learn (the
+    ``bench`` extra) is not installed (the source says which)."""
+    pairs = sum(len(rows) for rows in samples.values())
+    if pairs < MIN_TREE_SAMPLES:
+        return linear
+    try:
+        from sklearn.ensemble import GradientBoostingRegressor
+    except ImportError:
+        return linear.model_copy(update={"source": f"{linear.source} (no tree correction: scikit-learn, the "
+                                                   "bench extra, is not installed)"})
+    columns = linear.names + [f"backend {name}" for name in sorted(samples)]
+    x, y = [], []
+    for name, rows in sorted(samples.items()):
+        for values, log2_ms in rows:
+            x.append([values.get(k, float(k == f"backend {name}")) for k in columns])
+            y.append(log2_ms - linear.log2_ms(name, values))
+    trees = trees_of(GradientBoostingRegressor(init="zero", random_state=0, **TREES).fit(x, y))
+    return linear.model_copy(update={"trees": trees, "tree_features": columns, "source":
+                                     f"ridge fit + {len(trees)} boosted trees on its errors over {source}"})
+
+
+def trees_of(boosted) -> list[Tree]:
+    """A fitted scikit-learn GradientBoostingRegressor (``init="zero"``) as plain trees whose leaves
+    hold their share of the prediction (the learning rate applied): the sum of ``Tree.leaf`` over
+    them is its ``predict``. A leaf's feature (-2 there) becomes 0: it is never read."""
+    rate = boosted.learning_rate
+    return [Tree(feature=[max(int(f), 0) for f in t.feature], threshold=[float(v) for v in t.threshold],
+                 left=[int(n) for n in t.children_left], right=[int(n) for n in t.children_right],
+                 value=[round(float(v) * rate, 9) for v in t.value[:, 0, 0]])
+            for t in (estimator.tree_ for estimator in boosted.estimators_[:, 0])]
 
 
 def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, dict[str, float]]:
