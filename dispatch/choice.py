@@ -7,8 +7,9 @@ this is on the per-call path. Evidence, best first, for each accepted backend:
 2. the GPU's timing table (capability_db/measured/<gpu>.json): a row whose static facts match
    the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
    sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
-   linear in ``measured.features``; cross-validated on the H200's sweeps, 72% within 3% of the
-   fastest against 53% for the nearest row, tools/results/NOTES-h200-sweeps.md); else (a table
+   linear in ``measured.features``, plus boosted trees on those fits' errors; cross-validated on
+   the H200's sweeps A-H, 76% within 3% of the fastest, 78% among the backends a graph captures,
+   against 53% for the nearest row, tools/results/NOTES-h200-sweeps.md); else (a table
    without a fit) the nearest row, scaled to the wanted sizes by the cost model's ratio;
 3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
    launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
