@@ -122,10 +122,11 @@ def build_table(results: dict, source: str) -> TimingTable:
 RIDGE = 0.1  # the fit's penalty on coefficients (intercept aside): chosen by tools/crossval_choice.py
 MIN_FIT_ROWS = 8  # a backend timed on fewer problems is not fitted (its rows and the cost model serve)
 # The trees correcting the linear fits (``FittedTimes.trees``), gradient-boosted on their errors:
-# scikit-learn's GradientBoostingRegressor with these settings (tools/crossval_choice.py chose them
-# on the H200's sweeps: 300 trees of depth 5 at rate 0.1, 78% within 3%; depth 4 or 6, 200-400
-# trees or rate 0.05 did no better); only over MIN_TREE_SAMPLES timed (problem, backend) pairs,
-# for trees fitted on a few dozen would learn their noise
+# scikit-learn's GradientBoostingRegressor with these settings (an offline exploration on the
+# H200's sweeps A-H chose them: depth 4 or 6, 200-400 trees or rate 0.05 did no better;
+# tools/crossval_choice.py then gave 76% within 3% against the linear fit's 75%: NOTES-h200-sweeps.md,
+# session 9); only over MIN_TREE_SAMPLES timed (problem, backend) pairs, for trees fitted on a few
+# dozen would learn their noise
 TREES = {"n_estimators": 300, "learning_rate": 0.1, "max_depth": 5, "min_samples_leaf": 10}
 MIN_TREE_SAMPLES = 400
 
