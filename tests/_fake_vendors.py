@@ -280,13 +280,27 @@ def _single_prefill_internals(prefill, rec):
     prefill._get_cache_buf = lambda name, nbytes, device: torch.empty(nbytes, dtype=torch.uint8, device=device)
     prefill._get_cache_alibi_slopes_buf = lambda heads, device: torch.zeros(heads, device=device)
 
+    def packbits(x, bitorder="big"):
+        """numpy.packbits of a 1-D tensor (FlashInfer's quantization.packbits)."""
+        bits = torch.nn.functional.pad(x.to(torch.bool).to(torch.int32), (0, -x.numel() % 8)).view(-1, 8)
+        weights = 1 << (torch.arange(8) if bitorder == "little" else 7 - torch.arange(8))
+        rec.add("packbits", x=x, bitorder=bitorder)
+        return (bits * weights.to(bits.device)).sum(-1).to(torch.uint8)
+    prefill.packbits = packbits
+
     def run(q, k, v, tmp, o, lse, mask_mode, layout, window_left, packed_mask, alibi, soft_cap, sm_scale,
             scale_q, scale_k, scale_v, rope_scale, rope_theta):
-        rec.add("single_prefill_op", q=q, k=k, o=o, lse=lse, mask_mode=mask_mode, layout=layout, sm_scale=sm_scale)
+        rec.add("single_prefill_op", q=q, k=k, o=o, lse=lse, mask_mode=mask_mode, layout=layout, sm_scale=sm_scale,
+                packed_mask=packed_mask)
         if layout == 1:
             k, v = k.transpose(0, 1), v.transpose(0, 1)
+        mask = None
+        if mask_mode == 2:  # MaskMode.CUSTOM: the little-endian packed (q_len, kv_len) mask
+            n = q.shape[0] * k.shape[0]
+            mask = ((packed_mask.long()[:, None] >> torch.arange(8, device=packed_mask.device)) & 1)
+            mask = mask.flatten()[:n].view(q.shape[0], k.shape[0]).bool()
         res, l = attend(q.float(), k.float(), v.float(), scale=sm_scale, lo=window_left if window_left >= 0 else None,
-                        hi=0 if mask_mode == 1 else None, soft_cap=soft_cap)
+                        hi=0 if mask_mode == 1 else None, soft_cap=soft_cap, mask=mask)
         o.copy_(res.to(o.dtype))
         if lse is not None:
             lse.copy_((l / math.log(2.0)).float())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dispatch
-from oracle import BANDS, batch_attention_fp64, relative_error
+from oracle import BANDS, attention_fp64, batch_attention_fp64, packbits_little, relative_error
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 HQ, HKV, D, P, DT = 32, 8, 128, 16, torch.bfloat16
@@ -158,3 +158,27 @@ def test_xqa_repeats_agree_with_the_oracle(monkeypatch):
     assert dispatch.last_decision().chosen == "xqa"
     if version.startswith(("0.5.", "0.7.")):
         assert not public, f"xqa on FlashInfer {version}: {len(public)} calls of its public function"
+
+
+@pytest.mark.parametrize("form", ["custom_mask", "packed_custom_mask"])
+def test_single_prefill_with_a_mask_repeats_agree_with_the_oracle(monkeypatch, form):
+    """fa2's single-request op with a custom mask: the mask is packed per call (as FlashInfer's own
+    function does), so each call's new mask is the one applied; the public function is not called."""
+    flashinfer = pytest.importorskip("flashinfer")
+    version = flashinfer_version()
+    q_len, kv_len = 37, 203
+    public = counted(monkeypatch, flashinfer.prefill, "single_prefill_with_kv_cache")
+    for call in range(CALLS):
+        q = torch.randn(q_len, HQ, D, dtype=DT, device="cuda")
+        k, v = (torch.randn(kv_len, HKV, D, dtype=DT, device="cuda") for _ in range(2))
+        mask = torch.rand(q_len, kv_len, device="cuda") < 0.6
+        mask[:, 0] = True  # no query without a key
+        given = {form: mask if form == "custom_mask" else packbits_little(mask.reshape(-1)).cuda()}
+        with dispatch.use_backend("fa2"):
+            out, lse = dispatch.single_prefill_with_kv_cache(q, k, v, return_lse=True, **given)
+        want = attention_fp64(q, k, v, mask=mask, sm_scale=D ** -0.5)
+        assert relative_error(out, want[0]) < BANDS["bfloat16"], f"call {call}"
+        assert (lse.double().cpu() - want[1].cpu()).abs().max().item() < 1e-2, f"call {call}"
+    assert dispatch.last_decision().chosen == "fa2"
+    if version.startswith(("0.5.", "0.7.")):
+        assert not public, f"fa2 on FlashInfer {version}: {len(public)} calls of its public function"

@@ -154,6 +154,27 @@ def test_fa2_single_launcher_matches_run_and_fp64(fake_flashinfer, layout):
     assert torch.allclose(nxt.lse.double()[fin], lse_ref[fin], rtol=1e-5, atol=1e-5)
 
 
+def test_fa2_single_launcher_packs_each_calls_own_mask(fake_flashinfer):
+    """A repeated masked call's launcher packs the mask of that call, not the first call's."""
+    p = fv.make_problem(kv_storage="dense", mask="custom", return_lse=True)
+    batch, _ = fv.make_batch(p, [6], [11], custom_mask=True, lse=True)
+    fa2 = get_backend("fa2")
+    plan = fa2.plan(p, batch)
+    fa2.run(plan, batch)
+    launch = fa2.launcher(plan, batch)
+    assert launch is not None
+    nxt, refs = fv.make_batch(p, [6], [11], custom_mask=True, lse=True)
+    # make_batch draws the same mask: another one here (flat reversed = the (q, kv) mask turned over)
+    nxt.custom_mask = nxt.custom_mask.flip(0)
+    refs = (*refs[:2], [m.flip(0).flip(1) for m in refs[2]])
+    assert not torch.equal(nxt.custom_mask, batch.custom_mask)
+    nxt.out.fill_(float("nan"))
+    launch(nxt)
+    assert fake_flashinfer.last("packbits")["x"] is nxt.custom_mask
+    out_ref, _ = fv.reference(p, nxt, refs)
+    assert ((nxt.out.double() - out_ref).norm() / out_ref.norm()) < 1e-2
+
+
 def test_fa2_launcher_refuses_what_the_key_does_not_prove(fake_flashinfer):
     p = fv.make_problem(kv_storage="dense", causal=True)
     batch, _ = fv.make_batch(p, [4], [9])

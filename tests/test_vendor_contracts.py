@@ -239,16 +239,26 @@ def test_flashinfer_single_request_kernel_for_dense(fakes, layout):
     assert rec.last("single_prefill_op")["sm_scale"] == 0.5
 
 
-def test_flashinfer_single_request_public_function_for_a_custom_mask(fakes):
-    """A custom mask (or another FlashInfer than 0.5.x) takes FlashInfer's public function."""
+def test_flashinfer_single_request_kernel_packs_a_custom_mask_per_call(fakes):
+    """A custom mask takes the compiled op too (not FlashInfer's Python function and an out copy):
+    packed little-endian by FlashInfer's packbits on every call, as its public function does, in
+    the mask mode CUSTOM; a new mask on the next call is the one applied."""
     rec, install = fakes
     install(flashinfer=True)
     p = make_problem(kv_storage="dense", mask="custom", return_lse=True)
     batch, refs = make_batch(p, [6], [11], custom_mask=True, lse=True)
     fa2 = get_backend("fa2")
-    fa2.run(fa2.plan(p, batch), batch)
-    assert rec.last("single_prefill")["custom_mask"].shape == (6, 11)
+    plan = fa2.plan(p, batch)
+    fa2.run(plan, batch)
+    call = rec.last("single_prefill_op")
+    assert call["mask_mode"] == 2 and call["o"] is batch.out and call["lse"] is batch.lse
+    assert rec.last("packbits")["bitorder"] == "little" and rec.last("packbits")["x"] is batch.custom_mask
+    assert not [c for c in rec.calls if c[0] == "single_prefill"]
     assert_agrees(p, batch, refs)
+    batch2, refs2 = make_batch(p, [6], [11], custom_mask=True, lse=True)  # another mask, same shapes
+    fa2.run(plan, batch2)
+    assert rec.last("packbits")["x"] is batch2.custom_mask
+    assert_agrees(p, batch2, refs2)
 
 
 def test_flashinfer_fa3_limits_reject_at_plan(fakes):
