@@ -16,6 +16,8 @@ import types
 
 import torch
 
+from dispatch.checks import unpack_bits
+from dispatch.lab.oracle import packbits_little
 from dispatch.lab.vendors import attend, make_batch, make_problem, reference, to_device
 
 __all__ = ["Recorder", "attend", "make_batch", "make_flash_attn", "make_flash_attn_interface", "make_flashinfer",
@@ -281,11 +283,10 @@ def _single_prefill_internals(prefill, rec):
     prefill._get_cache_alibi_slopes_buf = lambda heads, device: torch.zeros(heads, device=device)
 
     def packbits(x, bitorder="big"):
-        """numpy.packbits of a 1-D tensor (FlashInfer's quantization.packbits)."""
-        bits = torch.nn.functional.pad(x.to(torch.bool).to(torch.int32), (0, -x.numel() % 8)).view(-1, 8)
-        weights = 1 << (torch.arange(8) if bitorder == "little" else 7 - torch.arange(8))
+        """FlashInfer's quantization.packbits of a 1-D tensor (the little bit order alone here)."""
         rec.add("packbits", x=x, bitorder=bitorder)
-        return (bits * weights.to(bits.device)).sum(-1).to(torch.uint8)
+        assert bitorder == "little", "the fake packs little-endian only"
+        return packbits_little(x.to(torch.bool)).to(x.device)
     prefill.packbits = packbits
 
     def run(q, k, v, tmp, o, lse, mask_mode, layout, window_left, packed_mask, alibi, soft_cap, sm_scale,
@@ -297,8 +298,7 @@ def _single_prefill_internals(prefill, rec):
         mask = None
         if mask_mode == 2:  # MaskMode.CUSTOM: the little-endian packed (q_len, kv_len) mask
             n = q.shape[0] * k.shape[0]
-            mask = ((packed_mask.long()[:, None] >> torch.arange(8, device=packed_mask.device)) & 1)
-            mask = mask.flatten()[:n].view(q.shape[0], k.shape[0]).bool()
+            mask = unpack_bits(packed_mask, [packed_mask.numel()], [n]).view(q.shape[0], k.shape[0])
         res, l = attend(q.float(), k.float(), v.float(), scale=sm_scale, lo=window_left if window_left >= 0 else None,
                         hi=0 if mask_mode == 1 else None, soft_cap=soft_cap, mask=mask)
         o.copy_(res.to(o.dtype))
