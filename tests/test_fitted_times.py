@@ -200,3 +200,59 @@ def test_without_scikit_learn_the_fit_is_linear_and_says_so():
         fit = table.fit_times(banded(7, 300), "synthetic")
     assert not fit.trees and "scikit-learn" in fit.source
     assert table.fit_times(banded(7, 100), "synthetic").trees == []  # 200 pairs: too few for trees
+
+
+def _fa3_behind_native(slower: float, seed: int = 5) -> measured.TimingTable:
+    """A table of paged decode rows where fa3 (FlashInfer's own backend on the paged wrapper) takes
+    ``slower`` times native-triton's time on every problem, one row timed at 8 x 1 x 4096."""
+    rng, rows = random.Random(seed), []
+    for i in range(30):
+        b, kv = (8, 4096) if i == 0 else (rng.choice([1, 3, 17, 64]), rng.randint(256, 60000))
+        native = b * kv * 8 * 256 * 2 / 3e9 + 0.004
+        rows.append(result(f"p{i}", {"entry": PAGED, "batch": b, "q_len": 1, "kv_len": kv},
+                           {"native-triton": native, "fa3": native * slower}))
+    return table.build_table({"environment": ENVIRONMENT, "results": rows}, "synthetic")
+
+
+@pytest.mark.parametrize("slower, chosen", [(1.15, "fa3"), (1.8, "native-triton")])
+def test_a_fit_must_show_a_clear_lead_to_leave_flashinfers_own_backend(slower, chosen):
+    """Where the fit's estimates rank the candidates, FlashInfer's own backend for the entry point
+    (priorities.json flashinfer_own: fa3 on the paged wrapper) stays first unless another is
+    expected KEEP_OWN faster; explain says which, and by how much."""
+    problem = dataclasses.replace(table.problem_of(table.BenchProblem(entry=PAGED, batch=20, q_len=1, kv_len=9000)),
+                                  cuda_graph=True)
+    assert choice.flashinfer_own(problem.entry, ["native-triton", "fa3", "fa2"]) == "fa3"
+    with mock.patch.object(choice, "table_for", return_value=_fa3_behind_native(slower)):
+        ranking = choice.rank(problem, H200, ["native-triton", "fa3"], problem.sizes)
+    ests = ranking.estimates
+    assert ests["fa3"].basis == ests["native-triton"].basis == "fitted"
+    assert ests["fa3"].ms / ests["native-triton"].ms == pytest.approx(slower, rel=0.1)  # the fit saw the lead
+    assert ranking.order[0] == chosen
+    assert ("FlashInfer's own backend fa3 kept first" in ranking.basis) == (chosen == "fa3")
+
+
+def test_times_measured_at_the_sizes_rank_without_the_lead():
+    """A row timed at the problem's sizes is no guess: the faster there wins by any margin."""
+    problem = dataclasses.replace(table.problem_of(table.BenchProblem(entry=PAGED, batch=8, q_len=1, kv_len=4096)),
+                                  cuda_graph=True)
+    with mock.patch.object(choice, "table_for", return_value=_fa3_behind_native(1.15)):
+        ranking = choice.rank(problem, H200, ["native-triton", "fa3"], problem.sizes)
+    assert ranking.estimates["fa3"].basis == "measured"
+    assert ranking.order[0] == "native-triton"
+    assert "FlashInfer's own backend" not in ranking.basis
+
+
+def test_an_eager_call_weighs_the_lead_on_the_gpu_time_alone():
+    """The lead is asked of the fitted GPU time, the host figures being measurements: on a ~20 us
+    kernel, a 15% GPU lead plus fa3's host path 5 us over native-triton's is more than KEEP_OWN of
+    native-triton's GPU time (though under KEEP_OWN of its call), and native-triton is chosen;
+    captured in a graph, fa3 stays."""
+    problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=4, q_len=1, kv_len=3000))
+    tab = _fa3_behind_native(1.15)
+    tab = tab.model_copy(update={"host_us": {"fa3": {PAGED.removesuffix(".run"): 25.0},
+                                             "native-triton": {PAGED.removesuffix(".run"): 20.0}}})
+    with mock.patch.object(choice, "table_for", return_value=tab):
+        eager = choice.rank(problem, H200, ["native-triton", "fa3"], problem.sizes)
+        graph = choice.rank(dataclasses.replace(problem, cuda_graph=True), H200, ["native-triton", "fa3"],
+                            problem.sizes)
+    assert (eager.order[0], graph.order[0]) == ("native-triton", "fa3")
