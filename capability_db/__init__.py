@@ -114,11 +114,6 @@ def priorities() -> Priorities:
             for e in entries:
                 if e.backend not in BACKEND_NAMES:
                     raise RuntimeError(f"priorities.json: {family}/{phase} names unknown backend {e.backend!r}")
-    for part in ("entry_first", "flashinfer_own"):
-        for entry, entries in getattr(prio, part).items():
-            for e in entries:
-                if e.backend not in BACKEND_NAMES:
-                    raise RuntimeError(f"priorities.json: {part}/{entry} names unknown backend {e.backend!r}")
     return prio
 
 

@@ -234,9 +234,6 @@ class Priorities(_Frozen):
     # entry point -> the backend it routes to first (the seed's own engine)
     # Backends ahead of the family's list for one entry point, in order (its own engine first).
     entry_first: dict[str, list[PriorityEntry]] = Field(default_factory=dict)
-    # entry point -> the backends FlashInfer's own call runs there, in its order (the first that
-    # serves the call): the one the choice keeps where its fit expects no clear lead (dispatch.choice)
-    flashinfer_own: dict[str, list[PriorityEntry]] = Field(default_factory=dict)
 
 
 # -- known defects: vendor versions with a wrong answer, or a measured error outside the contract --

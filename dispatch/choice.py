@@ -119,17 +119,14 @@ class Estimate:
     def short(self) -> str:
         """The estimate without its source (explain prints the sources once, not per candidate)."""
         b, q, kv = self.sizes
-        text = f"{self.basis}: {self.gpu_ms:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
+        gpu = self.ms - (self.host_us or 0.0) / 1e3
+        text = f"{self.basis}: {gpu:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
         if self.host_us is not None:  # an eager call: what its host path adds
             text += f" + host {self.host_us:.3g} us ({self.host_source}) = {self.ms:.4g} ms"
         return text
 
     def describe(self) -> str:
         return f"{self.short()} ({self.source})"
-
-    @property
-    def gpu_ms(self) -> float:
-        return self.ms - (self.host_us or 0.0) / 1e3
 
     def with_host(self, us: float, source: str) -> "Estimate":
         return dataclasses.replace(self, ms=self.ms + us / 1e3, host_us=us, host_source=source)
@@ -298,29 +295,8 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
              else f"fitted time ({where}: no row matches this problem's facts)" if fitted
              else f"cost model ({where}: no row matches this problem's facts)")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
-    kept = flashinfer_own(problem.entry, accepted) if sizes and per_point[0] and _guessed(per_point[0]) else None
     return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted, fitted),
-                    len(per_point), kept)
-
-
-# Where the fit's estimates rank the candidates, FlashInfer's own backend for the entry point stays
-# first unless another is expected this much faster: the fit misses by up to 2x (the misses' causes
-# in the cross-validation, tools/results/crossval-h200-sweeps-a-to-i-kept.md), and a choice the fit
-# only guesses better must not leave the engine slower than calling FlashInfer directly.
-KEEP_OWN = 0.3
-
-
-def flashinfer_own(entry: str, accepted: list[str]) -> Optional[str]:
-    """The backend FlashInfer's own call of the entry point runs (priorities.json
-    ``flashinfer_own``), where it is among the accepted; else None."""
-    own = [e.backend for e in capability_db.priorities().flashinfer_own.get(entry, [])]
-    return next((n for n in own if n in accepted), None)
-
-
-def _guessed(ests: dict[str, Estimate]) -> bool:
-    """Whether any estimate is more than a measurement at the wanted sizes (a fit, a scaled row,
-    the cost model): the ranking then keeps FlashInfer's own backend without a clear lead."""
-    return any(e.basis not in ("measured", "autotune") for e in ests.values())
+                    len(per_point))
 
 
 def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
@@ -377,35 +353,15 @@ def _entry_tier(problem: AttentionProblem, device: DeviceDesc, rows: Optional[li
 
 
 def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, float], basis: str,
-             first_tier: set[str], points: int = 1, kept: Optional[str] = None) -> Ranking:
+             first_tier: set[str], points: int = 1) -> Ranking:
     """The entry's own tier, then the rest; within each, fastest first, scores within TIE of the
-    tier's best in the priority order; ``kept`` (FlashInfer's own backend) first in its tier unless
-    another is expected KEEP_OWN faster."""
+    tier's best in the priority order."""
     order: list[str] = []
     for tier in ([n for n in accepted if n in first_tier], [n for n in accepted if n not in first_tier]):
         if not tier:
             continue
         best = min(scores[n] for n in tier)
         near = [n for n in tier if scores[n] <= best * (1 + TIE)]
-        ranked = near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
-        if kept in tier and ranked[0] != kept and scores[kept] < UNMEASURED_BEHIND:
-            ranked, note = _kept_first(ranked, ests, kept)
-            basis += note
-        order += ranked
+        order += near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
     best = min(scores.values(), default=1.0)
     return Ranking(order, ests, basis, {n: scores[n] / best for n in order}, points)
-
-
-def _kept_first(ranked: list[str], ests: dict[str, Estimate], kept: str) -> tuple[list[str], str]:
-    """``ranked`` with FlashInfer's own backend ``kept`` moved first unless the first is expected
-    faster by KEEP_OWN of its GPU time (the fitted part; host figures are measured), and the note
-    explain shows."""
-    first = ranked[0]
-    lead_us, needed_us = (ests[kept].ms - ests[first].ms) * 1e3, KEEP_OWN * ests[first].gpu_ms * 1e3
-    if lead_us > needed_us:
-        return ranked, (f"; {first} ahead of FlashInfer's own backend {kept}: expected {lead_us:.3g} us faster "
-                        f"per call, over {KEEP_OWN:.0%} of its GPU time ({needed_us:.3g} us)")
-    return [kept] + [n for n in ranked if n != kept], (
-        f"; FlashInfer's own backend {kept} kept first: {first} expected {lead_us:.3g} us faster per call, "
-        f"under {KEEP_OWN:.0%} of its GPU time ({needed_us:.3g} us), the lead an estimate that is not a "
-        f"measurement at these sizes must show")
