@@ -12,34 +12,35 @@ import json
 import math
 from pathlib import Path
 
+from dispatch.lab.report import ratio_figures, regret_figures
+
 
 def names_in(paths: list[str]) -> set[str]:
     return {r["name"] for p in paths for r in json.loads(Path(p).read_text())["results"] if "backends" in r}
 
 
-def share(rows: list[dict], key: str, ok) -> str:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    hits = sum(ok(v) for v in values)
-    return f"{hits} / {len(values)} ({hits / len(values):.0%})" if values else "-"
+def within(rows: list[dict], key: str) -> str:
+    f = regret_figures(rows, key)
+    return f"{f['within_3pct']} / {f['count']} ({f['within_3pct'] / f['count']:.0%})" if f["count"] else "-"
 
 
-def count(rows: list[dict], key: str, bad) -> int:
-    return sum(bad(r[key]) for r in rows if r.get(key) is not None)
+def under(rows: list[dict], key: str) -> str:
+    f = ratio_figures(rows, key)
+    if not f["count"]:
+        return "-"
+    return f"{f['at_most_1_03']} / {f['count']} ({f['at_most_1_03'] / f['count']:.0%}) ({f['above_1_10']})"
 
 
 def mean_regret(rows: list[dict], key: str) -> str:
+    """The geometric mean of chosen / fastest, less one: what the choice costs on average."""
     values = [r[key] for r in rows if r.get(key) is not None]
     return f"{math.exp(sum(math.log1p(v) for v in values) / len(values)) - 1:.1%}" if values else "-"
 
 
 def line(label: str, rows: list[dict]) -> str:
-    within = lambda v: v <= 0.03  # noqa: E731
-    under = lambda v: v <= 1.03  # noqa: E731
-    over = lambda v: v > 1.10  # noqa: E731
-    return (f"| {label} | {share(rows, 'regret', within)} | {mean_regret(rows, 'regret')} "
-            f"| {share(rows, 'cost_regret', within)} | {mean_regret(rows, 'cost_regret')} "
-            f"| {share(rows, 'over_flashinfer', under)} ({count(rows, 'over_flashinfer', over)}) "
-            f"| {share(rows, 'cost_over_flashinfer', under)} ({count(rows, 'cost_over_flashinfer', over)}) |")
+    return (f"| {label} | {within(rows, 'regret')} | {mean_regret(rows, 'regret')} "
+            f"| {within(rows, 'cost_regret')} | {mean_regret(rows, 'cost_regret')} "
+            f"| {under(rows, 'over_flashinfer')} | {under(rows, 'cost_over_flashinfer')} |")
 
 
 def main() -> int:
