@@ -17,6 +17,8 @@ default ``~/.cache/attn-dispatch``.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -49,6 +51,7 @@ _switch: Optional[bool] = None  # set by autotune(); None: the environment decid
 _on_switch: list[Callable[[], None]] = []  # the router's clear_caches: decisions made before are stale
 _lock = threading.Lock()
 _files: dict[Path, dict] = {}
+_replayed: Optional[Path] = None  # replaying(): decide from this kept file, never time
 
 
 def autotune(enabled: bool = True) -> None:
@@ -60,7 +63,26 @@ def autotune(enabled: bool = True) -> None:
 
 
 def enabled() -> bool:
+    if _replayed is not None:
+        return True
     return _switch if _switch is not None else policy.env_flag(ENV_AUTOTUNE)
+
+
+@contextlib.contextmanager
+def replaying(path: Path):
+    """Decide from the buckets of a kept autotune file (a sweep's ``-cache.json``) and never time:
+    an autotune sweep's choice replayed off its GPU (``bench --replay ... --autotune-file``), so each
+    miss is named against the times the autotune acted on. A bucket the file lacks: the table decides."""
+    global _replayed
+    before, _replayed = _replayed, Path(path)
+    for forget in _on_switch:
+        forget()
+    try:
+        yield
+    finally:
+        _replayed = before
+        for forget in _on_switch:
+            forget()
 
 
 def cache_dir() -> Path:
@@ -96,7 +118,9 @@ def _pow2(n: int) -> int:
 
 
 def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
-    return f"{problem!r}|" + "x".join(str(_pow2(n)) for n in sizes)
+    """The problem's facts (not ``cuda_graph``: the times are the same, the ranking decides what
+    counts) and its sizes rounded up to powers of two."""
+    return f"{dataclasses.replace(problem, cuda_graph=False)!r}|" + "x".join(str(_pow2(n)) for n in sizes)
 
 
 def middle(bucket: tuple[int, ...]) -> tuple[int, ...]:
@@ -125,12 +149,14 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         return None
     accepted = timed_on(device, accepted)
     sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
-    path, key = cache_file(device), bucket_key(problem, sizes)
+    path, key = _replayed or cache_file(device), bucket_key(problem, sizes)
     with _lock:
         data = _files.get(path) or _read(path)
         _files[path] = data
         hit = data["buckets"].get(key)
-    if hit is None or any(n not in hit for n in accepted):
+    if _replayed is not None:  # what was timed then: the candidates a replay's rebuilt problem adds are untimed
+        hit = hit or {}
+    elif hit is None or any(n not in hit for n in accepted):
         if not may_measure():
             return None
         hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], middle(sizes))}

@@ -141,3 +141,35 @@ def test_replay_can_judge_the_eager_choice_by_todays_host_times():
     then_cost, now_cost = {"fa2": 0.044, "native-triton": 0.026}, {"fa2": 0.025, "native-triton": 0.026}
     assert then["cost_regret"] == pytest.approx(then_cost[chosen] / 0.026 - 1)
     assert now["cost_regret"] == pytest.approx(now_cost[chosen] / 0.025 - 1)
+
+
+def test_replay_of_an_autotune_sweep_decides_from_its_kept_times_and_never_times(tmp_path, monkeypatch):
+    """``bench --replay ... --autotune-file``: the choice comes from the buckets the sweep's autotune
+    kept (GPU ms and host us), nothing is timed, the file is left as it was, and a miss names the
+    autotune's estimate against the problem's measured times."""
+    from dispatch import autotune
+    from dispatch.lab import replay
+    monkeypatch.delenv(autotune.ENV_AUTOTUNE, raising=False)
+    problem = {"entry": "xqa_batch_decode_with_kv_cache", "batch": 64, "q_len": 1, "kv_len": 4096}
+    results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"}, "results": [
+        {"name": "p", "problem": problem, "backends": [
+            {"backend": "fa2", "status": "ok", "eager_ms": 0.20, "host_us": 30.0},
+            {"backend": "xqa", "status": "ok", "eager_ms": 0.24, "host_us": 20.0},
+            {"backend": "native-triton", "status": "ok", "eager_ms": 0.30, "host_us": 20.0}]}]}
+    keys: list[str] = []
+    real_key = autotune.bucket_key
+    monkeypatch.setattr(autotune, "bucket_key", lambda *a: keys.append(real_key(*a)) or keys[-1])
+    monkeypatch.setattr(autotune, "measure", lambda *a: pytest.fail("a replay timed a bucket"))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"buckets": {}}))
+    replay.replay(results, autotune_file=empty)  # no bucket: the table decides
+    assert keys and len(set(keys)) == 1  # graph and eager share one bucket
+    kept = {"fa2": {"ms": 0.5, "host_us": 30.0}, "xqa": {"ms": 0.3, "host_us": 20.0},
+            "native-triton": {"ms": 0.1, "host_us": 10.0}}
+    sweep = tmp_path / "sweep-cache.json"
+    sweep.write_text(json.dumps({"buckets": {keys[0]: kept}}))
+    before = sweep.read_text()
+    row = replay.replay(results, autotune_file=sweep)[0]
+    assert row["chosen"] == row["eager_chosen"] == "native-triton"
+    assert row["cheapest"] == "fa2" and "(autotune)" in row["eager_cause"]
+    assert sweep.read_text() == before and not autotune.enabled()

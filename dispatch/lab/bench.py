@@ -48,7 +48,7 @@ USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N
          "                           [--warm-workers J] [--list]\n"
          "                           [--json]\n"
          "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
-         "       %(prog)s --replay JSON [JSON ...] [--out DIR]")
+         "       %(prog)s --replay JSON [JSON ...] [--autotune-file FILE] [--out DIR]")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="with --random: the seed (default: drawn from os.urandom now; printed and recorded)")
     p.add_argument("--table-out", type=Path, default=None, help="with --to-table: where to write the table")
+    p.add_argument("--autotune-file", type=Path, default=None, metavar="FILE",
+                   help="with --replay: decide from this autotune sweep's kept times (its -cache.json), never timing")
     p.add_argument("--warm-workers", type=int, default=0, metavar="J",
                    help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/lab/warm.py)")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
@@ -197,7 +199,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if args.replay:
         from . import replay
-        md, js = replay.write(args.replay, args.out)
+        md, js = replay.write(args.replay, args.out, args.autotune_file)
         print(md.read_text().split("\n\n")[2])
         print(f"outputs: {md} {js}")
         return 0

@@ -23,7 +23,7 @@ from typing import Optional
 
 import capability_db
 
-from .. import router
+from .. import autotune, router
 from .build import flashinfer_own_wrong
 from .problems import BenchProblem
 from .report import regret_figures
@@ -31,11 +31,17 @@ from .runner import call_cost
 from .table import entry_of, problem_of
 
 
-def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None) -> list[dict]:
+def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None,
+           autotune_file: Optional[Path] = None) -> list[dict]:
     """Per measured problem: today's choice, its measured ms, the fastest, the regret (None when
     the choice was not timed). ``host_now`` (a table's ``host_us``: backend -> entry -> us): judge
     the eager choice by those host times instead of the rows' own, for rows measured before a
-    backend's host path changed (their host times are of a path that no longer runs)."""
+    backend's host path changed (their host times are of a path that no longer runs).
+    ``autotune_file`` (an autotune sweep's ``-cache.json``): the choice from the times the autotune
+    kept there, as it ran, so a miss names the autotune's times against the problem's."""
+    if autotune_file is not None:
+        with autotune.replaying(autotune_file):
+            return replay(results, host_now)
     env = results["environment"]
     major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
     device = capability_db.device_for_capability(major, minor, env["gpu"])
@@ -53,7 +59,8 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         problem = problem_of(p)
         graph = router.decide(dataclasses.replace(problem, cuda_graph=True), device, live=False)
         chosen, capturable = graph.chosen, [n for n in graph.accepted() if n in timed]
-        eager = router.decide(problem, device, live=False).chosen
+        eager_decision = router.decide(problem, device, live=False)
+        eager = eager_decision.chosen
         fastest = min(timed, key=timed.__getitem__)
         ms = timed.get(chosen)
         cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
@@ -64,12 +71,15 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
                     and not flashinfer_own_wrong(p, env)), {})
         own_cost = own["eager_ms"] + own["host_us"] / 1e3 if own.get("eager_ms") and own.get("host_us") else None
         regret = None if ms is None else ms / timed[fastest] - 1
+        cheapest = min(costs, key=costs.__getitem__) if costs else None
+        cost_regret = costs[eager] / costs[cheapest] - 1 if eager in costs else None
         rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
                      "fastest_ms": timed[fastest], "regret": regret,
                      "cause": miss_cause(graph, timed, fastest) if regret is not None and regret > MISS else "",
                      "graph_regret": ms / min(timed[n] for n in capturable) - 1 if ms and capturable else None,
-                     "eager_chosen": eager,
-                     "cost_regret": costs[eager] / min(costs.values()) - 1 if eager in costs else None,
+                     "eager_chosen": eager, "cheapest": cheapest, "cost_regret": cost_regret,
+                     "eager_cause": miss_cause(eager_decision, costs, cheapest)
+                     if cost_regret is not None and cost_regret > MISS else "",
                      "over_flashinfer": ms / own["eager_ms"] if ms and own.get("eager_ms") else None,
                      "cost_over_flashinfer": costs[eager] / own_cost if eager in costs and own_cost else None,
                      "auto_when_measured": r.get("auto"), "auto_regret_when_measured": r.get("regret"),
@@ -106,22 +116,24 @@ def miss_cause(decision: router.Decision, timed: dict[str, float], fastest: str)
             f"{timed[fastest]:.4g}: {worse}'s estimate ({basis}) off by {off[worse]:.2f}x")
 
 
-def cause_kinds(rows: list[dict]) -> list[tuple[str, int]]:
+def cause_kinds(rows: list[dict], eager: bool = False) -> list[tuple[str, int]]:
     """The misses' causes by kind, commonest first: a fastest that was no candidate, a ranking
-    rule, no estimate, or which estimate was off and on what basis."""
+    rule, no estimate, or which estimate was off and on what basis. ``eager``: the eager choice's
+    misses by call cost (the cheapest call in the fastest's place)."""
     kinds: dict[str, int] = {}
     for r in rows:
-        cause = r.get("cause")
+        cause = r.get("eager_cause" if eager else "cause")
         if not cause:
             continue
+        chosen, fastest = (r["eager_chosen"], r["cheapest"]) if eager else (r["chosen"], r["fastest"])
         if "estimate (" in cause:
-            whose = "the chosen's estimate too low" if cause.split(": ")[-1].startswith(r["chosen"]) \
+            whose = "the chosen's estimate too low" if cause.split(": ")[-1].startswith(chosen) \
                 else "the fastest's estimate too high"
             kind = f"{whose} ({cause.split('estimate (')[1].split(')')[0]})"
         elif cause.startswith("ranked "):
             kind = "ranked the chosen first though it expected it slower (a tie within 3%, or a ranking rule)"
         else:
-            kind = cause.split(":")[0].split(" (")[0].replace(r["fastest"], "the fastest").replace(r["chosen"], "the chosen")
+            kind = cause.split(":")[0].split(" (")[0].replace(fastest, "the fastest").replace(chosen, "the chosen")
         kinds[kind] = kinds.get(kind, 0) + 1
     return sorted(kinds.items(), key=lambda kv: -kv[1])
 
@@ -135,22 +147,26 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
              f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
              f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}. "
              + _cost_text(regret_figures(rows, "cost_regret")), "",
-             *cause_table(rows), "",
+             *cause_table(rows), "", *cause_table(rows, eager=True), "",
              "| problem | chosen now (graph) | its ms | fastest | fastest ms | regret | auto when measured (regret) "
-             "| why, where it missed |", "|---|---|---|---|---|---|---|---|"]
+             "| why, where it missed | eager choice (cost regret) | why, where the eager choice missed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         regret = "not timed" if r["regret"] is None else f"{100 * r['regret']:.1f}%"
-        was = r["auto_regret_when_measured"]
+        was, cost = r["auto_regret_when_measured"], r.get("cost_regret")
         lines.append(f"| {r['name']} | {r['chosen']} | {_ms(r['chosen_ms'])} | {r['fastest']} | "
                      f"{_ms(r['fastest_ms'])} | {regret} | {r['auto_when_measured']}"
-                     f"{'' if was is None else f' ({100 * was:.1f}%)'} | {r.get('cause', '')} |")
+                     f"{'' if was is None else f' ({100 * was:.1f}%)'} | {r.get('cause', '')} | {r['eager_chosen']}"
+                     f"{'' if cost is None else f' ({100 * cost:.1f}%)'} | {r.get('eager_cause', '')} |")
     return "\n".join(lines) + "\n"
 
 
-def cause_table(rows: list[dict]) -> list[str]:
-    """Markdown lines: the graph choice's misses (regret over 3%) by cause."""
-    return ["| why the graph choice missed (regret > 3%) | problems |", "|---|---|",
-            *(f"| {kind} | {n} |" for kind, n in cause_kinds(rows))]
+def cause_table(rows: list[dict], eager: bool = False) -> list[str]:
+    """Markdown lines: the graph choice's misses (regret over 3%) by cause; ``eager``: the eager
+    choice's (cost regret over 3%)."""
+    head = "the eager choice missed (cost regret" if eager else "the graph choice missed (regret"
+    return [f"| why {head} > 3%) | problems |", "|---|---|",
+            *(f"| {kind} | {n} |" for kind, n in cause_kinds(rows, eager))]
 
 
 def _cost_text(fig: dict) -> str:
@@ -165,11 +181,11 @@ def _ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def write(paths: list[Path], out: Path) -> tuple[Path, Path]:
+def write(paths: list[Path], out: Path, autotune_file: Optional[Path] = None) -> tuple[Path, Path]:
     """Replay every problem of ``paths`` (a later file's result of a problem wins) into out/."""
     from .table import merged
     results, _ = merged(paths)
-    rows = replay(results)
+    rows = replay(results, autotune_file=autotune_file)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"replay-{Path(paths[-1]).stem}"
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
