@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
@@ -213,7 +214,7 @@ def _write(path: Path, data: dict, device: DeviceDesc) -> None:
 def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int]) -> dict[str, Optional[dict]]:
     """Per backend, on fresh random inputs of these sizes: {"ms": GPU time per call, "host_us": host
     time per eager repeat on a GPU (its launcher, what a lane's repeats call; else its run), None on
-    the CPU}; None: it failed."""
+    the CPU, "tune_s": seconds its timing took, compiles included}; None: it failed."""
     from backends import get_backend
 
     b, q, kv = sizes
@@ -224,12 +225,13 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
         batch.sinks = torch.zeros(problem.num_qo_heads, device=device)
     out: dict[str, Optional[dict]] = {}
     for name in names:
-        backend = get_backend(name)
+        backend, start = get_backend(name), time.perf_counter()
         try:
             plan = backend.plan(problem, batch)
             backend.run(plan, batch)  # warm: compiles, workspaces
             out[name] = {"ms": _timed(lambda: backend.run(plan, batch), device.type),
-                         "host_us": _host_us(backend, plan, batch) if device.type == "cuda" else None}
+                         "host_us": _host_us(backend, plan, batch) if device.type == "cuda" else None,
+                         "tune_s": round(time.perf_counter() - start, 3)}  # what this bucket's first call waited
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is not chosen by its time
             log.info("attn_dispatch: autotune of %s on %s failed: %s", name, problem.describe(), exc)
             out[name] = None

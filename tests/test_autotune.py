@@ -119,7 +119,8 @@ def test_autotune_times_a_new_bucket_once_and_keeps_it_in_the_cache_file(monkeyp
     assert len(files) == 1
     data = json.loads(files[0].read_text())
     assert {"device", "driver", "torch", "reference"} <= set(data["environment"])
-    assert list(data["buckets"].values()) == [{"reference": {"ms": ms, "host_us": None}}]
+    [bucket] = data["buckets"].values()
+    assert bucket == {"reference": {"ms": ms, "host_us": None, "tune_s": bucket["reference"]["tune_s"]}}
     autotune._files.clear()  # a new process reads the file instead of measuring
     monkeypatch.setattr(autotune, "measure", lambda *a: pytest.fail("measured a known bucket"))
     assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 33))["reference"][0] == ms
@@ -284,7 +285,8 @@ def test_autotune_times_a_custom_mask_problem_with_its_mask(phase, q_len):
     """The timing inputs carry the mask the problem declares (on the H200 every custom-mask bucket
     failed on native-triton and the reference, and fa2 was timed without its mask)."""
     p = make_problem(phase=phase, mask="custom", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
-    assert autotune.measure(p, ["reference"], (2, q_len, 40))["reference"] is not None
+    timed = autotune.measure(p, ["reference"], (2, q_len, 40))["reference"]
+    assert timed is not None and timed["ms"] > 0 and timed["tune_s"] > 0  # what the bucket's first call waited
     from dispatch.inputs import Case, make_batch
     batch = make_batch(Case("masked", p, (q_len, 5), (40, 3)), "cpu")
     assert batch.custom_mask.dtype == torch.bool and batch.mask_indptr.tolist() == [0, q_len * 40, q_len * 40 + 15]
