@@ -173,3 +173,15 @@ def test_replay_of_an_autotune_sweep_decides_from_its_kept_times_and_never_times
     assert row["chosen"] == row["eager_chosen"] == "native-triton"
     assert row["cheapest"] == "fa2" and "(autotune)" in row["eager_cause"]
     assert sweep.read_text() == before and not autotune.enabled()
+
+
+def test_replay_reports_what_the_autotunes_timing_cost_per_bucket(tmp_path):
+    from dispatch.lab import replay
+    path = tmp_path / "cache.json"
+    path.write_text(json.dumps({"buckets": {
+        "a": {"fa2": {"ms": 0.1, "host_us": 9.0, "tune_s": 1.5}, "native-triton": {"ms": 0.2, "tune_s": 0.5}},
+        "b": {"fa2": {"ms": 0.1, "tune_s": 0.25}, "xqa": None}}}))
+    text = replay.tuning_text(path)
+    assert "2 buckets" in text and "max 2.00 s" in text and "p50 2.00 s" in text and "2 s in all" in text
+    path.write_text(json.dumps({"buckets": {"a": {"fa2": 0.1}}}))  # a file written before tune_s
+    assert "does not record" in replay.tuning_text(path)

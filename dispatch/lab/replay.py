@@ -26,7 +26,7 @@ import capability_db
 from .. import autotune, router
 from .build import flashinfer_own_wrong
 from .problems import BenchProblem
-from .report import regret_figures
+from .report import ratio_figures, regret_figures
 from .runner import call_cost
 from .table import entry_of, problem_of
 
@@ -138,7 +138,7 @@ def cause_kinds(rows: list[dict], eager: bool = False) -> list[tuple[str, int]]:
     return sorted(kinds.items(), key=lambda kv: -kv[1])
 
 
-def markdown(rows: list[dict], sources: list[str]) -> str:
+def markdown(rows: list[dict], sources: list[str], notes: tuple[str, ...] = ()) -> str:
     fig = regret_figures(rows)
     untimed = sum(r["regret"] is None for r in rows)
     lines = [f"# The router's choice today, replayed against measured times ({', '.join(sources)})", "",
@@ -146,7 +146,8 @@ def markdown(rows: list[dict], sources: list[str]) -> str:
              f"**Regret of today's choice** over {fig.get('count', 0)} problems (and {untimed} whose choice was not "
              f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
              f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}. "
-             + _cost_text(regret_figures(rows, "cost_regret")), "",
+             + _cost_text(regret_figures(rows, "cost_regret")), "", _flashinfer_text(rows), "",
+             *(line for note in notes for line in (note, "")),
              *cause_table(rows), "", *cause_table(rows, eager=True), "",
              "| problem | chosen now (graph) | its ms | fastest | fastest ms | regret | auto when measured (regret) "
              "| why, where it missed | eager choice (cost regret) | why, where the eager choice missed |",
@@ -177,6 +178,28 @@ def _cost_text(fig: dict) -> str:
             f"within 10%: {fig['within_10pct']}.")
 
 
+def _flashinfer_text(rows: list[dict]) -> str:
+    """Today's choice over FlashInfer's own call: the graph choice by GPU time, the eager by cost."""
+    parts = []
+    for key, what in (("over_flashinfer", "graph choice, GPU time"), ("cost_over_flashinfer", "eager, call cost")):
+        fig = ratio_figures(rows, key)
+        if fig["count"]:
+            parts.append(f"{what}: at most 1.03 on {fig['at_most_1_03']} of {fig['count']}, above 1.10 on "
+                         f"{fig['above_1_10']}, p50 {fig['p50']:.2f}, max {fig['max']:.2f}")
+    return "**Against FlashInfer's own call** (where it ran and computes the same): " + ("; ".join(parts) or "none") + "."
+
+
+def tuning_text(path: Path) -> str:
+    """What the autotune's timing cost: seconds per bucket (the wait of a new bucket's first call)."""
+    buckets = json.loads(Path(path).read_text())["buckets"].values()
+    waits = sorted(sum(t.get("tune_s", 0.0) for t in b.values() if isinstance(t, dict)) for b in buckets)
+    if not any(waits):
+        return f"The autotune file ({Path(path).name}, {len(waits)} buckets) does not record its timing's seconds."
+    return (f"**The autotune's timing** ({Path(path).name}): {len(waits)} buckets; a new bucket's first call waited "
+            f"p50 {waits[len(waits) // 2]:.2f} s, p95 {waits[int(0.95 * (len(waits) - 1))]:.2f} s, max {waits[-1]:.2f} s "
+            f"(every accepted backend timed, compiles included); {sum(waits):.0f} s in all.")
+
+
 def _ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.4g}"
 
@@ -189,6 +212,6 @@ def write(paths: list[Path], out: Path, autotune_file: Optional[Path] = None) ->
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"replay-{Path(paths[-1]).stem}"
     md, js = stem.with_suffix(".md"), stem.with_suffix(".json")
-    md.write_text(markdown(rows, [Path(p).name for p in paths]))
+    md.write_text(markdown(rows, [Path(p).name for p in paths], (tuning_text(autotune_file),) if autotune_file else ()))
     js.write_text(json.dumps({"sources": [Path(p).name for p in paths], "rows": rows}, indent=1) + "\n")
     return md, js
