@@ -84,22 +84,35 @@ def cudnn_batch_prefill_with_kv_cache(
     if return_lse:
         padded = lse if lse is not None else torch.empty(z.batch, max_token_per_sequence, z.hq, dtype=torch.float32,
                                                          device=q.device)
+    packed = _packed_view(z, padded)
     batch = _batch(z, q, k_cache, v_cache, fold_scale(scale, q_scale, k_scale), fold_scale(1.0, v_scale),
                    max_token_per_sequence, max_sequence_kv, actual_seq_lens_q, actual_seq_lens_kv, block_tables,
                    return_lse, batch_offsets_q, batch_offsets_o, batch_offsets_k, batch_offsets_units == "tokens", out,
-                   padded)
+                   padded, packed)
     ran = lane.launch(batch)
     if not return_lse:
         return batch.out, None
-    if not B.is_dry() and ran.backend != "cudnn":
+    if not B.is_dry() and ran.backend != "cudnn" and packed is None:
         scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
     return batch.out, padded
 
 
+def _packed_view(z, padded: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The padded LSE as the packed (total_q, Hq) one, where they are the same memory: a decode-shaped
+    call (one row per request), its (B, 1, Hq) buffer contiguous. Every backend then writes it in place
+    and nothing is scattered: the scatter's ten small launches made native-triton's decode calls with
+    LSE cost 200-350 us of host time on the H200 against 75-160 without
+    (tools/results/bench-random-150-seed-738408487-cuda-autotune-from-18.json, -from-57.json)."""
+    if padded is None or not _one_row_each(z) or not padded.is_contiguous():
+        return None
+    return padded.view(z.batch, z.hq)
+
+
 def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, seq_kv, block_tables, return_lse,
-           offsets_q, offsets_o, offsets_k, tokens: bool, out, padded_lse=None) -> AttentionBatch:
+           offsets_q, offsets_o, offsets_k, tokens: bool, out, padded_lse=None, packed_lse=None) -> AttentionBatch:
     """The batch of a checked call: logical NHD pages, token-unit indices, the caller's cuDNN
-    buffers in extras, out and the packed LSE allocated when not given."""
+    buffers in extras, out and the packed LSE allocated when not given (``packed_lse``: the padded
+    one's view, ``_packed_view``)."""
     if z.paged:  # the logical NHD pages (as the spec's), kept per cache object
         k, v = kept_views(k_cache, "nhd", _nhd_pages)[0], kept_views(v_cache, "nhd", _nhd_pages)[0]
     else:
@@ -110,7 +123,7 @@ def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, se
     # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     kind = AttentionBatch if qo_indptr is not None else _DividedOnRead
     batch = kind(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
-                 block_tables, B.new_lse(None, z.total_q, z.hq, q.device, return_lse), None, None, None, None, given)
+                 block_tables, B.new_lse(packed_lse, z.total_q, z.hq, q.device, return_lse), None, None, None, None, given)
     if qo_indptr is None:
         batch.__dict__["_qo_offsets"] = (offsets_q, z.hq * z.dqk)
     return batch
