@@ -185,3 +185,21 @@ def test_replay_reports_what_the_autotunes_timing_cost_per_bucket(tmp_path):
     assert "2 buckets" in text and "max 2.00 s" in text and "p50 2.00 s" in text and "2 s in all" in text
     path.write_text(json.dumps({"buckets": {"a": {"fa2": 0.1}}}))  # a file written before tune_s
     assert "does not record" in replay.tuning_text(path)
+
+
+def test_replay_never_serves_a_backend_a_known_defect_of_the_sweeps_version_keeps_out():
+    """Live, the router rejects a backend whose installed version has a known defect for the problem
+    (XQA on FlashInfer 0.7.2: defects.json); off the GPU nothing is installed, so the replay reads the
+    sweep's versions: it serves the next backend, and a miss against that backend names the defect."""
+    from dispatch.lab import replay
+    problem = {"entry": "xqa_batch_decode_with_kv_cache", "batch": 8, "q_len": 1, "kv_len": 1024}
+    backends = [{"backend": "xqa", "status": "ok", "eager_ms": 0.010, "host_us": 10.0},
+                {"backend": "native-triton", "status": "ok", "eager_ms": 0.020, "host_us": 10.0}]
+    env = {"gpu": "NVIDIA H200", "capability": "sm_90"}
+    rows = {version: replay.replay({"environment": {**env, "flashinfer": version},
+                                    "results": [{"name": "p", "problem": problem, "backends": backends}]})[0]
+            for version in ("0.7.2", "not installed (ModuleNotFoundError)")}
+    gated = rows["0.7.2"]
+    assert gated["chosen"] == gated["eager_chosen"] == "native-triton" and gated["fastest"] == "xqa"
+    assert gated["cause"] == "xqa not chosen automatically: known defect xqa-nonfinite-at-extreme-logits of its version"
+    assert rows["not installed (ModuleNotFoundError)"]["chosen"] == "xqa"  # no version: nothing to gate

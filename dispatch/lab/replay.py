@@ -57,10 +57,11 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         if not timed:
             continue
         problem = problem_of(p)
+        gated = defect_gated(env, problem, device)
         graph = router.decide(dataclasses.replace(problem, cuda_graph=True), device, live=False)
-        chosen, capturable = graph.chosen, [n for n in graph.accepted() if n in timed]
+        chosen, capturable = automatic(graph, gated), [n for n in graph.accepted() if n in timed]
         eager_decision = router.decide(problem, device, live=False)
-        eager = eager_decision.chosen
+        eager = automatic(eager_decision, gated)
         fastest = min(timed, key=timed.__getitem__)
         ms = timed.get(chosen)
         cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
@@ -75,10 +76,11 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         cost_regret = costs[eager] / costs[cheapest] - 1 if eager in costs else None
         rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
                      "fastest_ms": timed[fastest], "regret": regret,
-                     "cause": miss_cause(graph, timed, fastest) if regret is not None and regret > MISS else "",
+                     "cause": miss_cause(graph, timed, fastest, chosen, gated)
+                     if regret is not None and regret > MISS else "",
                      "graph_regret": ms / min(timed[n] for n in capturable) - 1 if ms and capturable else None,
                      "eager_chosen": eager, "cheapest": cheapest, "cost_regret": cost_regret,
-                     "eager_cause": miss_cause(eager_decision, costs, cheapest)
+                     "eager_cause": miss_cause(eager_decision, costs, cheapest, eager, gated)
                      if cost_regret is not None and cost_regret > MISS else "",
                      "over_flashinfer": ms / own["eager_ms"] if ms and own.get("eager_ms") else None,
                      "cost_over_flashinfer": costs[eager] / own_cost if eager in costs and own_cost else None,
@@ -90,12 +92,37 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
 MISS = 0.03  # a regret above this is a miss, and gets its cause
 
 
-def miss_cause(decision: router.Decision, timed: dict[str, float], fastest: str) -> str:
-    """Why the choice missed the fastest backend, in one line: the fastest was not a candidate
-    (its first reason), or the estimates that ranked the chosen ahead, each against its
+def defect_gated(env: dict, problem, device) -> dict[str, str]:
+    """Backend -> the known defect (capability_db/defects.json) of the sweep's installed version
+    that keeps it out of the automatic choice for this problem. Live, the router rejects it (XQA
+    on FlashInfer 0.7.2: non-finite rows at extreme logits); a replay off the GPU has no versions
+    installed, so it reads them from the sweep's environment."""
+    facts = {**problem.facts(), "sm": device.sm, "family": device.family, "device_fp8": device.fp8,
+             "device_kind": device.kind}
+    gated: dict[str, str] = {}
+    for defect in capability_db.known_defects():
+        version = str(env.get(defect.provider) or "")
+        for name in defect.backends:
+            if version[:1].isdigit() and name not in gated and defect.affects(name, defect.provider, version, facts):
+                gated[name] = defect.id
+    return gated
+
+
+def automatic(decision: router.Decision, gated: dict[str, str]) -> str:
+    """The backend the live router serves: the first of the automatic order that no defect gates."""
+    return next((n for n in decision.accepted() if n not in gated), decision.chosen)
+
+
+def miss_cause(decision: router.Decision, timed: dict[str, float], fastest: str, chosen: Optional[str] = None,
+               gated: Optional[dict[str, str]] = None) -> str:
+    """Why the choice (``chosen``, default the decision's) missed the fastest backend, in one line:
+    the fastest is never chosen automatically (a known defect of its version) or was not a
+    candidate (its first reason), or the estimates that ranked the chosen ahead, each against its
     measured time (which estimate was off, by how much, and on what basis), or a ranking rule
     that put the chosen first although it expected it slower."""
-    chosen = decision.chosen
+    chosen = chosen or decision.chosen
+    if gated and fastest in gated:
+        return f"{fastest} not chosen automatically: known defect {gated[fastest]} of its version"
     by_name = {c.backend: c for c in decision.candidates}
     candidate = by_name.get(fastest)
     if candidate is None or not candidate.accepted:
