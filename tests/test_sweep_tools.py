@@ -203,3 +203,12 @@ def test_replay_never_serves_a_backend_a_known_defect_of_the_sweeps_version_keep
     assert gated["chosen"] == gated["eager_chosen"] == "native-triton" and gated["fastest"] == "xqa"
     assert gated["cause"] == "xqa not chosen automatically: known defect xqa-nonfinite-at-extreme-logits of its version"
     assert rows["not installed (ModuleNotFoundError)"]["chosen"] == "xqa"  # no version: nothing to gate
+
+
+def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_cannot_serve():
+    from dispatch.lab import replay
+    rows = [{"regret": 0.0, "cause": ""}, {"regret": 0.5, "cause": "xqa not chosen automatically: known defect d"},
+            {"regret": 0.2, "cause": "fa2 not a candidate: cuda_graph=True"},
+            {"regret": 0.2, "cause": "expected ...: fa2's estimate (fitted) off by 2x"}]
+    text = replay._servable_text(rows)
+    assert "(2 left out" in text and "within 3% on 1 of 2 (50%)" in text and "more than 10% over on 1" in text

@@ -173,7 +173,7 @@ def markdown(rows: list[dict], sources: list[str], notes: tuple[str, ...] = ()) 
              f"**Regret of today's choice** over {fig.get('count', 0)} problems (and {untimed} whose choice was not "
              f"timed): p50 {fig.get('p50', 0):.1%}, p95 {fig.get('p95', 0):.1%}, max {fig.get('max', 0):.1%}; "
              f"within 3%: {fig.get('within_3pct', 0)}, within 10%: {fig.get('within_10pct', 0)}. "
-             + _cost_text(regret_figures(rows, "cost_regret")), "", _flashinfer_text(rows), "",
+             + _cost_text(regret_figures(rows, "cost_regret")), "", _servable_text(rows), "", _flashinfer_text(rows), "",
              *(line for note in notes for line in (note, "")),
              *cause_table(rows), "", *cause_table(rows, eager=True), "",
              "| problem | chosen now (graph) | its ms | fastest | fastest ms | regret | auto when measured (regret) "
@@ -203,6 +203,21 @@ def _cost_text(fig: dict) -> str:
     return (f"By what an eager call costs (GPU + host, as the choice counts it), over {fig['count']}: p50 "
             f"{fig['p50']:.1%}, p95 {fig['p95']:.1%}, max {fig['max']:.1%}; within 3%: {fig['within_3pct']}, "
             f"within 10%: {fig['within_10pct']}.")
+
+
+OUT_OF_REACH = ("not chosen automatically", "not a candidate", "not in the automatic order")
+
+
+def _servable_text(rows: list[dict]) -> str:
+    """The graph choice where its fastest is one the automatic choice may serve: not a backend a
+    known defect keeps out, nor one the call cannot run (fa2/fa3 through a function entry in a graph)."""
+    fig = regret_figures([r for r in rows if not any(why in r.get("cause", "") for why in OUT_OF_REACH)])
+    if not fig["count"]:
+        return ""
+    return (f"**Where the fastest is one the automatic choice may serve** ({len(rows) - fig['count']} left out: "
+            f"its fastest gated by a known defect, or not a candidate): within 3% on {fig['within_3pct']} of "
+            f"{fig['count']} ({fig['within_3pct'] / fig['count']:.0%}), more than 10% over on "
+            f"{fig['count'] - fig['within_10pct']}.")
 
 
 def _flashinfer_text(rows: list[dict]) -> str:
