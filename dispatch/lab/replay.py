@@ -205,17 +205,18 @@ def _cost_text(fig: dict) -> str:
             f"within 10%: {fig['within_10pct']}.")
 
 
-OUT_OF_REACH = ("not chosen automatically", "not a candidate", "not in the automatic order")
+OUT_OF_REACH = ("not chosen automatically", "not a candidate")  # causes no estimate could have avoided
 
 
 def _servable_text(rows: list[dict]) -> str:
     """The graph choice where its fastest is one the automatic choice may serve: not a backend a
     known defect keeps out, nor one the call cannot run (fa2/fa3 through a function entry in a graph)."""
-    fig = regret_figures([r for r in rows if not any(why in r.get("cause", "") for why in OUT_OF_REACH)])
+    kept = [r for r in rows if r.get("regret") is not None and not any(why in r.get("cause", "") for why in OUT_OF_REACH)]
+    fig = regret_figures(kept)
     if not fig["count"]:
         return ""
-    return (f"**Where the fastest is one the automatic choice may serve** ({len(rows) - fig['count']} left out: "
-            f"its fastest gated by a known defect, or not a candidate): within 3% on {fig['within_3pct']} of "
+    return (f"**Where the fastest is one the automatic choice may serve** ({sum(r.get('regret') is not None for r in rows) - len(kept)} "
+            f"left out: its fastest gated by a known defect, or not a candidate): within 3% on {fig['within_3pct']} of "
             f"{fig['count']} ({fig['within_3pct'] / fig['count']:.0%}), more than 10% over on "
             f"{fig['count'] - fig['within_10pct']}.")
 
