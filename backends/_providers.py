@@ -180,9 +180,14 @@ def defects_for(backend: Backend, problem, device) -> list[tuple[KnownDefect, st
     active = active_provider(backend, problem)
     if active is None:
         return []
-    facts = problem.facts()
-    facts.update(sm=device.sm, family=device.family, device_fp8=device.fp8, device_kind=device.kind)
+    facts = defect_facts(problem, device)
     return [(d, active[1]) for d in capability_db.defects_affecting(backend.name, active[0], active[1], facts)]
+
+
+def defect_facts(problem, device) -> dict:
+    """What a known defect's ``when`` may name: the problem's facts and the device's."""
+    return {**problem.facts(), "sm": device.sm, "family": device.family, "device_fp8": device.fp8,
+            "device_kind": device.kind}
 
 
 def installed_defects(backend: Backend) -> list[KnownDefect]:

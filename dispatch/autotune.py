@@ -119,8 +119,9 @@ def _pow2(n: int) -> int:
 
 
 def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
-    """The problem's facts (not ``cuda_graph``: the times are the same, the ranking decides what
-    counts) and its sizes rounded up to powers of two."""
+    """The problem's facts and its sizes rounded up to powers of two. Not ``cuda_graph``: a call
+    declared for a graph runs the same backends at the same sizes, and the ranking decides what
+    counts (GPU time alone), so one timing serves both."""
     return f"{dataclasses.replace(problem, cuda_graph=False)!r}|" + "x".join(str(_pow2(n)) for n in sizes)
 
 

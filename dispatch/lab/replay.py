@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 import capability_db
+from backends._providers import defect_facts
 
 from .. import autotune, router
 from .build import flashinfer_own_wrong
@@ -97,8 +98,7 @@ def defect_gated(env: dict, problem, device) -> dict[str, str]:
     that keeps it out of the automatic choice for this problem. Live, the router rejects it (XQA
     on FlashInfer 0.7.2: non-finite rows at extreme logits); a replay off the GPU has no versions
     installed, so it reads them from the sweep's environment."""
-    facts = {**problem.facts(), "sm": device.sm, "family": device.family, "device_fp8": device.fp8,
-             "device_kind": device.kind}
+    facts = defect_facts(problem, device)
     gated: dict[str, str] = {}
     for defect in capability_db.known_defects():
         version = str(env.get(defect.provider) or "")
