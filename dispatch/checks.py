@@ -210,7 +210,10 @@ def check_scale(name: str, value, device, values: bool, nonzero: bool = False) -
 # -- LSE ----------------------------------------------------------------------------------------
 def scatter_padded_lse(packed: torch.Tensor, qo_indptr: torch.Tensor, padded: torch.Tensor) -> None:
     """Packed (total_q, Hq) -> padded (B, max_q, Hq) in place; rows past a request's length are
-    -inf. No host synchronization: row -> (request, local index) is computed on the device."""
+    -inf. No host synchronization: row -> (request, local index) is computed on the device. On a
+    GPU one Triton launch (``backends.native.padded_lse``) where it serves, else PyTorch's ten."""
+    if packed.is_cuda and _one_launch(packed, qo_indptr, padded):
+        return
     batch, max_q, heads = padded.shape
     padded.fill_(float("-inf"))
     total = packed.shape[0]
@@ -221,6 +224,20 @@ def scatter_padded_lse(packed: torch.Tensor, qo_indptr: torch.Tensor, padded: to
     req = torch.searchsorted(indptr, rows, right=True) - 1
     dest = req * max_q + (rows - indptr[req])
     padded.view(batch * max_q, heads).index_copy_(0, dest, packed)
+
+
+_PADDED_WRITE: list = []  # backends.native.padded_lse.write, or None without Triton (looked up once)
+
+
+def _one_launch(packed: torch.Tensor, qo_indptr: torch.Tensor, padded: torch.Tensor) -> bool:
+    if not _PADDED_WRITE:
+        try:
+            from backends.native import padded_lse
+            _PADDED_WRITE.append(padded_lse.write)
+        except ImportError:  # no Triton: PyTorch's ops scatter
+            _PADDED_WRITE.append(None)
+    write = _PADDED_WRITE[0]
+    return write is not None and write(packed, qo_indptr, padded)
 
 
 Layout = Literal["NHD", "HND"]

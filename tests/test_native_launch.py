@@ -90,6 +90,18 @@ def test_a_change_triton_specializes_on_goes_through_triton(fake_stream, change)
     assert len(kernel.triton_calls) == 2 and len(kernel.compiled.direct_calls) == 1
 
 
+def test_compiled_says_whether_a_call_would_compile(fake_stream):
+    """What a launch under CUDA-graph capture asks first (padded_lse.write): only a known variant."""
+    kernel, launch, q, idx = _launch_and_args()
+    head, ints = (q, None, idx, 0.5), (8, 1, 16)
+    assert not launch.compiled(head, ints, (True,))
+    launch(head, ints, (True,))
+    assert launch.compiled(head, ints, (True,)) and launch.compiled((q, None, idx, 0.25), ints, (True,))
+    assert not launch.compiled(head, (8, 2, 16), (True,)) and not launch.compiled(head, ints, (False,))
+    launch.direct = False  # the interpreter: nothing is compiled ahead, every call may run
+    assert launch.compiled(head, (8, 2, 16), (True,))
+
+
 def test_a_per_call_grid_is_honoured_on_both_paths(fake_stream):
     kernel, launch, q, idx = _launch_and_args()
     launch((q,), (8,), (), grid=(9, 5, 1))

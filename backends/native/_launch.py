@@ -119,6 +119,10 @@ class KernelLaunch:
                      compiled.function, compiled.packed_metadata, None, None, None,
                      *values, *ints, *self.constexprs, *flags)
 
+    def compiled(self, head: tuple, ints: tuple, flags: tuple) -> bool:
+        """Whether a call with these arguments launches a kernel compiled before (no compile)."""
+        return not self.direct or _values_and_key(head, ints, flags)[1] in self._variants
+
     def repeat(self, head: tuple, ints: tuple, flags: tuple, slots: tuple,
                grid: Optional[tuple] = None) -> Callable[[tuple], None]:
         """A launch for calls equal to (head, ints, flags, grid) but for the tensors at ``slots`` of
