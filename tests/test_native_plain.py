@@ -143,3 +143,30 @@ def test_plain_prefill_switch_serves_large_paged_prefill_tiles(monkeypatch):
     assert tb.choose_config(paged, 2048, cuda) == TileConfig(256, 64, 4, 8, 3, "plain", False, True)
     assert tb.choose_config(replace(ragged, logits_soft_cap=5.0), 2048, cuda).kernel == "general"
     assert tb.choose_config(replace(ragged, phase="decode"), 1, cuda).kernel == "general"
+
+
+def test_an_underfilled_plain_grid_takes_the_general_kernel_which_splits_the_keys(monkeypatch):
+    """The plain kernel has no KV split: with fewer programs than half the SMs (few requests x KV heads
+    x query blocks) and keys the general kernel would split, that kernel serves (H200: 24 programs,
+    5.3x fa2's time at 120k keys); a filled grid, keys too short to split, or the CPU keep the plain one."""
+    from types import SimpleNamespace
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(tb, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(tb, "_smem_limit", lambda device: 0.9 * 227 * 1024)
+    monkeypatch.setattr(tb, "fit_shared_memory", lambda problem, cfg, device: cfg)
+    paged = problem_of(Case(dtype="bfloat16", hq=4, hkv=1, dqk=128, dvo=128, page_size=16))
+
+    def pick(batch: int, q: int, kv: int, device=cuda) -> TileConfig:
+        cfg = tb.choose_config(paged, q, device)
+        assert cfg.kernel == "plain"
+        blocks = -(-q * cfg.heads_per_program // cfg.block_m)
+        facts = SimpleNamespace(batch_size=batch, max_q_len=q, max_kv_len=kv)
+        got, got_blocks = tb.split_when_underfilled(paged, facts, cfg, blocks, device)
+        assert got_blocks == -(-q * got.heads_per_program // got.block_m)
+        return got
+
+    assert pick(2, 331, 120436).kernel == "general"  # 2 x 1 x 4 x 3 = 24 programs
+    assert pick(2, 331, 120436, torch.device("cpu")).kernel == "plain"
+    assert pick(2, 331, 64).kernel == "plain"  # one key tile: nothing to split
+    assert pick(8, 331, 120436).kernel == "plain"  # 96 programs: at least half a wave
+    assert pick(1, 2048, 120436).kernel == "general"  # 32 blocks of 256 rows (4 heads x 64 queries): 32 programs

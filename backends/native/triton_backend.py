@@ -161,6 +161,8 @@ class NativeTritonBackend(Backend):
             raise ValueError(f"config.heads_per_program={hpp} must divide the GQA group {group}")
         _check_plain_config(problem, cfg, num_splits)
         m_blocks = max(1, math.ceil(max(batch.max_q_len, 1) * hpp / cfg.block_m))
+        if cfg.kernel == "plain" and config is None and not num_splits:
+            cfg, m_blocks = split_when_underfilled(problem, batch, cfg, m_blocks, device)
         if cfg.kernel == "plain":
             return _plain_plan(problem, batch, cfg, m_blocks, device)
         if num_splits:
@@ -408,6 +410,27 @@ def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.de
     says 1), but split_kv's factor 2 was measured with it: kept, so no split count moved."""
     smem = _smem_bytes(problem, cfg, buffers=cfg.num_stages)
     return max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // smem)))
+
+
+# The plain kernel has no KV split: a grid of fewer programs than this share of the SMs (few requests x
+# KV heads x query blocks) leaves the rest idle however long the keys. On the H200, cudnn 2 x 331 x 120436,
+# h4/1 d128 causal: 24 programs on 132 SMs, 5.5 ms against fa2's 1.05 ms; paged 2 x 103 x 24304, h16/2:
+# 6.1x fa2 (tools/results/bench-random-150-seed-1555774909-cuda-from-53.json and the sweeps' rows). There
+# the general kernel, which splits the keys, serves instead (tools/results/bench-native-underfilled-cuda.md).
+UNDERFILLED_SHARE = 0.5
+
+
+def split_when_underfilled(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
+                           device: torch.device) -> tuple[TileConfig, int]:
+    """(config, query blocks): the plain ``cfg`` unless its grid fills less than ``UNDERFILLED_SHARE`` of
+    the SMs and the general kernel would split the keys; then the general kernel's."""
+    programs = batch.batch_size * problem.num_kv_heads * (problem.gqa_group // cfg.heads_per_program) * m_blocks
+    if device.type != "cuda" or programs >= UNDERFILLED_SHARE * _sm_count(device):
+        return cfg, m_blocks
+    general = fit_shared_memory(problem, _general_config(problem, batch.max_q_len), device)
+    blocks = max(1, math.ceil(max(batch.max_q_len, 1) * general.heads_per_program / general.block_m))
+    splits, _ = choose_splits(problem, batch, general, blocks, device)
+    return (general, blocks) if splits > 1 else (cfg, m_blocks)
 
 
 def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
