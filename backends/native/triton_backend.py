@@ -416,8 +416,10 @@ def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.de
 # KV heads x query blocks) leaves the rest idle however long the keys. On the H200, cudnn 2 x 331 x 120436,
 # h4/1 d128 causal: 24 programs on 132 SMs, 5.5 ms against fa2's 1.05 ms; paged 2 x 103 x 24304, h16/2:
 # 6.1x fa2 (tools/results/bench-random-150-seed-1555774909-cuda-from-53.json and the sweeps' rows). There
-# the general kernel, which splits the keys, serves instead (tools/results/bench-native-underfilled-cuda.md).
-UNDERFILLED_SHARE = 0.5
+# the general kernel, which splits the keys, could serve instead. Off (0.0) until timed on the GPU against the
+# plain kernel: 4 of the 19 sweep problems it would move are native-triton's wins now (the problems:
+# tools/grids/native-underfilled.json; tools/results/NOTES-h200-sweeps.md, session 12). 0.5 switches it on.
+UNDERFILLED_SHARE = 0.0
 
 
 def split_when_underfilled(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
