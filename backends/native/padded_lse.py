@@ -2,14 +2,14 @@
 
 Why: the cuDNN entry returns its LSE padded per request, rows past a request's length -inf. cuDNN
 writes that layout itself; every other backend writes the packed one, which PyTorch ops scattered
-with a fill, an arange, a searchsorted, a gather and an index_copy: about ten launches, 225-430 us
-of host time per prefill call on native-triton on the H200 against FlashInfer's 280-300 us for the
-whole call (tools/results/bench-random-150-seed-738408487-cuda-autotune*.json, the cuDNN entry's
-prefill rows). Here one launch does the fill and the copy: program (b, j) owns elements
+with a fill, an arange, a searchsorted, a gather and an index_copy: about ten launches. On the H200,
+native-triton's prefill calls with LSE on the cuDNN entry took 232-443 us of host time that way and
+119-208 us with this kernel, and 20-30 us less GPU time (tools/results/bench-cudnn-prefill-lse-cuda.md,
+-before.json). Here one launch does the fill and the copy: program (b, j) owns elements
 [j * BLOCK, (j + 1) * BLOCK) of request b's padded rows and reads its own rows' start and count
 from ``qo_indptr`` on the device (no host synchronization).
 
-Served where the kernel can: both tensors contiguous, fp32, on one CUDA device (or the Triton
+Served where the kernel can: both tensors contiguous, fp32, on the current CUDA device (or the Triton
 interpreter, for tests); ``write`` returns False otherwise and the caller scatters with PyTorch.
 Inside CUDA-graph capture only an already compiled variant launches (a compile is not a capture
 operation we rely on).
@@ -64,6 +64,8 @@ def write(packed: torch.Tensor, qo_indptr: torch.Tensor, padded: torch.Tensor) -
     device = packed.device
     if not (device.type == "cuda" or _interpreting()) or padded.device != device or qo_indptr.device != device:
         return False
+    if device.type == "cuda" and torch.cuda.current_device() != device.index:
+        return False  # Triton launches on the current device: PyTorch's ops follow the tensors instead
     if packed.dtype != torch.float32 or padded.dtype != torch.float32 or qo_indptr.dtype not in (torch.int32,
                                                                                                  torch.int64):
         return False
