@@ -19,11 +19,17 @@ current stream is the capturing one.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import torch
 
 MAX_VARIANTS = 8  # specializations kept per launch (a plan sees one or two in practice)
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (CPU tensors, no compiled launcher)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 _RUNTIME_KNOBS: list = []  # triton.knobs.runtime, read once (an import per call costs ~0.4 us)

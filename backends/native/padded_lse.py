@@ -16,14 +16,13 @@ operation we rely on).
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ._launch import KernelLaunch
+from ._launch import KernelLaunch, interpreting
 
 BLOCK = 1024  # elements per program: 8 KB of LSE, one pass of 4 warps
 
@@ -44,15 +43,11 @@ def _padded_rows(Packed, Indptr, Padded, row_elems, heads, BLOCK: tl.constexpr):
 _launches: dict[Optional[int], KernelLaunch] = {}  # per device index (None: the interpreter on the CPU)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _launch_for(device: torch.device) -> KernelLaunch:
     index = device.index if device.type == "cuda" else None
     launch = _launches.get(index)
     if launch is None:
-        direct = device.type == "cuda" and not _interpreting()
+        direct = device.type == "cuda" and not interpreting()
         launch = _launches[index] = KernelLaunch(_padded_rows, (1, 1), (BLOCK,), dict(num_warps=4), device, direct)
     return launch
 
@@ -62,7 +57,7 @@ def write(packed: torch.Tensor, qo_indptr: torch.Tensor, padded: torch.Tensor) -
     (nothing written) where this kernel does not serve the tensors."""
     batch, max_q, heads = padded.shape
     device = packed.device
-    if not (device.type == "cuda" or _interpreting()) or padded.device != device or qo_indptr.device != device:
+    if not (device.type == "cuda" or interpreting()) or padded.device != device or qo_indptr.device != device:
         return False
     if device.type == "cuda" and torch.cuda.current_device() != device.index:
         return False  # Triton launches on the current device: PyTorch's ops follow the tensors instead

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -33,12 +32,8 @@ import torch
 from backends._device import device_key, on_device, on_device_launch
 from backends._numerics import alibi_slopes
 from backends.base import Backend, DeviceDesc, Reason, import_reason
-from backends.native._launch import KernelLaunch
+from backends.native._launch import KernelLaunch, interpreting
 from capability_db.vocabulary import AttentionBatch, AttentionProblem
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _pow2(x: int) -> int:
@@ -102,7 +97,7 @@ class NativeTritonBackend(Backend):
                 NativeTritonBackend._available = (import_reason("triton", exc),)
             else:
                 reason = None
-                if not torch.cuda.is_available() and not _interpreting():
+                if not torch.cuda.is_available() and not interpreting():
                     reason = Reason("device", "no CUDA device", "a CUDA GPU, or TRITON_INTERPRET=1 (CPU, slow)")
                 NativeTritonBackend._available = (reason,)
         return self._available[0]
@@ -116,7 +111,7 @@ class NativeTritonBackend(Backend):
 
     def extra_checks(self, problem: AttentionProblem, device: DeviceDesc) -> list[Reason]:
         reasons = []
-        if device.kind == "cpu" and not _interpreting():
+        if device.kind == "cpu" and not interpreting():
             reasons.append(Reason("device_kind", "cpu", "cuda, or cpu with TRITON_INTERPRET=1 (Triton's interpreter)",
                                   "backends/native/triton_backend.py"))
         return reasons
@@ -543,7 +538,7 @@ def _plain_plan(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfi
     chunk = max(cfg.block_n, chunk_keys(batch.max_kv_len, 1, cfg.block_n))
     plan = TritonPlan(problem, cfg, grid, 1, chunk, batch.total_q, _plain_constexprs(problem, cfg),
                       device_key(device))
-    direct = device.type == "cuda" and not _interpreting()
+    direct = device.type == "cuda" and not interpreting()
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     kernel = triton_plain._attn_fwd_plain
     _check_parameter_order(kernel, plan.constexprs)
@@ -563,7 +558,7 @@ def _plain_constexprs(problem: AttentionProblem, cfg: TileConfig) -> dict:
     return dict(
         GROUP=problem.gqa_group, HPP=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HEAD_D=problem.head_dim_qk, PAGED=problem.kv_storage == "paged", PAGE_SIZE=max(problem.page_size, 1),
-        CAUSAL=problem.causal, DOT_F32=_interpreting(),  # the interpreter's bf16 dot is wrong (Triton 3.9)
+        CAUSAL=problem.causal, DOT_F32=interpreting(),  # the interpreter's bf16 dot is wrong (Triton 3.9)
         KV_TMA=cfg.kv_tma, PERSISTENT=cfg.persistent, ROPE=problem.pos_encoding == "ROPE_LLAMA",
     )
 
@@ -613,7 +608,7 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict
         CAUSAL=problem.causal and mask_mode == 0, HAS_WINDOW=problem.window_left >= 0,
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
         HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
-        DOT_F32=problem.q_dtype == "float32" or (_interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
+        DOT_F32=problem.q_dtype == "float32" or (interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
         F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits),
     )
 
@@ -643,7 +638,7 @@ def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
 
     p, cfg = plan.problem, plan.config
     _check_parameter_order(tk._attn_fwd, plan.constexprs)
-    direct = device.type == "cuda" and not _interpreting()
+    direct = device.type == "cuda" and not interpreting()
     plan.attention = KernelLaunch(tk._attn_fwd, plan.grid, tuple(plan.constexprs.values()),
                                   dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), device, direct)
     part_strides = (0,) * 5
