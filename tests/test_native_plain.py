@@ -148,10 +148,11 @@ def test_plain_prefill_switch_serves_large_paged_prefill_tiles(monkeypatch):
 def test_an_underfilled_plain_grid_takes_the_general_kernel_which_splits_the_keys(monkeypatch):
     """The plain kernel has no KV split: with fewer programs than half the SMs (few requests x KV heads
     x query blocks) and keys the general kernel would split, that kernel serves (H200: 24 programs,
-    5.3x fa2's time at 120k keys); a filled grid, keys too short to split, or the CPU keep the plain one."""
+    5.55 -> 0.59 ms at 120k keys); a filled grid, keys too short to split, splits shorter than the
+    general tile's query rows, or the CPU keep the plain one."""
     from types import SimpleNamespace
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(tb, "UNDERFILLED_SHARE", 0.5)  # off by default until timed on the GPU
+    assert tb.UNDERFILLED_SHARE == 0.5  # on by default since timed on the H200
     monkeypatch.setattr(tb, "_sm_count", lambda device: 132)
     monkeypatch.setattr(tb, "_smem_limit", lambda device: 0.9 * 227 * 1024)
     monkeypatch.setattr(tb, "fit_shared_memory", lambda problem, cfg, device: cfg)
@@ -171,5 +172,6 @@ def test_an_underfilled_plain_grid_takes_the_general_kernel_which_splits_the_key
     assert pick(2, 331, 64).kernel == "plain"  # one key tile: nothing to split
     assert pick(8, 331, 120436).kernel == "plain"  # 96 programs: at least half a wave
     assert pick(1, 2048, 120436).kernel == "general"  # 32 blocks of 256 rows (4 heads x 64 queries): 32 programs
+    assert pick(1, 1483, 1483).kernel == "plain"  # 24 programs, but splits of fewer keys than 256 rows
     monkeypatch.setattr(tb, "UNDERFILLED_SHARE", 0.0)
-    assert pick(2, 331, 120436).kernel == "plain"  # the default: the plain kernel as before
+    assert pick(2, 331, 120436).kernel == "plain"  # 0.0 turns the switch off

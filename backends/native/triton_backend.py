@@ -407,27 +407,28 @@ def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.de
     return max(1, min(64 // cfg.num_warps, int(_smem_limit(device) / 0.9 // smem)))
 
 
-# The plain kernel has no KV split: a grid of fewer programs than this share of the SMs (few requests x
-# KV heads x query blocks) leaves the rest idle however long the keys. On the H200, cudnn 2 x 331 x 120436,
-# h4/1 d128 causal: 24 programs on 132 SMs, 5.5 ms against fa2's 1.05 ms; paged 2 x 103 x 24304, h16/2:
-# 6.1x fa2 (tools/results/bench-random-150-seed-1555774909-cuda-from-53.json and the sweeps' rows). There
-# the general kernel, which splits the keys, could serve instead. Off (0.0) until timed on the GPU against the
-# plain kernel: 4 of the 19 sweep problems it would move are native-triton's wins now (the problems:
-# tools/grids/native-underfilled.json; tools/results/NOTES-h200-sweeps.md, session 12). 0.5 switches it on.
-UNDERFILLED_SHARE = 0.0
+# The plain kernel has no KV split: a grid of fewer programs than this share of the SMs (few requests x KV
+# heads x query blocks) leaves the rest idle however long the keys. There the general kernel, which splits
+# the keys, serves instead, where each split reads at least as many keys as its tile has query rows (a
+# shorter split writes more partial output, in fp32, than it reads K/V). H200, the 19 sweep problems it
+# moves with 12 timed both ways (tools/results/bench-native-underfilled-cuda{-off,}.md): cudnn 2 x 331 x
+# 120436, h4/1 d128 causal, 24 programs on 132 SMs, 5.55 -> 0.59 ms; cudnn 1 x 53 x 80459 2.19 -> 0.10 ms;
+# trtllm 4 x 1483 x 1483, 8 splits of 192 keys for tiles of 256 rows, 0.051 -> 0.057 ms: kept plain.
+UNDERFILLED_SHARE = 0.5
 
 
 def split_when_underfilled(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
                            device: torch.device) -> tuple[TileConfig, int]:
     """(config, query blocks): the plain ``cfg`` unless its grid fills less than ``UNDERFILLED_SHARE`` of
-    the SMs and the general kernel would split the keys; then the general kernel's."""
+    the SMs and the general kernel would split the keys into splits of at least its query rows per
+    tile; then the general kernel's."""
     programs = batch.batch_size * problem.num_kv_heads * (problem.gqa_group // cfg.heads_per_program) * m_blocks
     if device.type != "cuda" or programs >= UNDERFILLED_SHARE * _sm_count(device):
         return cfg, m_blocks
     general = fit_shared_memory(problem, _general_config(problem, batch.max_q_len), device)
     blocks = max(1, math.ceil(max(batch.max_q_len, 1) * general.heads_per_program / general.block_m))
-    splits, _ = choose_splits(problem, batch, general, blocks, device)
-    return (general, blocks) if splits > 1 else (cfg, m_blocks)
+    splits, chunk = choose_splits(problem, batch, general, blocks, device)
+    return (general, blocks) if splits > 1 and chunk >= general.block_m else (cfg, m_blocks)
 
 
 def choose_splits(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig, m_blocks: int,
