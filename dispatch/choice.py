@@ -8,8 +8,8 @@ this is on the per-call path. Evidence, best first, for each accepted backend:
    the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
    sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
    linear in ``measured.features``, plus boosted trees on those fits' errors; cross-validated on
-   the H200's sweeps A-N, 75% within 3% of the fastest, 76% among the backends a graph captures,
-   tools/results/crossval-h200-sweeps-a-to-n.md; the nearest row alone reached 53% on A-D and the
+   the H200's sweeps A-N, 77% within 3% of the fastest, 79% among the backends a graph captures,
+   tools/results/crossval-h200-sweeps-a-to-n-800-trees.md; the nearest row alone reached 53% on A-D and the
    grid, crossval-h200-session4-choice-a-to-d-and-grid.md); else (a table
    without a fit) the nearest row, scaled to the wanted sizes by the cost model's ratio;
 3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
