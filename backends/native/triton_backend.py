@@ -410,10 +410,12 @@ def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.de
 # The plain kernel has no KV split: a grid of fewer programs than this share of the SMs (few requests x KV
 # heads x query blocks) leaves the rest idle however long the keys. There the general kernel, which splits
 # the keys, serves instead, where each split reads at least as many keys as its tile has query rows (a
-# shorter split writes more partial output, in fp32, than it reads K/V). H200, the 19 sweep problems it
-# moves with 12 timed both ways (tools/results/bench-native-underfilled-cuda{-off,}.md): cudnn 2 x 331 x
-# 120436, h4/1 d128 causal, 24 programs on 132 SMs, 5.55 -> 0.59 ms; cudnn 1 x 53 x 80459 2.19 -> 0.10 ms;
-# trtllm 4 x 1483 x 1483, 8 splits of 192 keys for tiles of 256 rows, 0.051 -> 0.057 ms: kept plain.
+# shorter split writes more partial output, in fp32, than it reads K/V). H200, the 18 sweep problems of
+# tools/grids/native-underfilled.json timed both ways (tools/results/bench-native-underfilled-cuda{-off,}.md):
+# 17 move, 15 of them 1.2-22x faster, 2 unchanged; cudnn 2 x 331 x 120436, h4/1 d128 causal, 24 programs on
+# 132 SMs, 5.55 -> 0.59 ms; trtllm 4 x 1483 x 1483, 8 splits of 192 keys for tiles of 256 rows, 0.051 ->
+# 0.057 ms split: kept plain. A captured CUDA graph of a moved plan follows longer keys only within its
+# splits, as every general-kernel plan (NativeTritonBackend.follow_refusal).
 UNDERFILLED_SHARE = 0.5
 
 
