@@ -104,6 +104,22 @@ def test_user_problem_file_runs(tmp_path, capsys):
     assert [b["backend"] for b in rep["results"][0]["backends"]] == ["reference", "auto", "flashinfer"]
 
 
+def test_profile_names_where_each_backends_host_time_goes(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps([{"entry": "paged", "batch": 2, "q_len": 1, "kv_len": 9, "heads": "4/1",
+                                 "head_dim": 16, "dtype": "float32", "kv_layout": "HND", "kv_pair": True,
+                                 "backends": ["reference"]}]))
+    assert cli.main(["bench", "--device", "cpu", "--problems", str(path), "--out", str(tmp_path),
+                     "--profile", "4"]) == 0
+    rows = json.loads((tmp_path / "bench-mine-cpu.json").read_text())["results"][0]["backends"]
+    profiles = {b["backend"]: b["profile"] for b in rows if "profile" in b}
+    assert set(profiles) == {"reference", "auto"}  # FlashInfer's own call runs on a GPU only
+    assert all(len(lines) == 4 and "us own" in lines[0] for lines in profiles.values())
+    assert any("reference.py" in line for line in profiles["reference"])
+    md = (tmp_path / "bench-mine-cpu.md").read_text()
+    assert "profile of paged 2x1x9" in md and ", auto (served by reference): host" in md
+
+
 def test_h100_grid_covers_the_issue():
     g = grids.grid("h100")
     assert len(g) >= 60 and {p.entry for p in g} == set(problems.ENTRY_NAMES)

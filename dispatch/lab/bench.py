@@ -45,7 +45,7 @@ from .. import autotune
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
-         "                           [--warm-workers J] [--list]\n"
+         "                           [--warm-workers J] [--profile N] [--list]\n"
          "                           [--json]\n"
          "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
          "       %(prog)s --replay JSON [JSON ...] [--autotune-file FILE] [--out DIR]")
@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --replay: decide from this autotune sweep's kept times (its -cache.json), never timing")
     p.add_argument("--warm-workers", type=int, default=0, metavar="J",
                    help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/lab/warm.py)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="name the N functions with the most host time per call of each backend (cProfile; "
+                        "it inflates every Python call alike: read it for where the time goes)")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p
@@ -137,9 +140,11 @@ def _progress(total: int):
     return tqdm(total=total, unit="problem", file=sys.stderr)
 
 
-def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None, warmup=None) -> list[dict]:
+def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None, warmup=None,
+          profile: int = 0) -> list[dict]:
     """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout);
-    ``warmup`` (a ``warm.Warmup``): wait for each problem's compiles first."""
+    ``warmup`` (a ``warm.Warmup``): wait for each problem's compiles first; ``profile`` N: each
+    row names the N functions with the most host time per call (runner.measure)."""
     from . import runner
 
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0) if device == "cuda" else 0
@@ -150,7 +155,7 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
             continue
         waited = warmup.wait(i) if warmup is not None else None
         try:
-            r = runner.run_problem(p, device, reps, l2, seed=i)
+            r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile)
         except Exception as exc:  # one problem failing (out of memory, say) is a result
             r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
         if waited is not None:
@@ -174,11 +179,11 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
 def _warm_sweep(plist: list, args: argparse.Namespace, reps: int, save) -> list[dict]:
     """``sweep``, with ``--warm-workers J`` compiling ahead of it (dispatch/lab/warm.py)."""
     if args.warm_workers <= 0:
-        return sweep(plist, args.device, reps, args.budget_s, on_result=save)
+        return sweep(plist, args.device, reps, args.budget_s, on_result=save, profile=args.profile)
     from .warm import Warmup
     warmup = Warmup(plist, args.warm_workers, args.device)
     try:
-        return sweep(plist, args.device, reps, args.budget_s, on_result=save, warmup=warmup)
+        return sweep(plist, args.device, reps, args.budget_s, on_result=save, warmup=warmup, profile=args.profile)
     finally:
         warmup.close()
 

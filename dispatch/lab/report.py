@@ -106,7 +106,20 @@ def markdown(report: dict) -> str:
         fastest = f"{r['fastest']}: {_ms(r['fastest_ms'])} ms" if r.get("fastest") else "-"
         lines.append(f"| {r['name']} | {fastest} | {_cell(auto, r['unit'])} | {_share(r.get('regret'))} | "
                      f"{_share(r.get('noise'))} | " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _profiles(results)) + "\n"
+
+
+def _profiles(results: list[dict]) -> list[str]:
+    """``bench --profile N``: per problem and backend, host us per call and where it goes."""
+    lines = []
+    for r in results:
+        for b in r.get("backends", []):
+            if b.get("profile"):
+                served = f" (served by {b['served']})" if b.get("served") not in (None, b["backend"]) else ""
+                lines += ["", f"profile of {r['name']}, {b['backend']}{served}: host {b['host_us']} us per call",
+                          ""] + [f"    {line}" for line in b["profile"]]
+    return ([""] + ["## Where the host time goes (cProfile; it inflates every Python call alike)"] + lines
+            if lines else [])
 
 
 SUMMARY_COLUMNS = ((38, "problem"), (13, "fastest"), (8, "ms"), (13, "auto"), (8, "ms"), (7, "regret"),

@@ -23,6 +23,7 @@ import backends
 from .. import policy, router
 from .. import timing
 from .build import Built, build, flashinfer_api, flashinfer_own_not_run
+from .host_cost import profiled
 from .problems import BenchProblem
 
 AUTO = "auto"
@@ -90,9 +91,11 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
 
 
-def measure(built: Built, backend: str, device: str, reps: int, api: Optional[dict] = None) -> dict:
+def measure(built: Built, backend: str, device: str, reps: int, api: Optional[dict] = None,
+            profile: int = 0) -> dict:
     """One backend (or auto; or, with ``api``, FlashInfer's own call) on one built problem:
-    status, served, errors, eager/graph ms."""
+    status, served, errors, eager/graph ms; with ``profile`` N, the N functions that took the
+    most host time per call (cProfile)."""
     row: dict[str, Any] = {"backend": backend}
     with _scope(backend):
         try:
@@ -113,6 +116,8 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
         row["status"] = "ok"
         row["eager_ms"] = _eager_ms(call, built, device, reps)
         row["host_us"] = _host_us(call, built, device)
+        if profile:
+            row["profile"] = profiled(_cycling(call, built.operands), HOST_CALLS, profile)
         if device == "cuda" and api is None and _graph_capable(row["served"]):
             row.update(_graph(call, built, reps))
     return row
@@ -206,14 +211,14 @@ def skipped_rows(p: BenchProblem, device: str) -> list[dict]:
     return rows
 
 
-def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0) -> dict:
-    """Every backend, then auto, on one problem; the fastest and auto's regret."""
+def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0, profile: int = 0) -> dict:
+    """Every backend, then auto, on one problem; the fastest and auto's regret (``profile``: see measure)."""
     t0 = time.perf_counter()
     built = build(p, device, l2_bytes, seed)
     amount, unit = work(p)
-    rows = [measure(built, name, device, reps) for name in backends_to_force(p, device)]
-    rows.append(measure(built, AUTO, device, reps))
-    rows.append(_flashinfer_row(built, device, reps))
+    rows = [measure(built, name, device, reps, profile=profile) for name in backends_to_force(p, device)]
+    rows.append(measure(built, AUTO, device, reps, profile=profile))
+    rows.append(_flashinfer_row(built, device, reps, profile))
     rows += skipped_rows(p, device)
     for r in rows:
         if r.get("eager_ms"):
@@ -228,7 +233,7 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     return result
 
 
-def _flashinfer_row(built: Built, device: str, reps: int) -> dict:
+def _flashinfer_row(built: Built, device: str, reps: int, profile: int = 0) -> dict:
     """FlashInfer's own call of the entry point with the same inputs (on a GPU where it imports),
     checked and timed like ours; else the reason."""
     api, why = flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
@@ -237,7 +242,7 @@ def _flashinfer_row(built: Built, device: str, reps: int) -> dict:
     not_run = flashinfer_own_not_run(built.problem)
     if not_run:
         return {"backend": FLASHINFER, "status": "absent", "note": not_run}
-    return measure(built, FLASHINFER, device, reps, api)
+    return measure(built, FLASHINFER, device, reps, api, profile)
 
 
 def summarize(rows: list[dict]) -> dict:
