@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import capability_db
 import pytest
@@ -34,6 +40,46 @@ def test_a_sweep_with_warm_workers_waits_for_them_and_records_the_wait(tmp_path,
                        "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "bench-random-2-seed-11-cpu.json").read_text())["results"]
     assert len(results) == 2 and all("backends" in r and r["warm_wait_s"] >= 0 for r in results)
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_warm_workers_and_their_children_stop_while_the_sweep_times_host_paths():
+    worker = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                              start_new_session=True)
+    warmup = object.__new__(warm.Warmup)  # the pausing part only: no problems, no affinity change
+    warmup.procs = [worker]
+    try:
+        deadline = time.time() + 20
+        while len(children := child_pids(worker.pid)) < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert children, "the worker's child did not start"
+        with warmup.paused():
+            time.sleep(0.1)
+            assert {_state(pid) for pid in [worker.pid, *children]} == {"T"}
+        time.sleep(0.1)
+        assert "T" not in {_state(pid) for pid in [worker.pid, *children]}
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc; psutil is not a dependency)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 def test_call_cost_ranks_gpu_and_host_time_together():
