@@ -6,8 +6,9 @@ Builds each problem of PROBLEMS.json once (warm: every backend called first), th
 ``--workers`` warm-up workers (dispatch/lab/warm.py) on the small copies of a random sweep drawn
 with ``--load-seed``: FlashInfer and Triton compiles like a sweep's. While they run, it times the
 host path of every (problem, backend) ``--rounds`` times, each round twice: once with the workers
-running (``free``) and once with them stopped (``paused``: Warmup.paused, what a sweep does now),
-in alternating order. After the workers are closed, the same timings once more (``alone``).
+running (``free``), once with them stopped (``paused``: Warmup.paused) and once stopped with the
+timing process allowed every core again (``paused-wide``: Warmup pins it to SWEEP_CORES), in
+rotating order. After the workers are closed, the same timings once more (``alone``).
 Writes DIR/host-noise-ab.{json,md}: per mode, the median spread of a row's timings (p90 / p10 of
 its rounds) and the median ratio of its median to ``alone``'s.
 """
@@ -17,6 +18,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,7 +32,7 @@ from dispatch.lab.build import build, flashinfer_api  # noqa: E402
 from dispatch.lab.problems import problem_from_json  # noqa: E402
 from dispatch.lab.warm import Warmup  # noqa: E402
 
-MODES = ("free", "paused")
+MODES = ("free", "paused", "paused-wide")
 
 
 def calls(problems: list, device: str) -> dict:
@@ -52,11 +54,22 @@ def calls(problems: list, device: str) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def wide(warmup: Warmup):
+    """The workers stopped and this process on every core meanwhile."""
+    with warmup.paused():
+        os.sched_setaffinity(0, warmup.all_cores)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, warmup.sweep_cores)
+
+
 def time_all(paths: dict, modes: dict, rounds: int, device: str) -> dict:
-    """(name, backend) -> mode -> host us of each round; the modes alternate their order per round."""
+    """(name, backend) -> mode -> host us of each round; the modes rotate their order per round."""
     times = {key: {mode: [] for mode in modes} for key in paths}
     for r in range(rounds):
-        order = list(modes) if r % 2 == 0 else list(reversed(modes))
+        order = list(modes)[r % len(modes):] + list(modes)[:r % len(modes)]
         for key, (call, built) in paths.items():
             with runner._scope(key[1]):
                 for mode in order:
@@ -91,10 +104,11 @@ def markdown(rep: dict) -> str:
     for mode in [*MODES, "alone"]:
         over = s["median_over_alone"].get(mode)
         lines.append(f"| {mode} | {s['median_spread'][mode]:.3f} | {'-' if over is None else f'{over:.3f}'} |")
-    lines += ["", "| problem | backend | alone us | free us (spread) | paused us (spread) |", "|---|---|---|---|---|"]
+    lines += ["", "| problem | backend | alone us | " + " | ".join(f"{m} us (spread)" for m in MODES) + " |",
+              "|---|---|---|" + "---|" * len(MODES)]
     for r in s["rows"]:
-        lines.append(f"| {r['problem']} | {r['backend']} | {r['alone_us']:.1f} | {r['free_us']:.1f} "
-                     f"({r['free_spread']:.2f}) | {r['paused_us']:.1f} ({r['paused_spread']:.2f}) |")
+        lines.append(f"| {r['problem']} | {r['backend']} | {r['alone_us']:.1f} | "
+                     + " | ".join(f"{r[f'{m}_us']:.1f} ({r[f'{m}_spread']:.2f})" for m in MODES) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -112,7 +126,8 @@ def main(argv=None) -> int:
     warmup = Warmup(randomgrid.draw(args.load_problems, args.load_seed, args.device), args.workers, args.device)
     try:
         time.sleep(20)  # the workers past their imports, compiling
-        times = time_all(paths, {"free": contextlib.nullcontext, "paused": warmup.paused}, args.rounds, args.device)
+        modes = {"free": contextlib.nullcontext, "paused": warmup.paused, "paused-wide": lambda: wide(warmup)}
+        times = time_all(paths, modes, args.rounds, args.device)
     finally:
         warmup.close()
     alone = time_all(paths, {"alone": contextlib.nullcontext}, args.rounds, args.device)
