@@ -222,8 +222,8 @@ def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     from dispatch.lab import build, report, runner
     from dispatch.lab.problems import BenchProblem
     monkeypatch.setattr(runner, "flashinfer_api", lambda: (build.OURS, ""))
-    monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps: runner.measure(
-        b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0]))
+    monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps, profile=0: runner.measure(
+        b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0], profile))
     p = BenchProblem(entry="xqa_batch_decode_with_kv_cache", batch=2, q_len=1, kv_len=40, num_qo_heads=4,
                      num_kv_heads=2, head_dim=16, dtype="float32", page_size=8, backends=("reference",))
     result = runner.run_problem(p, "cpu", reps=1, l2_bytes=0)

@@ -3,6 +3,7 @@ and the cost model's occupancy term for query-tiled kernels (choice.occupancy)."
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import capability_db
 import pytest
@@ -47,39 +49,27 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
-def test_warm_workers_and_their_children_stop_while_the_sweep_times_host_paths():
-    worker = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
-                              start_new_session=True)
-    warmup = object.__new__(warm.Warmup)  # the pausing part only: no problems, no affinity change
-    warmup.procs = [worker]
+def test_the_host_noise_experiment_stops_the_workers_and_their_children():
+    spec = importlib.util.spec_from_file_location("host_noise_ab", Path("tools/host_noise_ab.py"))
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    worker = subprocess.Popen([sys.executable, "-c", f"import subprocess, time; subprocess.Popen({sleep!r}); time.sleep(60)"])
     try:
         deadline = time.time() + 20
-        while len(children := child_pids(worker.pid)) < 1 and time.time() < deadline:
+        while not ab.descendants(worker.pid) and time.time() < deadline:
             time.sleep(0.05)
-        assert children, "the worker's child did not start"
-        with warmup.paused():
+        pids = [worker.pid, *ab.descendants(worker.pid)]
+        assert len(pids) == 2, "the worker's child did not start"
+        with ab.stopped(SimpleNamespace(procs=[worker])):
             time.sleep(0.1)
-            assert {_state(pid) for pid in [worker.pid, *children]} == {"T"}
+            assert {_state(pid) for pid in pids} == {"T"}
         time.sleep(0.1)
-        assert "T" not in {_state(pid) for pid in [worker.pid, *children]}
+        assert "T" not in {_state(pid) for pid in pids}
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
+        for pid in reversed(pids):
+            os.kill(pid, signal.SIGKILL)
         worker.wait()
-
-
-def child_pids(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc; psutil is not a dependency)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(stat[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def test_call_cost_ranks_gpu_and_host_time_together():

@@ -5,10 +5,11 @@
 Builds each problem of PROBLEMS.json once (warm: every backend called first), then starts
 ``--workers`` warm-up workers (dispatch/lab/warm.py) on the small copies of a random sweep drawn
 with ``--load-seed``: FlashInfer and Triton compiles like a sweep's. While they run, it times the
-host path of every (problem, backend) ``--rounds`` times, each round twice: once with the workers
-running (``free``), once with them stopped (``paused``: Warmup.paused) and once stopped with the
-timing process allowed every core again (``paused-wide``: Warmup pins it to SWEEP_CORES), in
-rotating order. After the workers are closed, the same timings once more (``alone``).
+host path of every (problem, backend) ``--rounds`` times, each round three times: with the workers
+running (``free``), with them and every process they started (compilers) stopped by SIGSTOP
+(``paused``), and stopped with the timing process allowed every core again (``paused-wide``:
+Warmup pins it to warm.SWEEP_CORES), in rotating order. (Runs a and b of
+tools/results/host-noise-ab-s14-* stopped the same processes as process groups, from commit f8c6a0a.) After the workers are closed, the same timings once more (``alone``).
 Writes DIR/host-noise-ab.{json,md}: per mode, the median spread of a row's timings (p90 / p10 of
 its rounds) and the median ratio of its median to ``alone``'s.
 """
@@ -19,6 +20,7 @@ import contextlib
 import datetime
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -54,10 +56,47 @@ def calls(problems: list, device: str) -> dict:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process started by ``pid``, at any depth (from /proc: psutil is not a dependency)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # ended meanwhile
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+
+
+@contextlib.contextmanager
+def stopped(warmup: Warmup):
+    """The workers and every process they started stopped (SIGSTOP) meanwhile."""
+    pids = [pid for proc in warmup.procs if proc.poll() is None for pid in (proc.pid, *descendants(proc.pid))]
+    _signal(pids, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        _signal(pids, signal.SIGCONT)
+
+
 @contextlib.contextmanager
 def wide(warmup: Warmup):
     """The workers stopped and this process on every core meanwhile."""
-    with warmup.paused():
+    with stopped(warmup):
         os.sched_setaffinity(0, warmup.all_cores)
         try:
             yield
@@ -73,7 +112,8 @@ def time_all(paths: dict, modes: dict, rounds: int, device: str) -> dict:
         for key, (call, built) in paths.items():
             with runner._scope(key[1]):
                 for mode in order:
-                    times[key][mode].append(runner._host_us(call, built, device, modes[mode]))
+                    with modes[mode]():
+                        times[key][mode].append(runner._host_us(call, built, device))
     return times
 
 
@@ -126,7 +166,7 @@ def main(argv=None) -> int:
     warmup = Warmup(randomgrid.draw(args.load_problems, args.load_seed, args.device), args.workers, args.device)
     try:
         time.sleep(20)  # the workers past their imports, compiling
-        modes = {"free": contextlib.nullcontext, "paused": warmup.paused, "paused-wide": lambda: wide(warmup)}
+        modes = {"free": contextlib.nullcontext, "paused": lambda: stopped(warmup), "paused-wide": lambda: wide(warmup)}
         times = time_all(paths, modes, args.rounds, args.device)
     finally:
         warmup.close()

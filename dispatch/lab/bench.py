@@ -24,7 +24,6 @@ and table (results -> the router's timing table).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -156,8 +155,7 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
             continue
         waited = warmup.wait(i) if warmup is not None else None
         try:
-            quiet = warmup.paused if warmup is not None else contextlib.nullcontext
-            r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile, quiet=quiet)
+            r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile)
         except Exception as exc:  # one problem failing (out of memory, say) is a result
             r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
         if waited is not None:

@@ -14,7 +14,7 @@ import itertools
 import math
 import time
 import traceback
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -26,7 +26,6 @@ from .build import Built, build, flashinfer_api, flashinfer_own_not_run
 from .host_cost import profiled
 from .problems import BenchProblem
 
-Quiet = Callable[[], ContextManager]  # holds the host timings: nothing else on the host runs meanwhile
 AUTO = "auto"
 FLASHINFER = "flashinfer"  # FlashInfer's own call of the entry point (its own "auto"), beside ours
 METHOD = (
@@ -93,10 +92,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def measure(built: Built, backend: str, device: str, reps: int, api: Optional[dict] = None,
-            profile: int = 0, quiet: Quiet = contextlib.nullcontext) -> dict:
+            profile: int = 0) -> dict:
     """One backend (or auto; or, with ``api``, FlashInfer's own call) on one built problem:
     status, served, errors, eager/graph ms; with ``profile`` N, the N functions that took the
-    most host time per call (cProfile). ``quiet()`` holds the host timings (see _host_us)."""
+    most host time per call (cProfile)."""
     row: dict[str, Any] = {"backend": backend}
     with _scope(backend):
         try:
@@ -116,10 +115,9 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
             return {**row, "status": "DISAGREES"}
         row["status"] = "ok"
         row["eager_ms"] = _eager_ms(call, built, device, reps)
-        row["host_us"] = _host_us(call, built, device, quiet)
+        row["host_us"] = _host_us(call, built, device)
         if profile:
-            with quiet():
-                row["profile"] = profiled(_cycling(call, built.operands), HOST_CALLS, profile)
+            row["profile"] = profiled(_cycling(call, built.operands), HOST_CALLS, profile)
         if device == "cuda" and api is None and _graph_capable(row["served"]):
             row.update(_graph(call, built, reps))
     return row
@@ -149,22 +147,20 @@ def _eager_ms(call: Callable[[Any], Any], built: Built, device: str, reps: int) 
 HOST_CALLS = 20  # calls per host timing (few enough that the GPU's launch queue never fills)
 
 
-def _host_us(call: Callable[[Any], Any], built: Built, device: str, quiet: Quiet = contextlib.nullcontext) -> float:
+def _host_us(call: Callable[[Any], Any], built: Built, device: str) -> float:
     """Host microseconds per eager call (warm): back-to-back calls timed on the host clock, no
     sync inside the loop, the median of 3; what the choice adds to GPU time for an eager
-    call (dispatch/choice.py). On the CPU it is the whole call. Each timed loop runs inside
-    ``quiet()`` (a sweep's warm-up workers stopped: their compiles slowed the host by up to 2x)."""
+    call (dispatch/choice.py). On the CPU it is the whole call."""
     fn = _cycling(call, built.operands)
     calls = max(len(built.operands), HOST_CALLS if device == "cuda" else 1)
     repeats = 3 if device == "cuda" else 1  # the CPU's figure is the whole call: once is enough
     times = []
     for _ in range(repeats):
         _sync(device)
-        with quiet():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - t0) * 1e6 / calls)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) * 1e6 / calls)
         _sync(device)
     return round(sorted(times)[len(times) // 2], 2)
 
@@ -215,16 +211,14 @@ def skipped_rows(p: BenchProblem, device: str) -> list[dict]:
     return rows
 
 
-def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0, profile: int = 0,
-                quiet: Quiet = contextlib.nullcontext) -> dict:
-    """Every backend, then auto, on one problem; the fastest and auto's regret (``profile``,
-    ``quiet``: see measure)."""
+def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0, profile: int = 0) -> dict:
+    """Every backend, then auto, on one problem; the fastest and auto's regret (``profile``: see measure)."""
     t0 = time.perf_counter()
     built = build(p, device, l2_bytes, seed)
     amount, unit = work(p)
-    rows = [measure(built, name, device, reps, profile=profile, quiet=quiet) for name in backends_to_force(p, device)]
-    rows.append(measure(built, AUTO, device, reps, profile=profile, quiet=quiet))
-    rows.append(_flashinfer_row(built, device, reps, profile, quiet))
+    rows = [measure(built, name, device, reps, profile=profile) for name in backends_to_force(p, device)]
+    rows.append(measure(built, AUTO, device, reps, profile=profile))
+    rows.append(_flashinfer_row(built, device, reps, profile))
     rows += skipped_rows(p, device)
     for r in rows:
         if r.get("eager_ms"):
@@ -239,8 +233,7 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     return result
 
 
-def _flashinfer_row(built: Built, device: str, reps: int, profile: int = 0,
-                    quiet: Quiet = contextlib.nullcontext) -> dict:
+def _flashinfer_row(built: Built, device: str, reps: int, profile: int = 0) -> dict:
     """FlashInfer's own call of the entry point with the same inputs (on a GPU where it imports),
     checked and timed like ours; else the reason."""
     api, why = flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
@@ -249,7 +242,7 @@ def _flashinfer_row(built: Built, device: str, reps: int, profile: int = 0,
     not_run = flashinfer_own_not_run(built.problem)
     if not_run:
         return {"backend": FLASHINFER, "status": "absent", "note": not_run}
-    return measure(built, FLASHINFER, device, reps, api, profile, quiet)
+    return measure(built, FLASHINFER, device, reps, api, profile)
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -9,8 +9,7 @@ features, which are what select a module; at most two requests of few keys), cal
 every backend forced and FlashInfer's own call, and mark it done. Before each problem the sweep
 waits until its small copy is done (``Warmup.wait``; the wait is recorded as ``warm_wait_s``), so
 it times warm code and compiles no FlashInfer module itself. The workers run on the CPU cores the
-sweep does not use (``os.sched_setaffinity``), so the sweep's host timings keep their own cores,
-and they stop while the sweep times host paths (``Warmup.paused``);
+sweep does not use (``os.sched_setaffinity``), so the sweep's host timings keep their own cores;
 a module two workers need is built once (FlashInfer's own file lock). Their calls are small: a
 few microseconds of GPU time each, beside the sweep's timings.
 
@@ -18,10 +17,8 @@ few microseconds of GPU time each, beside the sweep's timings.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,8 +58,7 @@ class Warmup:
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "dispatch.lab.warm", str(self.dir), str(k), str(workers),
              ",".join(map(str, spare)), device],
-            stdout=open(self.dir / f"worker-{k}.log", "w"), stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)  # a process group: paused() stops the worker with its compilers
+            stdout=open(self.dir / f"worker-{k}.log", "w"), stderr=subprocess.STDOUT, env=env)
             for k in range(workers)]
         os.sched_setaffinity(0, self.sweep_cores)
         print(f"warm-up: {workers} workers on cores {spare[0]}-{spare[-1]}, {len(unique)} small problems "
@@ -77,34 +73,11 @@ class Warmup:
             time.sleep(0.05)
         return round(time.perf_counter() - t0, 2)
 
-    @contextlib.contextmanager
-    def paused(self):
-        """The workers and their compilers stopped meanwhile (SIGSTOP to each process group), for
-        the sweep's host timings: beside running compiles, the same call's host time moved up to
-        2x (bench-host-paths-s14-cuda.md). A stopped compile resumes where it was; one holding
-        FlashInfer's build lock cannot block the sweep, which times warm calls only."""
-        groups = [proc.pid for proc in self.procs if proc.poll() is None]
-        for group in groups:
-            _signal_group(group, signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            for group in groups:
-                _signal_group(group, signal.SIGCONT)
-
     def close(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:  # the worker and the compilers it started
-                _signal_group(proc.pid, signal.SIGTERM)
-                _signal_group(proc.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM once continued
+            if proc.poll() is None:
+                proc.terminate()
         os.sched_setaffinity(0, self.all_cores)
-
-
-def _signal_group(group: int, sig: int) -> None:
-    try:
-        os.killpg(group, sig)
-    except ProcessLookupError:  # the worker ended meanwhile
-        pass
 
 
 def _warm_one(p: BenchProblem, device: str) -> list[str]:
