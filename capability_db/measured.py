@@ -179,8 +179,9 @@ class FittedTimes(BaseModel):
     linear fit misses (H200 sweeps A-H, 5-fold cross-validation: within 3% of the fastest on 76%
     of problems, 78% among the backends a graph captures, against 75% and 76% for the linear fit
     alone; tools/results/NOTES-h200-sweeps.md, session 9, before the replays kept XQA's known
-    defect out of the choice; A-N, 800 trees of depth 7 since session 13: 77% and 79%,
-    crossval-h200-sweeps-a-to-n-800-trees.md). What
+    defect out of the choice; 800 trees of depth 7 since session 13: A-N 77% and 79%,
+    crossval-h200-sweeps-a-to-n-800-trees.md; A-O, 1782 problems, the same,
+    crossval-h200-sweeps-a-to-o.md). What
     the choice expects where no row was measured at the problem's own sizes; beyond the problems
     it saw the linear part extrapolates and the trees add their edge's correction. A fit of
     features ``features`` no longer computes, or of no row through the problem's entry point,
