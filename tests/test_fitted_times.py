@@ -195,6 +195,28 @@ def test_the_plain_trees_sum_to_what_scikit_learn_predicts():
         assert sum(t.leaf(rounded) for t in trees) == pytest.approx(want, abs=1e-6)
 
 
+def test_the_trees_walked_at_once_reach_the_leaves_each_tree_reaches():
+    """``PackedTrees`` (every tree in one full layout, walked together) sums the leaves ``Tree.leaf``
+    reaches: trees of uneven depth, points on a threshold, a NaN (Tree.leaf sends it right)."""
+    from sklearn.ensemble import GradientBoostingRegressor
+    rng = random.Random(8)
+    x = [[rng.uniform(-3, 3) for _ in range(5)] for _ in range(400)]
+    y = [a * a - b + (c > 0.7) * 2 + (d < -1) * e + rng.gauss(0, 0.1) for a, b, c, d, e in x]
+    trees = table.trees_of(GradientBoostingRegressor(init="zero", random_state=0, n_estimators=60, max_depth=6,
+                                                     min_samples_leaf=25).fit(x, y))
+    stump = measured.Tree(feature=[2, -2, 0, -2, -2], threshold=[0.5, -2.0, 1.0, -2.0, -2.0], left=[1, -1, 3, -1, -1],
+                          right=[2, -1, 4, -1, -1], value=[0.0, 7.0, 0.0, -3.0, 11.0])  # a leaf at depth 1, two at 2
+    trees.append(stump)
+    assert len({measured._depth(t) for t in trees}) > 1
+    packed = measured.PackedTrees(trees)
+    on_threshold = [[t.threshold[0] if i == t.feature[0] else 0.5 for i in range(5)] for t in trees[:20]]
+    probes = [[rng.uniform(-4, 4) for _ in range(5)] for _ in range(60)] + on_threshold + [[float("nan")] * 5]
+    for point in probes:
+        rounded = list(struct.unpack("5f", struct.pack("5f", *point)))
+        assert packed.total(rounded) == pytest.approx(sum(t.leaf(rounded) for t in trees), abs=1e-9)
+    assert packed.total([0.0, 0, 0.4, 0, 0]) - sum(t.leaf([0.0, 0, 0.4, 0, 0]) for t in trees[:-1]) == pytest.approx(7.0)
+
+
 def test_without_scikit_learn_the_fit_is_linear_and_says_so():
     with mock.patch.dict(sys.modules, {"sklearn.ensemble": None}):
         fit = table.fit_times(banded(7, 300), "synthetic")

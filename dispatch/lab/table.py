@@ -126,9 +126,10 @@ MIN_FIT_ROWS = 8  # a backend timed on fewer problems is not fitted (its rows an
 # sweeps A-H chose 300 trees of depth 5 at rate 0.1 (76% within 3% against the linear fit's 75%). On A-N
 # (1642 problems, tools/crossval_choice.py, 5 folds) more and deeper trees did better, by graph choice within 3%:
 # 300 x depth 5, rate 0.1: 1225 (75%); huber loss: 1235; 600 x 6, rate 0.05: 1246; 800 x 7: 1265 (77%);
-# 800 x 7, leaves of 5: 1260; 1200 x 8: 1273 (78%). Kept 800 x 7: a decision per size class walks the trees in
+# 800 x 7, leaves of 5: 1260; 1200 x 8: 1273 (78%). Kept 800 x 7: a decision per size class walked the trees in
 # Python, 3.5 ms for six backends on a 2-core CPU against 1.1 ms for 300 x 5 (tools/results/fit-trees-cost-cpu-s13.md;
-# NOTES-h200-sweeps.md, session 13). Only over MIN_TREE_SAMPLES timed (problem, backend) pairs: trees fitted
+# NOTES-h200-sweeps.md, session 13); walked at once (measured.PackedTrees) since session 14, 1.5-2.7 ms
+# (fit-trees-cost-cpu-s14.md). Only over MIN_TREE_SAMPLES timed (problem, backend) pairs: trees fitted
 # on a few dozen would learn their noise.
 TREES = {"n_estimators": 800, "learning_rate": 0.05, "max_depth": 7, "min_samples_leaf": 10}
 MIN_TREE_SAMPLES = 400
