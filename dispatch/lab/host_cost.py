@@ -68,6 +68,7 @@ import dispatch
 from backends import get_backend
 from dispatch import router
 from dispatch.lab import cases as lab
+from dispatch.lab.runner import profiled
 from dispatch.checks import ENV_VALIDATE
 from dispatch.timing import time_ms
 
@@ -300,22 +301,6 @@ def warmed(fn: Callable[[], Any], n: int) -> Optional[str]:
         traceback.print_exc()
         return f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:200]
     return None
-
-
-def profiled(fn: Callable[[], Any], calls: int, top: int) -> list[str]:
-    """The ``top`` functions by own time over ``calls`` calls (cProfile inflates every
-    Python call alike: read it for where the time goes, not for how much)."""
-    import cProfile
-    import pstats
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    stats = pstats.Stats(prof).stats  # (file, line, func) -> (cc, ncalls, tottime, cumtime, callers)
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-    return [f"{1e6 * tt / calls:8.2f} us own, {1e6 * ct / calls:8.2f} us cum, {nc / calls:5.1f}x  "
-            f"{Path(f).name}:{line}({func})" for (f, line, func), (_, nc, tt, ct, _c) in rows]
 
 
 # -- one row per entry point --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import itertools
 import math
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -23,7 +24,6 @@ import backends
 from .. import policy, router
 from .. import timing
 from .build import Built, build, flashinfer_api, flashinfer_own_not_run
-from .host_cost import profiled
 from .problems import BenchProblem
 
 AUTO = "auto"
@@ -121,6 +121,22 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
         if device == "cuda" and api is None and _graph_capable(row["served"]):
             row.update(_graph(call, built, reps))
     return row
+
+
+def profiled(fn: Callable[[], Any], calls: int, top: int) -> list[str]:
+    """The ``top`` functions by own time over ``calls`` calls (cProfile inflates every
+    Python call alike: read it for where the time goes, not for how much)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, func) -> (cc, ncalls, tottime, cumtime, callers)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [f"{1e6 * tt / calls:8.2f} us own, {1e6 * ct / calls:8.2f} us cum, {nc / calls:5.1f}x  "
+            f"{Path(f).name}:{line}({func})" for (f, line, func), (_, nc, tt, ct, _c) in rows]
 
 
 def _refusal(exc: BaseException) -> str:
