@@ -173,9 +173,9 @@ class Tree(BaseModel):
 
 class PackedTrees:
     """The trees as full binary trees of one depth in tensors (node ``i``'s children ``2i + 1`` and
-    ``2i + 2``; a leaf above the bottom becomes splits that always go left, down to copies of its
-    value), so that one decision walks every tree at once: a few tensor operations per level instead
-    of a Python loop per tree. 800 trees of depth 7, six backends, a 2-core CPU: 4.2-5.0 ms -> 1.5-2.7
+    ``2i + 2``; a leaf above the bottom: its value on every bottom position under it, whichever way
+    the walk goes there), so that one decision walks every tree at once: a few tensor operations per
+    level instead of a Python loop per tree. 800 trees of depth 7, six backends, a 2-core CPU: 4.2-5.0 ms -> 1.5-2.7
     ms per decision, after packing them once (62-64 ms; tools/results/fit-trees-cost-cpu-s14.md).
     Sums the same leaves as ``Tree.leaf``."""
 
@@ -202,6 +202,7 @@ class PackedTrees:
         self.inner_base = torch.arange(len(trees)) * inner
         self.leaf_base = torch.arange(len(trees)) * leaves - inner
         self.torch = torch
+        self.trees = trees  # what was packed: a copy of the fit with other trees packs its own
 
     def total(self, x: list[float]) -> float:
         """The sum over the trees of the leaf ``x`` reaches (x rounded to float32 by the caller)."""
@@ -263,7 +264,7 @@ class FittedTimes(BaseModel):
             return linear
         x = struct.unpack(f"{len(self.tree_features)}f", struct.pack(
             f"{len(self.tree_features)}f", *(values.get(n, float(n == f"backend {backend}")) for n in self.tree_features)))
-        if self._packed is None:
+        if self._packed is None or self._packed.trees is not self.trees:
             self._packed = PackedTrees(self.trees)
         return linear + self._packed.total(list(x))
 

@@ -177,6 +177,10 @@ def test_the_trees_correct_what_the_linear_fit_cannot_draw():
     assert 2 ** linear.log2_ms("native-triton", values) < 2 ** linear.log2_ms("fa2", values)
     saved = measured.FittedTimes.model_validate_json(fit.model_dump_json())  # the table's JSON keeps them
     assert saved.log2_ms("native-triton", values) == fit.log2_ms("native-triton", values)
+    fewer = fit.model_copy(update={"trees": fit.trees[:5]})  # a copy walks its own trees, not the packed ones
+    x = [values.get(n, float(n == "backend fa2")) for n in fit.tree_features]
+    x = list(struct.unpack(f"{len(x)}f", struct.pack(f"{len(x)}f", *x)))
+    assert fewer.log2_ms("fa2", values) == pytest.approx(linear.log2_ms("fa2", values) + sum(t.leaf(x) for t in fit.trees[:5]))
 
 
 def test_the_plain_trees_sum_to_what_scikit_learn_predicts():
