@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/lab/warm.py)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="name the N functions with the most host time per call of each backend (cProfile; "
-                        "it inflates every Python call alike: read it for where the time goes)")
+                        "it inflates every Python call alike: read it for where the time goes); on a GPU also the "
+                        "CUDA kernels of an eager call and of a graph's (torch.profiler)")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p

@@ -118,6 +118,9 @@ def _profiles(results: list[dict]) -> list[str]:
                 served = f" (served by {b['served']})" if b.get("served") not in (None, b["backend"]) else ""
                 lines += ["", f"profile of {r['name']}, {b['backend']}{served}: host {b['host_us']} us per call",
                           ""] + [f"    {line}" for line in b["profile"]]
+                for key, what in (("kernels", "eager"), ("graph_kernels", "CUDA graph")):
+                    if b.get(key):
+                        lines += ["", f"  CUDA kernels per {what} call:", ""] + [f"    {line}" for line in b[key]]
     return ([""] + ["## Where the host time goes (cProfile; it inflates every Python call alike)"] + lines
             if lines else [])
 

@@ -118,8 +118,11 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
         row["host_us"] = _host_us(call, built, device)
         if profile:
             row["profile"] = profiled(_cycling(call, built.operands), HOST_CALLS, profile)
+            if device == "cuda":
+                copies = len(built.operands)
+                row["kernels"] = kernels_traced(_cycling(call, built.operands), copies, copies)
         if device == "cuda" and api is None and _graph_capable(row["served"]):
-            row.update(_graph(call, built, reps))
+            row.update(_graph(call, built, reps, profile))
     return row
 
 
@@ -137,6 +140,21 @@ def profiled(fn: Callable[[], Any], calls: int, top: int) -> list[str]:
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     return [f"{1e6 * tt / calls:8.2f} us own, {1e6 * ct / calls:8.2f} us cum, {nc / calls:5.1f}x  "
             f"{Path(f).name}:{line}({func})" for (f, line, func), (_, nc, tt, ct, _c) in rows]
+
+
+def kernels_traced(fn: Callable[[], Any], runs: int, calls: int) -> list[str]:
+    """The CUDA kernels ``runs`` runs of ``fn``, holding ``calls`` calls in all, launch
+    (torch.profiler): per kernel, launches and GPU us per call, longest first; where an eager
+    call's GPU time differs from its graph's."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            fn()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.count]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    return [f"{e.self_device_time_total / calls:9.2f} us, {e.count / calls:4.1f}x  {e.key[:140]}" for e in rows]
 
 
 def _refusal(exc: BaseException) -> str:
@@ -181,20 +199,23 @@ def _host_us(call: Callable[[Any], Any], built: Built, device: str) -> float:
     return round(sorted(times)[len(times) // 2], 2)
 
 
-def _graph(call: Callable[[Any], Any], built: Built, reps: int) -> dict:
-    """Replay ms per call of a graph of one call per K/V copy; the replay must equal eager."""
+def _graph(call: Callable[[Any], Any], built: Built, reps: int, profile: int = 0) -> dict:
+    """Replay ms per call of a graph of one call per K/V copy; the replay must equal eager
+    (``profile``: with the kernels of a replay, per call)."""
     try:
         ms, graph = timing.graph_ms([lambda kv=kv: call(kv) for kv in built.operands], reps)
+        # one replay holds one call per K/V copy
+        traced = {"graph_kernels": kernels_traced(graph.replay, 1, len(built.operands))} if profile else {}
         out = built.out
         if out is None:
-            return {"graph_ms": ms}
+            return {"graph_ms": ms, **traced}
         call(built.operands[-1])  # eager result of the graph's last call
         eager = out.clone()
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         same = torch.equal(out, eager)
-        return {"graph_ms": ms} if same else {"graph_ms": None, "graph_note": "replay differs from eager"}
+        return {"graph_ms": ms, **traced} if same else {"graph_ms": None, "graph_note": "replay differs from eager"}
     except Exception as exc:  # capture refused: a result, eager still stands
         return {"graph_ms": None, "graph_note": _one_line(exc)}
 
