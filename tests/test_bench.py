@@ -104,6 +104,16 @@ def test_user_problem_file_runs(tmp_path, capsys):
     assert [b["backend"] for b in rep["results"][0]["backends"]] == ["reference", "auto", "flashinfer"]
 
 
+def test_a_recheck_times_the_listed_backends_only(tmp_path):
+    """``--recheck``: new rows for the listed backends, checked and timed, and no auto or FlashInfer row."""
+    path = tmp_path / "again.json"
+    path.write_text(json.dumps([{"entry": "paged", "batch": 2, "q_len": 1, "kv_len": 30, "heads": "4/2",
+                                 "head_dim": 16, "dtype": "float32", "window_left": 7, "backends": ["reference"]}]))
+    assert cli.main(["bench", "--device", "cpu", "--problems", str(path), "--out", str(tmp_path), "--recheck"]) == 0
+    rows = json.loads((tmp_path / "bench-again-cpu.json").read_text())["results"][0]["backends"]
+    assert [(b["backend"], b["status"]) for b in rows] == [("reference", "ok")] and rows[0]["eager_ms"] > 0
+
+
 def test_profile_names_where_each_backends_host_time_goes(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps([{"entry": "paged", "batch": 2, "q_len": 1, "kv_len": 9, "heads": "4/1",
@@ -338,11 +348,14 @@ def test_merged_results_keep_the_backends_a_later_file_did_not_run(tmp_path):
         return {"name": "paged 64x16x2048", "problem": {**fields, "backends": []}, "work": 1e9,
                 "backends": [{"backend": b, "status": "ok", "eager_ms": t} for b, t in times.items()]}
     first, recheck = tmp_path / "run.json", tmp_path / "recheck.json"
-    first.write_text(json.dumps({"environment": env, "results": [result({"cudnn": 0.57, "fa2": 0.20, "fa3": 0.67})]}))
-    recheck.write_text(json.dumps({"environment": env, "results": [result({"fa2": 0.19, "flashinfer": 0.66})]}))
+    measured = {**result({"cudnn": 0.57, "fa2": 0.20, "fa3": 0.67}), "auto": "cudnn", "regret": 1.85}
+    first.write_text(json.dumps({"environment": env, "results": [measured]}))
+    recheck.write_text(json.dumps({"environment": env, "results": [{**result({"fa2": 0.19, "flashinfer": 0.66}),
+                                                                    "auto": None, "regret": None}]}))
     results, _ = table.merged([first, recheck])
     built = table.build_table(results, "test")
     assert built.rows[0].ms == {"cudnn": 0.57, "fa2": 0.19, "fa3": 0.67}
+    assert (results["results"][0]["auto"], results["results"][0]["regret"]) == ("cudnn", 1.85)  # as measured
 
 
 # ------------------------------------------------- regret, noise, skipped backends, plots (issue 21)

@@ -79,6 +79,12 @@ def test_scenario_matches_fp64(name):
 @pytest.mark.parametrize("name,case", [
     ("decode_sinks_lse", Case(sinks=True, page_size=16, hq=8, hkv=2, **LONG_DECODE)),
     ("prefill_causal_window", Case(window_left=5, q_lens=(4, 6), kv_lens=(40, 25))),
+    # the splits share the window, counted from each request's first visible tile; the second request
+    # is shorter than the window (its first visible key is key 0)
+    ("decode_window_long", Case(phase="decode", window_left=37, page_size=16, hq=8, hkv=2, q_lens=(1, 1),
+                                kv_lens=(301, 20), causal=True)),
+    ("prefill_noncausal_window_long", Case(storage="ragged", causal=False, window_left=21, q_lens=(3, 5),
+                                           kv_lens=(190, 64))),
     ("spec_decode", Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(2, 2), kv_lens=(60, 9),
                          q_len_per_req=2, tensor_scales=True)),
 ])
@@ -93,6 +99,35 @@ def test_split_kv_merge_matches_fp64(name, case, fused_merge):
     assert (plan.merge is None) == fused_merge and (plan.split_count is not None) == fused_merge
     if fused_merge:
         assert not plan.split_count.any(), "the arrival counters were not left at zero"
+
+
+def test_windowed_splits_cover_the_window_not_the_sequence():
+    """Under a window, the keys split are those from the first visible tile on (split_span): a decode
+    call of 4000 keys with a window of 100 splits about 100 + a tile of keys, still matching fp64."""
+    case = Case(phase="decode", window_left=100, page_size=16, hq=8, hkv=2, q_lens=(1, 1), kv_lens=(4000, 2500),
+                causal=True)
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=4, num_warps=4, num_stages=1)
+    plan, err, lse_err = run_case(case, num_splits=4, config=cfg)
+    assert plan.num_splits == 4 and plan.num_splits * plan.kv_chunk < 200
+    assert err < band_of(case) and lse_err < band_of(case)
+
+
+def test_a_captured_windowed_split_follows_longer_requests():
+    """A graph captured with split keys serves a later batch whose windows fit its splits (split_span),
+    however long its requests; without a window the keys themselves must fit."""
+    def plan_and_batch(window_left: int, kv_lens: tuple):
+        c = Case(phase="decode", window_left=window_left, page_size=16, hq=8, hkv=2, q_lens=(1, 1), kv_lens=kv_lens,
+                 causal=True)
+        kw, _, _ = build(c)
+        batch = AttentionBatch(out=torch.empty((2, c.hq, c.dvo), device=DEVICE, dtype=torch.float16), **kw)
+        return problem_of(c), batch
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=4, num_warps=4, num_stages=1)
+    problem, batch = plan_and_batch(60, (200, 90))
+    plan = BACKEND.plan(problem, batch, num_splits=3, config=cfg)
+    assert BACKEND.follow_refusal(plan, plan_and_batch(60, (900, 400))[1]) is None
+    problem, batch = plan_and_batch(-1, (200, 90))
+    plan = BACKEND.plan(problem, batch, num_splits=3, config=cfg)
+    assert "the captured splits cover" in BACKEND.follow_refusal(plan, plan_and_batch(-1, (900, 400))[1])
 
 
 def test_the_merge_kernel_serves_what_the_fused_merge_does_not():
@@ -387,11 +422,11 @@ def test_negative_scale_matches_oracle(name, scale):
 @pytest.mark.parametrize("name", ["causal_window", "window_soft_cap_sinks"])
 def test_negative_scale_interior_tiles_and_split_kv(name):
     """Small tiles exercise the unmasked interior path (row max of raw scores times the scale);
-    three splits exercise the merge."""
+    splits exercise the merge (two: under a window the splits share its keys, split_span)."""
     c = replace(NEGATIVE_SCALE_CASES[name], q_lens=(3, 9), kv_lens=(70, 41))
     cfg = TileConfig(block_m=16, block_n=16, heads_per_program=1, num_warps=4, num_stages=1)
     plan, err, _ = run_scaled(c, -0.4, config=cfg, num_splits=3)
-    assert plan.num_splits == 3 and err < band_of(c)
+    assert plan.num_splits == 2 and err < band_of(c)
 
 
 def test_negative_tensor_scale_is_read_on_the_device():

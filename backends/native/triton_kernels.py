@@ -8,8 +8,9 @@ out what a problem does not use, so each configuration gets a lean specializatio
   with HPP = GQA group (decode) the whole group shares one K/V read and the tile
   is tall enough for tensor cores; with HPP = 1 (prefill) rows are tokens.
 * Scores live in the log2 domain (exp2 is one MUFU op): s2 = s * log2(e).
-* Split-KV (flash-decoding): program z handles keys [z*kv_chunk, (z+1)*kv_chunk)
-  and writes a normalized partial output + its log2-sum-exp; ``_merge_splits`` (a second
+* Split-KV (flash-decoding): program z handles keys [z*kv_chunk, (z+1)*kv_chunk), counted
+  from the tile holding the program's first visible key under a window (the splits then share
+  the window's keys, not the whole sequence's: triton_backend.split_span), and writes a normalized partial output + its log2-sum-exp; ``_merge_splits`` (a second
   launch) combines them (and adds the sinks, which must be counted once), or, where the plan
   asks (MERGE_BLOCK_S > 0: TileConfig.fused_merge, decode tiles), the row block's last program.
 * ROPE: LLaMA rotate-half applied in registers, q once per program and each K tile as it is
@@ -395,14 +396,15 @@ def _attn_fwd(
     pos = kv_len - q_len + t  # bottom-right alignment
     tok = (q_start + t).to(tl.int64)
 
-    # Keys this program visits: its split, cut by causality and the window.
+    # Keys this program visits: its split, cut by causality; under a window the splits start at the
+    # tile of the program's first visible key.
     lo = pid_s * kv_chunk
+    if HAS_WINDOW:
+        first_visible = tl.maximum(kv_len - q_len + t_first - window_left, 0)
+        lo += (first_visible // BLOCK_N) * BLOCK_N
     hi = tl.minimum(lo + kv_chunk, kv_len)
     if CAUSAL:
         hi = tl.minimum(hi, kv_len - q_len + t_last + 1)
-    if HAS_WINDOW:
-        first_visible = tl.maximum(kv_len - q_len + t_first - window_left, 0)
-        lo = tl.maximum(lo, (first_visible // BLOCK_N) * BLOCK_N)
 
     if SCALE_PTR:
         scale = tl.load(sm_scale).to(tl.float32)

@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="name the N functions with the most host time per call of each backend (cProfile; "
                         "it inflates every Python call alike: read it for where the time goes); on a GPU also the "
                         "CUDA kernels of an eager call and of a graph's (torch.profiler)")
+    p.add_argument("--recheck", action="store_true",
+                   help="time only each problem's listed backends (no auto, no FlashInfer call): in a table built "
+                        "from an earlier sweep and this file, these rows replace those backends' (table.merged)")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p
@@ -142,10 +145,11 @@ def _progress(total: int):
 
 
 def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None, warmup=None,
-          profile: int = 0) -> list[dict]:
+          profile: int = 0, recheck: bool = False) -> list[dict]:
     """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout);
     ``warmup`` (a ``warm.Warmup``): wait for each problem's compiles first; ``profile`` N: each
-    row names the N functions with the most host time per call (runner.measure)."""
+    row names the N functions with the most host time per call (runner.measure); ``recheck``: the
+    listed backends only (runner.run_problem)."""
     from . import runner
 
     l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 0) if device == "cuda" else 0
@@ -156,7 +160,7 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
             continue
         waited = warmup.wait(i) if warmup is not None else None
         try:
-            r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile)
+            r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile, recheck=recheck)
         except Exception as exc:  # one problem failing (out of memory, say) is a result
             r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
         if waited is not None:
@@ -180,7 +184,10 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
 def _warm_sweep(plist: list, args: argparse.Namespace, reps: int, save) -> list[dict]:
     """``sweep``, with ``--warm-workers J`` compiling ahead of it (dispatch/lab/warm.py)."""
     if args.warm_workers <= 0:
-        return sweep(plist, args.device, reps, args.budget_s, on_result=save, profile=args.profile)
+        return sweep(plist, args.device, reps, args.budget_s, on_result=save, profile=args.profile,
+                     recheck=args.recheck)
+    if args.recheck:
+        raise ValueError("--recheck times the listed backends only: run it without --warm-workers")
     from .warm import Warmup
     warmup = Warmup(plist, args.warm_workers, args.device)
     try:

@@ -248,15 +248,20 @@ def skipped_rows(p: BenchProblem, device: str) -> list[dict]:
     return rows
 
 
-def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0, profile: int = 0) -> dict:
-    """Every backend, then auto, on one problem; the fastest and auto's regret (``profile``: see measure)."""
+def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: int = 0, profile: int = 0,
+                recheck: bool = False) -> dict:
+    """Every backend, then auto, on one problem; the fastest and auto's regret (``profile``: see measure).
+    ``recheck``: the problem's listed backends only, no auto and no FlashInfer call."""
     t0 = time.perf_counter()
     built = build(p, device, l2_bytes, seed)
     amount, unit = work(p)
+    if recheck and not p.backends:
+        raise ValueError(f"{p.name}: a recheck times the problem's listed backends; it lists none")
     rows = [measure(built, name, device, reps, profile=profile) for name in backends_to_force(p, device)]
-    rows.append(measure(built, AUTO, device, reps, profile=profile))
-    rows.append(_flashinfer_row(built, device, reps, profile))
-    rows += skipped_rows(p, device)
+    if not recheck:
+        rows.append(measure(built, AUTO, device, reps, profile=profile))
+        rows.append(_flashinfer_row(built, device, reps, profile))
+        rows += skipped_rows(p, device)
     for r in rows:
         if r.get("eager_ms"):
             r["rate"] = amount / (r["eager_ms"] * 1e-3) / 1e12
