@@ -10,7 +10,8 @@ out what a problem does not use, so each configuration gets a lean specializatio
 * Scores live in the log2 domain (exp2 is one MUFU op): s2 = s * log2(e).
 * Split-KV (flash-decoding): program z handles keys [z*kv_chunk, (z+1)*kv_chunk), counted
   from the tile holding the program's first visible key under a window (the splits then share
-  the window's keys, not the whole sequence's: triton_backend.split_span), and writes a normalized partial output + its log2-sum-exp; ``_merge_splits`` (a second
+  the window's keys, not the whole sequence's: triton_backend.split_span), and writes a
+  normalized partial output + its log2-sum-exp; ``_merge_splits`` (a second
   launch) combines them (and adds the sinks, which must be counted once), or, where the plan
   asks (MERGE_BLOCK_S > 0: TileConfig.fused_merge, decode tiles), the row block's last program.
 * ROPE: LLaMA rotate-half applied in registers, q once per program and each K tile as it is
