@@ -356,6 +356,12 @@ def test_merged_results_keep_the_backends_a_later_file_did_not_run(tmp_path):
     built = table.build_table(results, "test")
     assert built.rows[0].ms == {"cudnn": 0.57, "fa2": 0.19, "fa3": 0.67}
     assert (results["results"][0]["auto"], results["results"][0]["regret"]) == ("cudnn", 1.85)  # as measured
+    again = tmp_path / "again.json"  # a whole re-run, auto included, brings its own summary
+    again.write_text(json.dumps({"environment": env, "results": [{**result({"fa2": 0.18, "auto": 0.18}),
+                                                                  "auto": "fa2", "regret": 0.0}]}))
+    results, _ = table.merged([first, recheck, again])
+    assert (results["results"][0]["auto"], results["results"][0]["regret"]) == ("fa2", 0.0)
+    assert table.build_table(results, "test").rows[0].ms == {"cudnn": 0.57, "fa2": 0.18, "fa3": 0.67}
 
 
 # ------------------------------------------------- regret, noise, skipped backends, plots (issue 21)

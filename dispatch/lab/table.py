@@ -234,8 +234,8 @@ def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, d
 def merged(paths: list[Path]) -> tuple[dict, str]:
     """Several bench results of one GPU as one: the first file's environment, every measured
     problem (a backend measured again in a later file takes the later time; the backends a later
-    file did not run keep their earlier times, and the problem its summary as first measured: auto's
-    choice then)."""
+    file did not run keep their earlier times; a recheck, which runs no auto, leaves the problem its
+    earlier summary: auto's choice then)."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     host_cost = [row for run in runs if "matrix" in run for row in run["matrix"]]  # bench --host-cost --matrix
     gpus = {r["environment"].get("gpu") for r in runs}
@@ -252,7 +252,8 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
                 # per backend: a re-run of some backends (a recheck's short list) keeps the others' times
                 backends = {b["backend"]: b for b in before["backends"]}
                 backends.update({b["backend"]: b for b in r["backends"]})
-                r = {**before, "backends": list(backends.values())}
+                rechecked = all(b["backend"] != "auto" for b in r["backends"])
+                r = {**(before if rechecked else r), "backends": list(backends.values())}
             if "backends" in r or before is None:
                 by_name[r["name"]] = r
     return {"environment": runs[0]["environment"], "results": list(by_name.values()), "host_cost": host_cost}, \
