@@ -176,12 +176,13 @@ def active_provider(backend: Backend, problem=None) -> Optional[tuple[str, str]]
 
 def defects_for(backend: Backend, problem, device) -> list[tuple[KnownDefect, str]]:
     """The known defects, each with the installed version it was found in, of the provider that
-    would serve ``problem`` on ``device``."""
+    would serve ``problem`` on ``device``, less those the backend guards on it (Backend.guarded)."""
     active = active_provider(backend, problem)
     if active is None:
         return []
     facts = defect_facts(problem, device)
-    return [(d, active[1]) for d in capability_db.defects_affecting(backend.name, active[0], active[1], facts)]
+    return [(d, active[1]) for d in capability_db.defects_affecting(backend.name, active[0], active[1], facts)
+            if not backend.guarded(d.id, problem)]
 
 
 def defect_facts(problem, device) -> dict:

@@ -53,6 +53,16 @@ class Backend:
     def version(self) -> str | None:
         return None
 
+    # Known defects (capability_db/defects.json ids) that this adapter's own code keeps from the
+    # caller, and how: ``guarded`` says on which problems.
+    guards: ClassVar[dict[str, str]] = {}
+
+    def guarded(self, defect_id: str, problem: "AttentionProblem", live: bool = True) -> bool:
+        """True when this adapter keeps the known defect ``defect_id`` from reaching the caller on
+        ``problem``: the defect then neither holds the backend back nor warns. ``live=False``: by the
+        problem alone, for a machine that had what the guard runs on (a replay). The base: never."""
+        return False
+
     # -- capability ---------------------------------------------------------
     def check(self, problem: "AttentionProblem", device: DeviceDesc) -> list[Reason]:
         reasons = self.caps.check(problem, device)

@@ -15,7 +15,12 @@ Translation (calling conventions 2.3, vendor-constraints.md section 4):
   kernel leaves zeroed), allocated and zeroed once: _vendor.workspace, keyed on (tag,
   device with its index): a buffer of cuda:0 handed to a launch on cuda:1 was the
   "illegal memory access"; launches run under the tensors' GPU;
-* a float sm_scale < 0 is refused before any launch (_vendor.refuse_negative_scale).
+* a float sm_scale < 0 is refused before any launch (_vendor.refuse_negative_scale);
+* known defect xqa-nonfinite-at-extreme-logits (capability_db/defects.json: a row whose logits all lie
+  at or below about -1e5, XQA's initial row max, comes out wrong): on decode every XQA launch is
+  followed by native-triton's fix-up (triton_backend.fixup_refusal, the kernel's FIXUP), which bounds
+  each row's logit at its own position and recomputes the row blocks it cannot bound within 1e4 (the
+  row max is then far above XQA's floor). Safe rows cost one small launch that returns at once.
 Spec decode needs a FlashInfer whose function takes ``mask``/``q_len_per_req`` (>= 0.6);
 older ones are refused at plan time (BackendRejected), so the router falls back.
 """
@@ -28,8 +33,10 @@ import torch
 
 from backends import _vendor
 from backends._device import device_key, on_device, on_device_launch
+from backends.native.triton_backend import NativeTritonBackend, fixup_refusal
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
+NONFINITE = "xqa-nonfinite-at-extreme-logits"  # the known defect the fix-up keeps from the caller
 SRC = "flashinfer 0.5.3 / 0.7.2 flashinfer/decode.py xqa_batch_decode_with_kv_cache, flashinfer/xqa.py, flashinfer/jit/xqa.py"
 
 
@@ -39,6 +46,7 @@ class XqaPlan:
     fn: Any
     spec: dict = field(default_factory=dict)  # q_len_per_req, mask[, q_cu_seq_lens]
     direct: Optional["DirectXqa"] = None  # FlashInfer 0.5.x's / 0.7.x's kernel entry, when usable
+    fixup: Any = None  # native-triton's fix-up plan, launched after XQA (XqaBackend.guards), or None
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,14 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
                                    f"{XqaBackend._first_gpu}, the first GPU XQA ran on in this process",
                                    "flashinfer 0.5.3 xqa.py xqa(): cudaErrorInvalidValue on a second GPU (H200 x2)")
 
+    guards = {NONFINITE:
+              "on decode: native-triton's fix-up after each XQA launch recomputes the row blocks whose "
+              "logit at their own position it cannot bound within 1e4 (backends/xqa.py)"}
+
+    def guarded(self, defect_id: str, problem, live: bool = True) -> bool:
+        return (defect_id in self.guards and not fixup_refusal(problem)
+                and (not live or _NATIVE.available() is None))
+
     def plan_reusable(self, problem) -> bool:
         return problem.phase != "spec_decode"  # decode: the function alone; run reads the rest
 
@@ -121,7 +137,8 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         fn = self._loaded().module.xqa_batch_decode_with_kv_cache
         ws = _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True)
         if problem.phase != "spec_decode":
-            return XqaPlan(problem, fn, direct=self._direct(problem, batch, ws))
+            fixup = _NATIVE.plan(problem, batch, fixup=True) if self.guarded(NONFINITE, problem) else None
+            return XqaPlan(problem, fn, direct=self._direct(problem, batch, ws), fixup=fixup)
         with on_device(batch.q.device):
             return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
 
@@ -187,6 +204,8 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, "xqa (bmm1_scale)")  # before launch
         with on_device(batch.q.device):
             self._launch(plan, batch)
+            if plan.fixup is not None:
+                _NATIVE.run(plan.fixup, batch)
 
     def _launch(self, plan: XqaPlan, batch) -> None:
         if plan.direct is not None:
@@ -248,13 +267,29 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
             def launch_xqa(b) -> None:
                 x(q_scale, b.out, b.q, b.sinks.reshape(heads, -1) if b.sinks is not None else None, b.k, b.v,
                   b.block_table, kv_capacity, b.kv_lens, rows)
-            return on_device_launch(batch.q.device, launch_xqa)
+        else:
+            def launch_xqa(b) -> None:
+                sinks = b.sinks.reshape(heads, -1) if b.sinks is not None else None
+                run(*head, b.out, 1.0, b.q, sinks, b.k, b.v, b.block_table, kv_capacity, b.kv_lens, rows, *tail)
 
-        def launch_xqa(b) -> None:
-            sinks = b.sinks.reshape(heads, -1) if b.sinks is not None else None
-            run(*head, b.out, 1.0, b.q, sinks, b.k, b.v, b.block_table, kv_capacity, b.kv_lens, rows, *tail)
+        return on_device_launch(batch.q.device, _then_fixup(launch_xqa, plan.fixup, batch))
 
-        return on_device_launch(batch.q.device, launch_xqa)
+
+def _then_fixup(launch_xqa, fixup, batch):
+    """``launch_xqa`` followed by the fix-up's launch for exact repeats of ``batch`` (its launcher, or
+    its run where the launcher declines), or ``launch_xqa`` alone without a fix-up plan."""
+    if fixup is None:
+        return launch_xqa
+    fix = _NATIVE.launcher(fixup, batch)
+    if fix is None:
+        def fix(b) -> None:
+            _NATIVE.run(fixup, b)
+
+    def launch_and_fix(b) -> None:
+        launch_xqa(b)
+        fix(b)
+
+    return launch_and_fix
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -265,3 +300,4 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 
 SEMAPHORE_BYTES = 8 * 1024 * 1024  # FlashInfer's xqa_batch_decode_with_kv_cache: the workspace's first 8 MiB
 _MODULES: dict = {}  # kernel variant -> FlashInfer's loaded JIT module (configuration only: a few)
+_NATIVE = NativeTritonBackend()  # the fix-up's kernels (no state but its availability, cached per class)

@@ -338,7 +338,8 @@ def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
         missing = backend.available()
         row["version"] = backend.version() if missing is None else None
         from backends import installed_defects  # known defects of the installed versions
-        row["defects"] = [{"id": d.id, "text": d.summary(), "sources": d.sources or [d.report]}
+        row["defects"] = [{"id": d.id, "text": d.summary(), "sources": d.sources or [d.report],
+                           "guarded": backend.guards.get(d.id, "")}
                           for d in installed_defects(backend)] if missing is None else []
     except Exception as exc:  # noqa: BLE001 - shown to the user as the reason
         missing = Reason(f"adapter {name}", f"{type(exc).__name__}: {exc}", "an importable adapter")
@@ -387,7 +388,9 @@ def _info_lines(b: dict[str, Any]) -> list[str]:
     lines = [_wrapped(f"{b['backend']:14s} {state}" + (f" {b['version']}" if b["version"] else "")
                       + f"; hardware: {evidence}", indent=2, hang=15)]
     lines += [_wrapped(f"- {r['text']}", indent=17) for r in b["why_not"]]
-    lines += [_wrapped(f"! known defect {d['text']} [{d['sources'][0]}]", indent=17) for d in b.get("defects", [])]
+    lines += [_wrapped(f"! known defect {d['text']} [{d['sources'][0]}]"
+                       + (f"; guarded {d['guarded']}" if d.get("guarded") else ""), indent=17)
+              for d in b.get("defects", [])]
     if not b["installed"]:
         lines.append(_wrapped(f"get it: {b['install']}", indent=17))
     return lines

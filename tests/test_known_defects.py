@@ -19,6 +19,7 @@ from backends import BackendRejected, _vendor, get_backend
 from backends._providers import active_provider, installed_defects
 from backends.fa2 import FA2Backend
 from backends.fa3 import FA3Backend
+from capability_db.vocabulary import Reason
 from capability_db.schema import CONTRACT_BANDS, DefectTable, KnownDefect, VersionRange, version_tuple
 from dispatch import cli, router
 from dispatch.lab import oracle
@@ -230,3 +231,50 @@ def test_flash_attn_keeps_its_256_limit(vendors):
     ragged = make_problem(device_type="cuda", kv_storage="ragged", head_dim_qk=512, head_dim_vo=512)
     with pytest.raises(BackendRejected, match="head_dim_qk=512: allowed <= 256 with flash_attn 2.8.4"):
         get_backend("fa2").choose(ragged)
+
+
+# -- a defect the adapter guards: xqa's non-finite rows, fixed up on decode ------------------------
+NONFINITE = "xqa-nonfinite-at-extreme-logits"
+
+
+def _xqa_defects(problem) -> list[str]:
+    decision = router.decide(problem, H100, strict=False, live=True)
+    return [str(r.value) for r in candidate(decision, "xqa").reasons if r.field == "known defect"]
+
+
+def test_xqa_is_chosen_where_its_fixup_guards_the_defect(vendors, monkeypatch):
+    """Decode: native-triton's fix-up follows every XQA launch (backends/xqa.py), so the defect holds
+    nothing back; spec decode, or no native-triton to run the fix-up: held back as before."""
+    from backends.native.triton_backend import NativeTritonBackend
+    vendors(flashinfer="0.7.2")
+    assert not any(NONFINITE in v for v in _xqa_defects(DECODE))
+    spec = make_problem(device_type="cuda", phase="spec_decode", q_len_per_req=3, head_dim_qk=128,
+                        head_dim_vo=128)
+    assert any(NONFINITE in v for v in _xqa_defects(spec))
+    monkeypatch.setattr(NativeTritonBackend, "_available", (Reason("triton", "not installed", "pip install triton"),))
+    router.clear_caches()
+    assert any(NONFINITE in v for v in _xqa_defects(DECODE))
+
+
+def test_info_says_where_a_defect_is_guarded(vendors):
+    vendors(flashinfer="0.7.2")
+    row = cli.backend_info("xqa", H100)
+    (guarded,) = [d for d in row["defects"] if d["id"] == NONFINITE]
+    assert "fix-up" in guarded["guarded"]
+    assert any(NONFINITE in line and "guarded on decode" in line for line in cli._info_lines(row))
+
+
+def test_a_replay_gates_xqa_unless_its_row_was_timed_with_the_guard():
+    from dispatch.lab.replay import defect_gated
+    env = {"flashinfer": "0.7.2"}
+    assert defect_gated(env, DECODE, H100).get("xqa") == NONFINITE
+    timed = [{"backend": "xqa", "status": "ok", "guarded": [NONFINITE]}]
+    assert "xqa" not in defect_gated(env, DECODE, H100, timed)
+
+
+def test_the_runner_marks_rows_timed_with_a_guard():
+    from dispatch.lab.problems import BenchProblem, XQA
+    from dispatch.lab.runner import _mark_guarded
+    rows = [{"backend": "xqa", "status": "ok"}, {"backend": "fa2", "status": "ok"}, {"backend": "auto", "status": "ok"}]
+    _mark_guarded(rows, BenchProblem(XQA, 4, 1, 512))
+    assert rows[0]["guarded"] == [NONFINITE] and "guarded" not in rows[1] and "guarded" not in rows[2]

@@ -315,3 +315,14 @@ def test_wide_head_tiles_compile_for_sm90_within_its_resources(frontend, monkeyp
     used = _resources(compiled.asm["cubin"])
     if used:
         assert used["stack"] == 0, f"{name}: {used}"
+
+
+@compiles
+@pytest.mark.parametrize("kv_dtype", ["", "float8_e4m3fn"])
+@pytest.mark.parametrize("storage", ["paged", "ragged"])
+def test_fixup_variant_builds_ir(frontend, monkeypatch, kv_dtype, storage):
+    """The fix-up (FIXUP: bound, then return or compute) on the decode tiles XQA's calls plan."""
+    c = Case(phase="decode", storage=storage, q_lens=(1, 1), kv_lens=(40, 9), hq=8, hkv=2, dtype="bfloat16",
+             kv_dtype=kv_dtype, window_left=7, sinks=True, lse=False)
+    plan, calls = _check(frontend, monkeypatch, c, fixup=True)
+    assert [n for n, _, _ in calls] == ["_attn_fwd"] and plan.constexprs["FIXUP"] and plan.num_splits == 1

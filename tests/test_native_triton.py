@@ -18,7 +18,7 @@ from backends.base import DeviceDesc
 from backends.native import triton_backend as tb
 from backends.native.triton_backend import TileConfig, split_kv
 from capability_db import CPU_DEVICE, resolve_device
-from dispatch.lab.native import BACKEND, BANDS, DEVICE, Case, build, problem_of, rel_err, run_case
+from dispatch.lab.native import BACKEND, BANDS, DEVICE, Case, build, expected, problem_of, rel_err, run_case
 from dispatch.problem import AttentionBatch, NAME_DTYPES
 
 # ---------------------------------------------------------------------------
@@ -472,3 +472,69 @@ def test_fp8_kv_with_bf16_queries_beyond_fp16_range(q_scale):
     assert plan.constexprs["F16_DOTS"] and not plan.constexprs["DOT_F32"]
     BACKEND.run(plan, batch)
     assert_agrees_with_oracle(c, kw, dense_k, dense_v, out, lse, sm_scale=sm, causal=True)
+
+
+# ---------------------------------------------------------------------------
+# the fix-up after a vendor decode (FIXUP: backends/xqa.py)
+# ---------------------------------------------------------------------------
+FIXUP_CASES = {
+    "fp16": Case(phase="decode", q_lens=(1, 1, 1), kv_lens=(37, 20, 5), hq=8, hkv=2, lse=False),
+    "bf16_window_sinks": Case(phase="decode", q_lens=(1, 1, 1), kv_lens=(37, 20, 5), hq=8, hkv=2, lse=False,
+                              dtype="bfloat16", window_left=9, sinks=True, page_size=16),
+    "fp8_kv_hnd_tensor_scales": Case(phase="decode", q_lens=(1, 1, 1), kv_lens=(37, 20, 5), hq=4, hkv=1,
+                                     lse=False, dtype="bfloat16", kv_dtype="float8_e4m3fn", layout="HND",
+                                     tensor_scales=True),
+}
+VENDOR_WROTE = 5.0  # what the fix-up must leave alone where it can bound the logits
+
+
+def _fixup_run(c: Case, scale_request: dict):
+    """The fix-up over an out already holding VENDOR_WROTE, after q of each request r scaled by
+    scale_request[r]: (plan, out, the fp64 oracle's out)."""
+    kw, dense_k, dense_v = build(c)
+    for r, factor in scale_request.items():
+        kw["q"][r] = kw["q"][r].float() * factor
+    scale_of = (lambda x: torch.tensor(x, device=DEVICE)) if c.tensor_scales else (lambda x: x)
+    sm, osc = 0.9 / c.dqk ** 0.5, 1.3
+    out = torch.full((len(c.q_lens), c.hq, c.dvo), VENDOR_WROTE, device=DEVICE, dtype=NAME_DTYPES[c.dtype])
+    sinks = torch.rand(c.hq, device=DEVICE) * 5 if c.sinks else None
+    batch = AttentionBatch(out=out, lse=None, sinks=sinks, sm_scale=scale_of(sm), out_scale=scale_of(osc), **kw)
+    plan = BACKEND.plan(problem_of(c), batch, fixup=True)
+    BACKEND.run(plan, batch)
+    ref, _ = expected(c, kw["q"], dense_k, dense_v, sm, osc, sinks, {})
+    return plan, out, ref
+
+
+@pytest.mark.parametrize("name", list(FIXUP_CASES))
+def test_fixup_recomputes_only_the_requests_it_cannot_bound(name):
+    """Request 1's q is scaled until |scale| * sum |q||k| at its last key passes FIXUP_LOGIT (1e4): its
+    rows are recomputed (the fp64 oracle's answer); requests 0 and 2 keep what the vendor wrote."""
+    c = FIXUP_CASES[name]
+    plan, out, ref = _fixup_run(c, {1: 3000.0})
+    assert plan.num_splits == 1 and plan.constexprs["FIXUP"] and plan.merge is None
+    assert (out[0] == VENDOR_WROTE).all() and (out[2] == VENDOR_WROTE).all(), "a bounded row was rewritten"
+    err = rel_err(out[1:2], ref[1:2])
+    assert err < band_of(c), f"recomputed rows off by {err:.2e}"
+
+
+def test_fixup_recomputes_rows_whose_bound_is_not_a_number():
+    """A NaN or inf in q leaves no bound: those rows are recomputed (what the oracle gives, NaN here)."""
+    c = FIXUP_CASES["fp16"]
+    _, out, _ = _fixup_run(c, {0: float("nan"), 2: float("inf")})
+    assert not (out[0] == VENDOR_WROTE).any() and not (out[2] == VENDOR_WROTE).any()
+    assert (out[1] == VENDOR_WROTE).all()
+
+
+def test_fixup_covers_any_length_and_refuses_what_it_cannot_bound():
+    """One split over every key (a captured fix-up follows any longer request); prefill, masks and RoPE
+    are refused before any launch, naming what the fix-up serves."""
+    c = FIXUP_CASES["fp16"]
+    kw, _, _ = build(c)
+    batch = AttentionBatch(out=torch.empty(3, c.hq, c.dvo, device=DEVICE, dtype=torch.float16), lse=None, **kw)
+    plan = BACKEND.plan(problem_of(c), batch, fixup=True)
+    longer = replace(batch, max_kv_len=1 << 20)
+    assert BACKEND.follow_refusal(plan, longer) is None and plan.kv_chunk >= 1 << 20
+    for other, named in ((replace(c, phase="prefill", q_lens=(2, 1, 1)), "phase"),
+                         (replace(c, pos="ROPE_LLAMA"), "pos_encoding")):
+        with pytest.raises(ValueError, match=named):
+            BACKEND.plan(problem_of(other), batch, fixup=True)

@@ -414,3 +414,65 @@ def test_negative_scale_is_refused_before_launch(fakes, name, phase, install_kw)
     launches = [n for n, _ in rec.calls if n in ("xqa", "trtllm", "paged_run", "ragged_run", "fa2", "fa3")]
     assert launches == [], "a kernel was called"
 
+
+
+# -- xqa's known defect, guarded on decode: native-triton's fix-up after each launch ----------------
+def _defective_xqa(monkeypatch, request: int):
+    """The fake XQA with the defect of capability_db/defects.json reproduced: request ``request``'s rows
+    (every logit below XQA's floor) come out NaN; the others are right."""
+    fi = sys.modules["flashinfer.decode"]
+    honest = fi.xqa_batch_decode_with_kv_cache
+
+    def defective(*args, **kw):
+        result = honest(*args, **kw)
+        kw["out"][request] = math.nan
+        return result
+
+    monkeypatch.setattr(fi, "xqa_batch_decode_with_kv_cache", defective)
+
+
+def _extreme_decode(request: int):
+    """A decode batch whose request ``request`` has logits far past the fix-up's bound (q x 3000)."""
+    p = make_problem(phase="decode", window_left=20, head_dim_qk=64)
+    batch, refs = make_batch(p, [1, 1, 1], [5, 40, 33], out_scale=0.7, sinks=True)
+    batch.q[request] = batch.q[request].float() * 3000
+    return p, batch, refs
+
+
+def test_xqa_decode_rows_it_gets_wrong_are_recomputed(fakes, monkeypatch):
+    _, install = fakes
+    install(flashinfer=True)
+    _defective_xqa(monkeypatch, request=1)
+    p, batch, refs = _extreme_decode(request=1)
+    xqa = get_backend("xqa")
+    plan = xqa.plan(p, batch)
+    assert plan.fixup is not None and plan.fixup.constexprs["FIXUP"]
+    xqa.run(plan, batch)
+    assert_agrees(p, batch, refs)
+
+
+def test_xqa_launcher_runs_the_fixup_after_xqa(fakes):
+    """The launcher's composition (for FlashInfer's kernel entry): XQA's launch, then the fix-up's."""
+    from backends.xqa import _NATIVE, _then_fixup
+    _, install = fakes
+    install(flashinfer=True)
+    p, batch, refs = _extreme_decode(request=2)
+    out_ref, _ = reference(p, batch, refs)
+
+    def launch_xqa(b) -> None:  # what the defective kernel writes
+        b.out.copy_(out_ref)
+        b.out[2] = math.nan
+
+    _then_fixup(launch_xqa, _NATIVE.plan(p, batch, fixup=True), batch)(batch)
+    assert_agrees(p, batch, refs)
+    assert _then_fixup(launch_xqa, None, batch) is launch_xqa
+
+
+def test_xqa_spec_decode_has_no_fixup(fakes):
+    """Draft rows may not see their own key (a mask): the fix-up cannot bound them, so spec decode
+    keeps the defect (the router holds xqa back there: tests/test_known_defects.py)."""
+    _, install = fakes
+    install(flashinfer=True, new_api=True)
+    p = make_problem(phase="spec_decode", q_len_per_req=3, causal=True)
+    batch, _ = make_batch(p, [3, 3], [10, 20])
+    assert get_backend("xqa").plan(p, batch).fixup is None

@@ -118,10 +118,12 @@ class NativeTritonBackend(Backend):
 
     # -- plan ----------------------------------------------------------------
     def plan(self, problem: AttentionProblem, batch: AttentionBatch, *, num_splits: Optional[int] = None,
-             config: Optional[TileConfig] = None) -> TritonPlan:
-        """Host-side choices only. ``num_splits``/``config`` override the heuristics (tests, tuning)."""
-        plan = self._plan(problem, batch, num_splits, config)
-        plan.facts, plan.overrides = plan_facts(batch), (num_splits, config)
+             config: Optional[TileConfig] = None, fixup: bool = False) -> TritonPlan:
+        """Host-side choices only. ``num_splits``/``config`` override the heuristics (tests, tuning).
+        ``fixup``: the plan of a vendor decode's fix-up (see fixup_refusal): a launch after the vendor's
+        that recomputes only the row blocks whose logits it cannot bound (the kernel's FIXUP)."""
+        plan = self._plan(problem, batch, num_splits, config, fixup)
+        plan.facts, plan.overrides = plan_facts(batch), (num_splits, config, fixup)
         return plan
 
     def plan_reusable(self, problem: AttentionProblem) -> bool:
@@ -139,7 +141,8 @@ class NativeTritonBackend(Backend):
         others = plan.others if plan.others is not None else {}
         found = others.get(facts)
         if found is None:
-            found = self.plan(plan.problem, batch, num_splits=plan.overrides[0], config=plan.overrides[1])
+            num_splits, config, fixup = plan.overrides
+            found = self.plan(plan.problem, batch, num_splits=num_splits, config=config, fixup=fixup)
             if len(others) >= MAX_OTHERS:
                 others.pop(next(iter(others)))
             others[facts] = found
@@ -147,7 +150,7 @@ class NativeTritonBackend(Backend):
         return found
 
     def _plan(self, problem: AttentionProblem, batch: AttentionBatch, num_splits: Optional[int],
-              config: Optional[TileConfig]) -> TritonPlan:
+              config: Optional[TileConfig], fixup: bool = False) -> TritonPlan:
         _check_batch(problem, batch)
         device = batch.q.device
         cfg = config or fit_shared_memory(problem, choose_config(problem, batch.max_q_len, device), device)
@@ -156,18 +159,24 @@ class NativeTritonBackend(Backend):
             raise ValueError(f"config.heads_per_program={hpp} must divide the GQA group {group}")
         _check_plain_config(problem, cfg, num_splits)
         m_blocks = max(1, math.ceil(max(batch.max_q_len, 1) * hpp / cfg.block_m))
+        if fixup:
+            refusal = fixup_refusal(problem) or (cfg.kernel != "general" and f"the {cfg.kernel} kernel")
+            if refusal:
+                raise ValueError(f"native-triton cannot fix up this problem: {refusal}")
         if cfg.kernel == "plain" and config is None and not num_splits:
             cfg, m_blocks = split_when_underfilled(problem, batch, cfg, m_blocks, device)
         if cfg.kernel == "plain":
             return _plain_plan(problem, batch, cfg, m_blocks, device)
-        if num_splits:
+        if fixup:  # one split over any length (a fix-up is rare; a captured one follows any length)
+            splits, chunk = 1, FIXUP_CHUNK
+        elif num_splits:
             span = split_span(problem, batch, cfg)
             splits, chunk = splits_of_chunk(span, chunk_keys(span, num_splits, cfg.block_n))
         else:
             splits, chunk = choose_splits(problem, batch, cfg, m_blocks, device)
         grid = (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits)
         plan = TritonPlan(problem, cfg, grid, splits, chunk, batch.total_q,
-                          _constexprs(problem, cfg, splits), device_key(device))
+                          _constexprs(problem, cfg, splits, fixup), device_key(device))
         if splits > 1:
             plan.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
                                       dtype=torch.float32, device=device)
@@ -186,7 +195,7 @@ class NativeTritonBackend(Backend):
     def run(self, plan: TritonPlan, batch: AttentionBatch) -> None:
         plan = self.plan_for(plan, batch)  # other sizes or another GPU: the plan of the batch's facts
         if plan.device.type == "cuda" and torch.cuda.current_device() == plan.device.index:
-            _launch(plan, batch)  # already current: skip the guard's device exchange (~1 us)
+            _launch(plan, batch)  # already current: skip on_device's switch (~1 us)
         else:
             with on_device(plan.device):  # Triton launches on the current device (CPU: a null context)
                 _launch(plan, batch)
@@ -228,6 +237,18 @@ class NativeTritonBackend(Backend):
 # planning helpers
 # ---------------------------------------------------------------------------
 MAX_OTHERS = 8  # plans of other facts kept by one plan (the lanes of one call key)
+FIXUP_CHUNK = 1 << 30  # a fix-up plan's one split: every key of any request (int32 with a window's offset)
+
+
+def fixup_refusal(problem: AttentionProblem) -> str:
+    """Why a fix-up plan cannot serve ``problem`` ('' when it can). The kernel bounds each row's logit at
+    the row's own position, which every decode row sees (causal or one query, any window); RoPE would
+    rotate q and K before the dot, a mask could hide that key."""
+    if problem.phase != "decode":
+        return f"phase {problem.phase!r} (the fix-up serves 'decode')"
+    if problem.mask != "none" or problem.pos_encoding != "NONE":
+        return f"mask {problem.mask!r}, pos_encoding {problem.pos_encoding!r} (the fix-up serves 'none', 'NONE')"
+    return ""
 
 
 def plan_facts(batch: AttentionBatch) -> tuple:
@@ -607,7 +628,7 @@ def _set_tma_allocator(device: torch.device) -> None:
     _TMA_ALLOCATOR.append(scratch)
 
 
-def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict:
+def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int, fixup: bool = False) -> dict:
     """The attention kernel's plan-fixed constexprs, in its parameter order (see _plan_launches)."""
     mask_mode = {"none": 0, "custom": 1, "spec_bits": 2}[problem.mask]
     # Dots in fp16 whenever q or K/V are fp8 (fp8 -> fp16 is exact and one instruction per pair). The
@@ -624,7 +645,7 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int) -> dict
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
         HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
         DOT_F32=problem.q_dtype == "float32" or (interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
-        F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits),
+        F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits), FIXUP=fixup,
     )
 
 

@@ -19,6 +19,9 @@ out what a problem does not use, so each configuration gets a lean specializatio
   once and nothing rotated is written. Angles are formed in double-float (fp32 hi + lo parts of
   the frequency from the host's fp64, fma for the product residual) because positions of 10^5
   times fp32 frequencies lose ~1e-2 rad; the reference forms them in fp64.
+* FIXUP (a vendor decode's fix-up, backends/xqa.py): each program first bounds its rows' logits at
+  their own position (the key every row sees) and returns at once when every bound is within
+  FIXUP_LOGIT; otherwise it computes its rows as usual (one split), overwriting the vendor's output.
 * Every index tensor is read on the device: no host synchronization, CUDA-graph safe.
 * Parameter order is fixed by the host's fast launcher (triton_backend.py): pointers and floats,
   then ints, then the plan's constexprs, then the two per-call constexprs (SCALE_PTR, OUT_SCALE_PTR).
@@ -43,6 +46,10 @@ INV_TWO_PI = tl.constexpr(1 / (2 * math.pi))
 # local-memory slow path per element (the fused-RoPE kernel spilled 1.5 KB and ran 10x slower).
 # The interpreter cannot run inline PTX and uses numpy's cos/sin on the same reduced angles.
 FAST_TRIG = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+# FIXUP: a row whose logit at its own position is provably within +-FIXUP_LOGIT has its row max there or
+# above. XQA starts its row max at -1e5 and gives masked keys that logit (csrc/xqa/utils.cuh
+# safeInitRowMax), so it is exact for such rows; 10x below that, e4m3 rounding of q (7%) included.
+FIXUP_LOGIT = tl.constexpr(1e4)
 
 
 @triton.jit
@@ -353,6 +360,30 @@ def _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, H
 
 
 @triton.jit
+def _logits_bounded(Q, K, KvIndptr, BlockTable, tok, h, row_ok, pos, b, kvh, scale, stride_qt, stride_qh,
+                    stride_qd, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd, HEAD_DQK: tl.constexpr,
+                    BLOCK_DQK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """True when every valid row r has |scale| * sum_d |q_rd| |k_d| <= FIXUP_LOGIT for the key at its
+    own position (visible under causality and any window): then |logit| there is within the bound and
+    the row max is at least -FIXUP_LOGIT. Rows without a key, NaN or inf bounds are not bounded."""
+    dk = tl.arange(0, BLOCK_DQK)
+    has_key = row_ok & (pos >= 0)
+    key = tl.maximum(pos, 0)
+    if PAGED:
+        page = tl.load(BlockTable + b * stride_bt + key // PAGE_SIZE, mask=has_key, other=0).to(tl.int64)
+        k_off = page * stride_kp + (key % PAGE_SIZE) * stride_kt
+    else:
+        k_off = (tl.load(KvIndptr + b) + key).to(tl.int64) * stride_kt
+    ok = has_key[:, None] & (dk[None, :] < HEAD_DQK)
+    q = tl.load(Q + tok[:, None] * stride_qt + h[:, None] * stride_qh + dk[None, :] * stride_qd, mask=ok,
+                other=0.0).to(tl.float32)
+    k = tl.load(K + k_off[:, None] + kvh * stride_kh + dk[None, :] * stride_kd, mask=ok, other=0.0).to(tl.float32)
+    bound = tl.abs(scale) * tl.sum(tl.abs(q) * tl.abs(k), 1)
+    unbounded = row_ok & ((pos < 0) | (bound > FIXUP_LOGIT) | (bound != bound))
+    return tl.max(unbounded.to(tl.int32), 0) == 0
+
+
+@triton.jit
 def _attn_fwd(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
     QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
@@ -369,7 +400,7 @@ def _attn_fwd(
     BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr,
     HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
-    F16_DOTS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr,
+    F16_DOTS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, FIXUP: tl.constexpr,
     WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -411,6 +442,11 @@ def _attn_fwd(
         scale = tl.load(sm_scale).to(tl.float32)
     else:
         scale = sm_scale
+    if FIXUP:
+        if _logits_bounded(Q, K, KvIndptr, BlockTable, tok, h, row_ok, pos, b, kvh, scale, stride_qt, stride_qh,
+                           stride_qd, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd, HEAD_DQK, BLOCK_DQK,
+                           PAGED, PAGE_SIZE):
+            return  # the vendor's rows stand
     dv = tl.arange(0, BLOCK_DV)
     q, q2, f_hi, f_lo, q_inv = _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd,
                                        HEAD_DQK, BLOCK_DQK, BLOCK_HALF, ROPE, DOT_F32, F16_DOTS)

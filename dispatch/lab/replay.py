@@ -58,7 +58,7 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         if not timed:
             continue
         problem = problem_of(p)
-        gated = defect_gated(env, problem, device)
+        gated = defect_gated(env, problem, device, r["backends"])
         graph = router.decide(dataclasses.replace(problem, cuda_graph=True), device, live=False)
         chosen, capturable = automatic(graph, gated), [n for n in graph.accepted() if n in timed]
         eager_decision = router.decide(problem, device, live=False)
@@ -93,17 +93,20 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
 MISS = 0.03  # a regret above this is a miss, and gets its cause
 
 
-def defect_gated(env: dict, problem, device) -> dict[str, str]:
+def defect_gated(env: dict, problem, device, rows: tuple = ()) -> dict[str, str]:
     """Backend -> the known defect (capability_db/defects.json) of the sweep's installed version
     that keeps it out of the automatic choice for this problem. Live, the router rejects it (XQA
     on FlashInfer 0.7.2: non-finite rows at extreme logits); a replay off the GPU has no versions
-    installed, so it reads them from the sweep's environment."""
+    installed, so it reads them from the sweep's environment. A backend whose timing row (in
+    ``rows``) lists the defect as guarded was timed with its guard (runner._mark_guarded): not gated."""
     facts = defect_facts(problem, device)
+    guarded = {(r["backend"], d) for r in rows for d in r.get("guarded", ())}
     gated: dict[str, str] = {}
     for defect in capability_db.known_defects():
         version = str(env.get(defect.provider) or "")
         for name in defect.backends:
-            if version[:1].isdigit() and name not in gated and defect.affects(name, defect.provider, version, facts):
+            if (version[:1].isdigit() and name not in gated and (name, defect.id) not in guarded
+                    and defect.affects(name, defect.provider, version, facts)):
                 gated[name] = defect.id
     return gated
 

@@ -25,6 +25,7 @@ from .. import policy, router
 from .. import timing
 from .build import Built, build, flashinfer_api, flashinfer_own_not_run
 from .problems import BenchProblem
+from .table import problem_of
 
 AUTO = "auto"
 FLASHINFER = "flashinfer"  # FlashInfer's own call of the entry point (its own "auto"), beside ours
@@ -265,6 +266,7 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     for r in rows:
         if r.get("eager_ms"):
             r["rate"] = amount / (r["eager_ms"] * 1e-3) / 1e12
+    _mark_guarded(rows, p)
     result = {"problem": p.to_json(), "name": p.name, "unit": unit, "work": amount,
               "kv_copies": len(built.operands), "backends": rows}
     result.update(summarize(rows))
@@ -273,6 +275,18 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     if device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _mark_guarded(rows: list[dict], p: BenchProblem) -> None:
+    """A timed backend row lists the known defects its adapter guarded on this problem (Backend.guarded):
+    its time includes the guard, so a replay may choose it despite them (replay.defect_gated)."""
+    problem = problem_of(p)
+    for r in rows:
+        if r.get("status") == "ok" and r["backend"] in backends.REGISTRY:
+            backend = backends.get_backend(r["backend"])
+            guarded = [d for d in backend.guards if backend.guarded(d, problem)]
+            if guarded:
+                r["guarded"] = guarded
 
 
 def _flashinfer_row(built: Built, device: str, reps: int, profile: int = 0) -> dict:
