@@ -240,8 +240,8 @@ class NativeTritonBackend(Backend):
 # ---------------------------------------------------------------------------
 MAX_OTHERS = 8  # plans of other facts kept by one plan (the lanes of one call key)
 # The fix-up's launch mostly returns after its bound: short key tiles without a pipeline hold fewer
-# registers and no shared-memory stages (H200, tools/results/fixup-cost-xqa-fixup-cost-s16.md: 0.3-1.8 us
-# less per call than the decode tile on 4 of 6 problems).
+# registers and no shared-memory stages (H200, tools/results/fixup-cost-xqa-fixup-cost-s16{,-b}.md: up to
+# 2.4 us less per call than the decode tile, on 4 of 6 and 7 of 8 problems).
 FIXUP_TILE = dict(num_stages=1, block_n=32)
 FIXUP_CHUNK = 1 << 30  # a fix-up plan's one split: every key of any request (int32 with a window's offset)
 
