@@ -57,10 +57,9 @@ class Backend:
     # caller, and how: ``guarded`` says on which problems.
     guards: ClassVar[dict[str, str]] = {}
 
-    def guarded(self, defect_id: str, problem: "AttentionProblem", live: bool = True) -> bool:
+    def guarded(self, defect_id: str, problem: "AttentionProblem") -> bool:
         """True when this adapter keeps the known defect ``defect_id`` from reaching the caller on
-        ``problem``: the defect then neither holds the backend back nor warns. ``live=False``: by the
-        problem alone, for a machine that had what the guard runs on (a replay). The base: never."""
+        ``problem`` here: the defect then neither holds the backend back nor warns. The base: never."""
         return False
 
     # -- capability ---------------------------------------------------------

@@ -124,9 +124,8 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
               "on decode: native-triton's fix-up after each XQA launch recomputes the row blocks whose "
               "logit at their own position it cannot bound within 1e4 (backends/xqa.py)"}
 
-    def guarded(self, defect_id: str, problem, live: bool = True) -> bool:
-        return (defect_id in self.guards and not fixup_refusal(problem)
-                and (not live or _NATIVE.available() is None))
+    def guarded(self, defect_id: str, problem) -> bool:
+        return defect_id in self.guards and not fixup_refusal(problem) and _NATIVE.available() is None
 
     def plan_reusable(self, problem) -> bool:
         return problem.phase != "spec_decode"  # decode: the function alone; run reads the rest
