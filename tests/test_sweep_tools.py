@@ -17,7 +17,7 @@ import capability_db
 import pytest
 from capability_db import measured
 from dispatch import choice
-from dispatch.lab import bench, runner, warm
+from dispatch.lab import bench, runner, table, warm
 from dispatch.lab.problems import PAGED, SINGLE, BenchProblem
 from dispatch.lab.vendors import make_problem
 
@@ -238,7 +238,12 @@ def test_replay_never_serves_a_backend_a_known_defect_of_the_sweeps_version_keep
     gated = rows["0.7.2"]
     assert gated["chosen"] == gated["eager_chosen"] == "native-triton" and gated["fastest"] == "xqa"
     assert gated["cause"] == "xqa not chosen automatically: known defect xqa-nonfinite-at-extreme-logits of its version"
-    assert rows["not installed (ModuleNotFoundError)"]["chosen"] == "xqa"  # no version: nothing to gate
+    # no version: nothing to gate (which backend the table then ranks first is the table's business)
+    assert "known defect" not in rows["not installed (ModuleNotFoundError)"]["cause"]
+    bench_problem = table.problem_of(BenchProblem(**problem))
+    h200 = capability_db.device_for_capability(9, 0, env["gpu"])
+    assert replay.defect_gated({"flashinfer": "not installed (ModuleNotFoundError)"}, bench_problem, h200) == {}
+    assert replay.defect_gated({"flashinfer": "0.7.2"}, bench_problem, h200) == {"xqa": "xqa-nonfinite-at-extreme-logits"}
 
 
 def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_cannot_serve():
