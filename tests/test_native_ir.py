@@ -326,24 +326,3 @@ def test_fixup_variant_builds_ir(frontend, monkeypatch, kv_dtype, storage):
              kv_dtype=kv_dtype, window_left=7, sinks=True, lse=False)
     plan, calls = _check(frontend, monkeypatch, c, fixup=True)
     assert [n for n, _, _ in calls] == ["_attn_fwd"] and plan.constexprs["FIXUP"] and plan.num_splits == 1
-
-
-@compiles
-def test_fixup_after_pdl_waits_for_the_vendor_first(frontend, monkeypatch):
-    """On sm_90 the fix-up launches as XQA's programmatic dependent: launch_pdl, and griddepcontrol.wait
-    before the kernel's first load (XQA lets dependents start before its own wait)."""
-    monkeypatch.setattr(tb, "fixup_mode", lambda device: tb.FIXUP_AFTER_PDL)
-    c = Case(phase="decode", storage="paged", q_lens=(1, 1), kv_lens=(40, 9), hq=8, hkv=2, dtype="bfloat16")
-    plan, calls = _launches(monkeypatch, c, fixup=True)
-    (name, args, options), = calls
-    assert plan.constexprs["FIXUP"] == tb.FIXUP_AFTER_PDL and options["launch_pdl"] is True
-    ir = str(frontend.make_ir(name, args, options, None))
-    kernel = ir[ir.index("tt.func public @_attn_fwd"):]
-    kernel = kernel[:kernel.index("tt.func private")]  # the helpers follow the kernel
-    wait, first_load = kernel.find("_wait_for_prior_grid"), kernel.find("tt.load")
-    assert 0 <= wait < first_load, kernel[:3000]
-    assert '"griddepcontrol.wait' in ir
-    monkeypatch.setattr(tb, "fixup_mode", lambda device: tb.FIXUP_PLAIN)
-    plan, calls = _launches(monkeypatch, c, fixup=True)
-    assert "launch_pdl" not in calls[0][2]
-    assert "griddepcontrol" not in str(frontend.make_ir(*calls[0], None))

@@ -1,10 +1,9 @@
 """What xqa's fix-up costs (backends/xqa.py: native-triton's FIXUP launch after each XQA decode), on a GPU.
 
-Per problem of a bench problem file, the CUDA-graph us per call (10 calls in one graph, the one timing
-helper) of: XQA alone (the adapter with its guard switched off), XQA + the fix-up as planned (on sm_90, a
-programmatic dependent of XQA: triton_backend.fixup_mode), XQA + the fix-up launched plainly, the fix-up
-alone, and XQA + an empty Triton kernel (what any second launch after XQA costs). Writes
-DIR/fixup-cost-<stem>.json/.md. (Session 16 compared fix-up tiles here and kept triton_backend.FIXUP_TILE.)
+Per problem of a bench problem file, the CUDA-graph ms per call (10 calls in one graph, the one timing
+helper) of: XQA alone (the adapter with its guard switched off), XQA + the fix-up as planned, XQA + the
+fix-up on other tiles (VARIANTS of triton_backend.FIXUP_TILE), the fix-up alone, and XQA
++ an empty Triton kernel (what any second launch after XQA costs). Writes DIR/fixup-cost-<stem>.json/.md.
 
     python tools/fixup_cost.py tools/grids/xqa-fixup-cost-s16.json --out DIR
 """
@@ -25,7 +24,8 @@ from dispatch.entries import _base
 from dispatch.lab import problems
 from dispatch.lab.build import build
 
-VARIANTS = {"plain_launch": tb.FIXUP_PLAIN}  # fixup_mode's other launches, against the planned one
+VARIANTS = {"stages3_n128": dict(num_stages=3, block_n=128), "stages1_n16_w2": dict(num_stages=1, block_n=16, num_warps=2),
+            "stages1_n16_w1": dict(num_stages=1, block_n=16, num_warps=1)}
 REPS, CALLS = 20, 10
 
 
@@ -65,8 +65,8 @@ def measure(built) -> dict:
         with policy.use_backend("xqa"):
             call, op, empty = built.call(), built.operands[0], _empty_kernel()
             row["xqa_then_empty_kernel"] = _graph_ms(lambda: (call(op), empty()))
-    for name, mode in VARIANTS.items():
-        with mock.patch.object(tb, "fixup_mode", lambda device, mode=mode: mode):
+    for name, change in VARIANTS.items():
+        with mock.patch.object(tb, "FIXUP_TILE", change):
             row[f"fixup_{name}"] = _ours(built)
     seen = {}
     planned = xqa.XqaBackend.plan

@@ -178,7 +178,7 @@ class NativeTritonBackend(Backend):
             splits, chunk = choose_splits(problem, batch, cfg, m_blocks, device)
         grid = (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits)
         plan = TritonPlan(problem, cfg, grid, splits, chunk, batch.total_q,
-                          _constexprs(problem, cfg, splits, fixup_mode(device) if fixup else 0), device_key(device))
+                          _constexprs(problem, cfg, splits, fixup), device_key(device))
         if splits > 1:
             plan.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
                                       dtype=torch.float32, device=device)
@@ -244,17 +244,6 @@ MAX_OTHERS = 8  # plans of other facts kept by one plan (the lanes of one call k
 # 2.4 us less per call than the decode tile, on 4 of 6 and 7 of 8 problems).
 FIXUP_TILE = dict(num_stages=1, block_n=32)
 FIXUP_CHUNK = 1 << 30  # a fix-up plan's one split: every key of any request (int32 with a window's offset)
-# the kernel's FIXUP (triton_kernels.FIXUP_AFTER_PDL): a plain launch, or one as a programmatic dependent
-FIXUP_PLAIN, FIXUP_AFTER_PDL = 1, 2
-
-
-def fixup_mode(device: torch.device) -> int:
-    """The fix-up's launch on ``device``: as a programmatic dependent of the vendor's kernel (PDL) on a
-    compiled sm_90+ GPU, where griddepcontrol exists; its programs are then placed while the vendor's
-    kernel runs and wait for it on the GPU, instead of the launch starting after it."""
-    if device.type != "cuda" or interpreting():
-        return FIXUP_PLAIN
-    return FIXUP_AFTER_PDL if torch.cuda.get_device_capability(device)[0] >= 9 else FIXUP_PLAIN
 
 
 def fixup_refusal(problem: AttentionProblem) -> str:
@@ -645,9 +634,8 @@ def _set_tma_allocator(device: torch.device) -> None:
     _TMA_ALLOCATOR.append(scratch)
 
 
-def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int, fixup: int = 0) -> dict:
-    """The attention kernel's plan-fixed constexprs, in its parameter order (see _plan_launches);
-    ``fixup``: 0, or the fix-up's ``fixup_mode``."""
+def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int, fixup: bool = False) -> dict:
+    """The attention kernel's plan-fixed constexprs, in its parameter order (see _plan_launches)."""
     mask_mode = {"none": 0, "custom": 1, "spec_bits": 2}[problem.mask]
     # Dots in fp16 whenever q or K/V are fp8 (fp8 -> fp16 is exact and one instruction per pair). The
     # interpreter's bf16 dot is wrong (Triton 3.9): there only bf16 dots run in fp32 instead.
@@ -693,10 +681,8 @@ def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
     p, cfg = plan.problem, plan.config
     _check_parameter_order(tk._attn_fwd, plan.constexprs)
     direct = device.type == "cuda" and not interpreting()
-    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if plan.constexprs["FIXUP"] == FIXUP_AFTER_PDL:
-        options["launch_pdl"] = True
-    plan.attention = KernelLaunch(tk._attn_fwd, plan.grid, tuple(plan.constexprs.values()), options, device, direct)
+    plan.attention = KernelLaunch(tk._attn_fwd, plan.grid, tuple(plan.constexprs.values()),
+                                  dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), device, direct)
     part_strides = (0,) * 5
     if plan.num_splits > 1:
         part_strides = (*plan.part_o.stride()[:3], *plan.part_lse.stride()[:2])

@@ -22,10 +22,6 @@ out what a problem does not use, so each configuration gets a lean specializatio
 * FIXUP (a vendor decode's fix-up, backends/xqa.py): each program first bounds its rows' logits at
   their own position (the key every row sees) and returns at once when every bound is within
   FIXUP_LOGIT; otherwise it computes its rows as usual (one split), overwriting the vendor's output.
-  FIXUP == FIXUP_AFTER_PDL: launched as a programmatic dependent of the vendor's kernel (launch_pdl),
-  so its programs are placed while that kernel still runs; each first waits for it (griddepcontrol.wait:
-  the vendor's grid done and its memory visible) before reading anything, since XQA lets dependents
-  start before its own wait on the kernel before it (csrc/xqa/mha.cu, mha_sm90.cu: preExit, then acqBulk).
 * Every index tensor is read on the device: no host synchronization, CUDA-graph safe.
 * Parameter order is fixed by the host's fast launcher (triton_backend.py): pointers and floats,
   then ints, then the plan's constexprs, then the two per-call constexprs (SCALE_PTR, OUT_SCALE_PTR).
@@ -54,7 +50,6 @@ FAST_TRIG = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 # above. XQA starts its row max at -1e5 and gives masked keys that logit (csrc/xqa/utils.cuh
 # safeInitRowMax), so it is exact for such rows; 10x below that, e4m3 rounding of q (7%) included.
 FIXUP_LOGIT = tl.constexpr(1e4)
-FIXUP_AFTER_PDL = tl.constexpr(2)  # FIXUP's value for a fix-up launched with PDL (1: a plain launch)
 
 
 @triton.jit
@@ -365,13 +360,6 @@ def _load_q(Q, RopeFreq, tok, h, row_ok, pos, stride_qt, stride_qh, stride_qd, H
 
 
 @triton.jit
-def _wait_for_prior_grid():
-    # griddepcontrol.wait (sm_90+) as inline PTX: Triton's own gdc_wait is not in every Triton we run on.
-    # A no-op in a kernel not launched as a programmatic dependent.
-    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _logits_bounded(Q, K, KvIndptr, BlockTable, tok, h, row_ok, pos, b, kvh, scale, stride_qt, stride_qh,
                     stride_qd, stride_bt, stride_kp, stride_kt, stride_kh, stride_kd, HEAD_DQK: tl.constexpr,
                     BLOCK_DQK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
@@ -415,8 +403,6 @@ def _attn_fwd(
     F16_DOTS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, FIXUP: tl.constexpr,
     WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
-    if FIXUP == FIXUP_AFTER_PDL:
-        _wait_for_prior_grid()
     pid_m = tl.program_id(0)
     if CAUSAL:  # the last query blocks see the most keys: launch them first to shorten the tail
         pid_m = tl.num_programs(0) - 1 - pid_m
