@@ -38,7 +38,7 @@ from capability_db.measured import ANCHORS
 from . import policy
 
 from .inputs import Case, make_batch
-from .problem import AttentionProblem, DeviceDesc
+from .problem import AttentionProblem, DeviceDesc, class_middle
 
 ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"
 ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
@@ -125,12 +125,6 @@ def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
     return f"{dataclasses.replace(problem, cuda_graph=False)!r}|" + "x".join(str(_pow2(n)) for n in sizes)
 
 
-def middle(bucket: tuple[int, ...]) -> tuple[int, ...]:
-    """Where a bucket is timed: each size at 3/4 of its power of two, the middle of the class
-    (N/2, N] it stands for (the top would time every call of the class at its largest)."""
-    return tuple(n if n <= 2 else 3 * n // 4 for n in bucket)
-
-
 def may_measure() -> bool:
     """Not inside CUDA-graph capture, not while torch.compile traces."""
     if torch.compiler.is_compiling():
@@ -161,11 +155,11 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     elif hit is None or any(n not in hit for n in accepted):
         if not may_measure():
             return None
-        hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], middle(sizes))}
+        hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], class_middle(sizes))}
         with _lock:
             data["buckets"][key] = hit
             _write(path, data, device)
-    times = {n: _entry(hit[n], middle(sizes)) for n in accepted if hit.get(n) is not None}
+    times = {n: _entry(hit[n], class_middle(sizes)) for n in accepted if hit.get(n) is not None}
     return times or None
 
 

@@ -34,6 +34,11 @@ every call), which rows measured through other entry points do not carry. Where 
 the estimates (it knows the entry point), only the backends that plan per call through this entry
 (capability data ``plans_per_call``) go behind. Estimates order the candidates within each tier.
 
+With sizes (the problem's size class) the estimates are made at the class's middle
+(``class_middle``: 3/4 of each power of two, where the autotune times it too), not at its top, which
+would judge every call of the class at its largest (cross-validated on the H200's A-Q: 1799 of 2211
+within 3% against 1781 of 2208; tools/results/size-class-middle-s18.md).
+
 Without sizes (the router's problem key holds none) a backend's score is the geometric mean,
 over the matching rows' sizes (or the phase's anchor sizes), of its estimate over the best
 estimate there. Scores within TIE of the best keep the static priority order; no timing table
@@ -54,7 +59,7 @@ from capability_db.measured import (ANCHORS, QUERY_TILE, SMS, Efficiency, Timing
                                     Sizes, table_for, work)
 
 from . import autotune
-from .problem import AttentionProblem, DeviceDesc
+from .problem import AttentionProblem, DeviceDesc, class_middle
 
 TIE = 0.03  # estimates within 3% are a tie: the priority list decides
 PREFILL_BANDWIDTH = 0.9  # share of peak bandwidth any backend streams on prefill-shaped work
@@ -277,7 +282,9 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         return Ranking(list(accepted), {}, f"priority list ({why})")
     where = f"{table.gpu} (capability_db/measured" + (f"; {table.scaling})" if table.scaling else ")")
     rows = table.rows_for(problem)
-    points = [sizes] if sizes else sorted({_sizes(r) for r in rows}) or [ANCHORS.get(problem.phase, ANCHORS["prefill"])]
+    # a size class is judged at its middle, as the autotune times it (the top: every call at the class's largest)
+    points = ([class_middle(sizes)] if sizes else sorted({_sizes(r) for r in rows})
+              or [ANCHORS.get(problem.phase, ANCHORS["prefill"])])
     anchors = [shared_row(rows, accepted, problem, pt) if sizes else None for pt in points]
     graph = problem.cuda_graph or capturing(device)
     hosts = {n: host_us(table, rows, n, problem.entry) for n in accepted}
@@ -296,8 +303,15 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
              else f"fitted time ({where}: no row matches this problem's facts)" if fitted
              else f"cost model ({where}: no row matches this problem's facts)")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
+    if sizes:
+        basis += f"; at {' x '.join(map(str, points[0]))}, the middle of the size class {_class_text(sizes)}"
     return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted, fitted),
                     len(per_point))
+
+
+def _class_text(sizes: Sizes) -> str:
+    """The sizes one decision serves: batch x q x kv, each (N/2, N] of its power of two."""
+    return " x ".join(str(n) if n <= 2 else f"{n // 2 + 1}-{n}" for n in sizes)
 
 
 def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],

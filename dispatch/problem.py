@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from capability_db.vocabulary import (DTYPE_NAMES, NAME_DTYPES, AttentionBatch, AttentionProblem, DeviceDesc,
                                       KVStorage, Layout, MaskKind, Phase, PosEncoding, Reason, Scale, dtype_name,
-                                      size_class)
+                                      class_middle, size_class)
 
 __all__ = ["DTYPE_NAMES", "NAME_DTYPES", "AttentionBatch", "AttentionProblem", "DeviceDesc", "KVStorage", "Layout",
            "MaskKind", "Phase", "PosEncoding", "Reason", "Scale", "dtype_name",
-           "size_class"]
+           "class_middle", "size_class"]

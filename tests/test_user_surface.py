@@ -142,7 +142,9 @@ def test_query_json_has_the_estimates(capsys):
     rc, out = _cli(capsys, "query", "--gpu", "h100", "--phase", "decode", "--sizes", "64", "1", "4096", "--json")
     data = json.loads(out)
     ranked = [c for c in data["candidates"] if c["accepted"] and c["ranked"]]
-    assert all(c["score"] is None and c["estimate_sizes"] == [64, 1, 4096] for c in ranked)
+    # one decision serves the size class (33-64 x 1 x 2049-4096), judged at its middle
+    assert all(c["score"] is None and c["estimate_sizes"] == [48, 1, 3072] for c in ranked)
+    assert data["ranking"].endswith("at 48 x 1 x 3072, the middle of the size class 33-64 x 1 x 2049-4096")
 
 
 def test_explain_cli_is_short_unless_verbose(capsys):
