@@ -282,7 +282,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         return Ranking(list(accepted), {}, f"priority list ({why})")
     where = f"{table.gpu} (capability_db/measured" + (f"; {table.scaling})" if table.scaling else ")")
     rows = table.rows_for(problem)
-    # a size class is judged at its middle, as the autotune times it (the top: every call at the class's largest)
+    # a size class is judged at its middle, where the autotune times it too (at its top, as its largest call)
     points = ([class_middle(sizes)] if sizes else sorted({_sizes(r) for r in rows})
               or [ANCHORS.get(problem.phase, ANCHORS["prefill"])])
     anchors = [shared_row(rows, accepted, problem, pt) if sizes else None for pt in points]
