@@ -98,7 +98,8 @@ class AttentionProblem:
     device_type: Literal["cpu", "cuda"] = "cuda"
     cuda_graph: bool = False  # the caller will capture run() in a CUDA graph
     # (batch, max q length, max kv length) rounded up to powers of two (size_class), or () when
-    # unknown: not a capability fact, the size the measured choice ranks the candidates at.
+    # unknown: not a capability fact, the class the measured choice ranks the candidates for (at its
+    # middle: class_middle).
     sizes: tuple = ()
 
     @property
