@@ -4,14 +4,10 @@
 # cudnn-frontend, pydantic and tvm-ffi in /tmp/site), and the FlashInfer modules compiled on an
 # earlier machine (.jit, from tools/jit_pack.sh) as FlashInfer's AOT modules, so they load
 # without a compile. Then `python3 -m dispatch ...` runs this tree.
-# The pruned 0.7.2 (session 18): the wheel unpacked, data/csrc's sources of kernels attention never
-# builds removed (cake_*, kda, fused_moe, gdn, experimental, blackwell_*, alphamoe*, cute_sm12x_gemm,
-# sparse_mla_sm120, gated_act_mxfp8, trtllm_fused_moe*, fmha_v2; 258 -> 7 MB), data/cutlass, cccl
-# and include kept (fa3 needs cutlass/tools), then `tar c flashinfer flashinfer_python-0.7.2.dist-info
-# | xz -9`: 13 MB, .whl072/flashinfer-0.7.2-pruned-site.tar.xz. .whl without FlashInfer 0.5.3: 17 MB.
+# .whl and .whl072 (FlashInfer 0.7.2 pruned, an xz'd tree since session 18): tools/carry_prep.sh.
 if [ ! -f /tmp/site072/.installed ]; then
   pip_install="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
-  # .whl072: the pruned wheel, or the pruned wheel's tree as .tar.xz (half the bytes: see above)
+  # .whl072: the pruned wheel, or the pruned wheel's tree as .tar.xz (half the bytes)
   mkdir -p /tmp/site072 && $pip_install --target /tmp/site .whl/*.whl && \
     { ls .whl072/*.whl >/dev/null 2>&1 && $pip_install --target /tmp/site072 .whl072/*.whl || true; } && \
     { ls .whl072/*.tar.xz >/dev/null 2>&1 && xz -dc .whl072/*.tar.xz | tar x -C /tmp/site072 || true; } && \
