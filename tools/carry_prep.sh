@@ -12,7 +12,7 @@ bash ../shared/device/fetch-wheels.sh >/dev/null && rm -f .whl/flashinfer_python
 work=$(mktemp -d) && trap 'rm -rf "$work"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform any -d "$work" flashinfer-python==0.7.2 2>&1 | grep -v WARN || true
-(cd "$work" && python3 -m zipfile -e flashinfer_python-0.7.2-*.whl tree)
+(cd "$work" && unzip -q flashinfer_python-0.7.2-*.whl -d tree)  # unzip keeps the files' modes
 (cd "$work/tree/flashinfer/data/csrc" && rm -rf cake_* kda fused_moe gdn experimental blackwell_* alphamoe* \
   cute_sm12x_gemm sparse_mla_sm120 gated_act_mxfp8 trtllm_fused_moe* fmha_v2)
 mkdir -p .whl072 && rm -f .whl072/*
