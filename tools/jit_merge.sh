@@ -3,10 +3,11 @@
 # as 15 MB parts for the next call's carry. The carry is 64 MiB in all: since session 18 the wheels
 # take 30 MB (tools/carry_prep.sh) and the tree 19 MB (tools/results moved out; h200.json is 17 MB),
 # so .jit must stay under about 15 MB. The modules are stripped of their symbols (strip
-# --strip-unneeded: 109 -> 94 MB for session 18's 33, which then loaded on the H200) and packed with
-# xz -9. Kept: the fa3 (sm90) modules, the slowest to compile (about 70 s each), and fa2's bf16
-# head-dim-128 batch modules; the rest compile on the machine. $SELECT overrides the pattern (an
-# extended regex).
+# --strip-unneeded: 109 -> 94 MB for session 18's 33; 25 of them, so stripped, went to a fresh H200,
+# whose sweep ran, though whether FlashInfer loaded them rather than compiling again was not checked)
+# and packed with xz -9. Kept: the fa3 (sm90) modules, the slowest to compile (about 70 s each),
+# and fa2's bf16 head-dim-128 batch modules; the rest compile on the machine. $SELECT overrides
+# the pattern (an extended regex).
 set -e
 select=${SELECT:-'_sm90$|^quantization$|^batch_prefill.*dtype_q_bf16_dtype_kv_bf16.*head_dim_qk_128_.*kv_stride_equal$'}
 mkdir -p .jit-so .jit
