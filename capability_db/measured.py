@@ -25,6 +25,13 @@ from the device description (``DeviceDesc.peak_tb_per_s`` / ``peak_tflops``, whi
 fills from the live GPU's properties where it can) or, by name, from ``GPU_PEAKS`` (NVIDIA's
 datasheets). Never another GPU's times unchanged unless nothing is known of this one's peaks
 (then the table says so: ``scaling``).
+
+A table with fitted times (``TimingTable.fitted``) beats a GPU's own table without them: a fit over
+thousands of random problems, scaled, chooses better than a few dozen rows of one grid measured
+on the GPU itself. Over 30 random problems measured on an H100 (sweep R 87-116), the choice for a
+CUDA graph was within 3% of the fastest on 21 under the H100's own grid table (78 rows, no fit,
+max regret 399%) and on 27 under the H200's fitted table scaled to the H100 (max 17%;
+tools/results/h100-table-choice-s19.md).
 """
 from __future__ import annotations
 
@@ -369,28 +376,40 @@ def device_peaks(device: DeviceDesc) -> tuple[float, float, str]:
 
 
 def table_paths(sm: int) -> list[Path]:
-    return [path for path in sorted(MEASURED_DIR.glob("*.json")) if _sm_of(path) == sm]
+    return [path for path in sorted(MEASURED_DIR.glob("*.json")) if _summary(path).sm == sm]
 
 
 def table_path(device: DeviceDesc) -> Optional[Path]:
-    """The device's own table (by GPU name), else the first of its SM, else None."""
+    """The table the device ranks by: its own (by GPU name) if fitted; else the fitted table of its
+    SM with the most rows; else its own; else the first of its SM; None where its SM has none."""
     paths = table_paths(device.sm)
     key = gpu_key(device.name)
     own = [p for p in paths if key and p.stem == key]
-    return (own or paths or [None])[0]
+    fitted = sorted((p for p in paths if _summary(p).fitted), key=lambda p: -_summary(p).rows)
+    if own and _summary(own[0]).fitted:
+        return own[0]
+    return (fitted or own or paths or [None])[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSummary:
+    sm: int
+    fitted: bool  # carries ``TimingTable.fitted``
+    rows: int
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_of(path: Path) -> int:
+def _summary(path: Path) -> TableSummary:
     try:
-        return int(json.loads(path.read_text()).get("sm", -1))
+        data = json.loads(path.read_text())
+        return TableSummary(int(data.get("sm", -1)), bool(data.get("fitted")), len(data.get("rows", ())))
     except (OSError, ValueError):
-        return -1
+        return TableSummary(-1, False, 0)
 
 
 def forget() -> None:
     """Drop every table read so far (a tool that swaps ``MEASURED_DIR`` for another table)."""
-    for cached in (_sm_of, load_table, table_for):
+    for cached in (_summary, load_table, table_for):
         cached.cache_clear()
 
 
@@ -404,8 +423,9 @@ def load_table(path: Path) -> TimingTable:
 
 @functools.lru_cache(maxsize=None)
 def table_for(device: DeviceDesc) -> Optional[TimingTable]:
-    """The device's own timing table; else a table of its SM scaled to its peaks (module doc);
-    None on the CPU or where nobody measured the SM."""
+    """``table_path``'s table: the device's own as measured, another GPU's scaled to its peaks
+    (module doc; ``scaling`` says how, and why its own was passed over); None on the CPU or where
+    nobody measured the SM."""
     if device.kind != "cuda":
         return None
     path = table_path(device)
@@ -415,11 +435,15 @@ def table_for(device: DeviceDesc) -> Optional[TimingTable]:
     key = gpu_key(device.name)
     if key and key == table.key:
         return table
+    passed_over = next((p for p in table_paths(device.sm) if key and p.stem == key), None)
+    why = (f"; its own {key} table has no fitted times ({_summary(passed_over).rows} rows)"
+           if passed_over is not None else "")
     bw, fl, name = device_peaks(device)
     known = gpu_peaks(table.gpu)
     if not fl and device.sm_count and known:  # compute follows the SM count at the same clocks
         fl = table.peak_tflops * device.sm_count / known.sms
     if not bw and not fl:
         return table.model_copy(update={"scaling": f"{table.key} table unscaled: no peak figures for "
-                                                   f"{name} (capability_db/measured.py GPU_PEAKS)"})
-    return table.scaled_to(bw or table.peak_tb_per_s, fl or table.peak_tflops, name)
+                                                   f"{name} (capability_db/measured.py GPU_PEAKS){why}"})
+    scaled = table.scaled_to(bw or table.peak_tb_per_s, fl or table.peak_tflops, name)
+    return scaled.model_copy(update={"scaling": scaled.scaling + why}) if why else scaled

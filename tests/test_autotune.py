@@ -34,8 +34,8 @@ def decode_problem(**kw):
 
 
 def with_rows(monkeypatch, ms: dict[str, float]):
-    """The H100 table with one decode row at the anchor sizes carrying ``ms``."""
-    real = measured.table_for(H100)
+    """The H100 grid table (rows, no fit) with one decode row at the anchor sizes carrying ``ms``."""
+    real = h100_grid_table()
     p = decode_problem()
     bucket = measured.Bucket(entry=p.entry, phase="decode", batch=64, q_len=1, kv_len=4096, gqa_group=4,
                              head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=False)
@@ -44,9 +44,17 @@ def with_rows(monkeypatch, ms: dict[str, float]):
     return p
 
 
+def h100_grid_table() -> measured.TimingTable:
+    """The H100's own table (68-problem grid, no fitted times): the base of the synthetic tables
+    here, whose rows and cost model the tests replace. An H100 ranks by the H200's fitted table,
+    scaled (measured.table_path)."""
+    return measured.load_table(measured.MEASURED_DIR / "h100.json")
+
+
 def test_h100_table_loads_and_the_cpu_has_none():
-    t = measured.table_for(H100)
+    t = h100_grid_table()
     assert t is not None and t.sm == 90 and t.rows and {"fa2", "fa3", "cudnn", "xqa"} <= set(t.efficiency)
+    assert t.fitted is None and measured.table_for(H100).gpu == "NVIDIA H200"
     assert measured.table_for(capability_db.CPU_DEVICE) is None
 
 
@@ -143,8 +151,8 @@ def test_autotune_times_order_the_candidates(monkeypatch):
 
 
 def _tuned_table(monkeypatch, gpu_ms: dict[str, float], host: dict[str, float]):
-    """Autotune returns ``gpu_ms``; the H100 table (no rows) holds ``host`` us per call on every entry."""
-    real = measured.table_for(H100)
+    """Autotune returns ``gpu_ms``; the H100 grid table (no rows) holds ``host`` us per call on every entry."""
+    real = h100_grid_table()
     table = real.model_copy(update={"rows": [], "host_us": {n: {e: us for e in measured_entries()} for n, us in host.items()}})
     monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
     autotune.autotune(True)
@@ -215,7 +223,7 @@ def test_reference_serving_a_cuda_problem_warns_once_with_the_others_reasons(cap
 def test_the_problems_size_class_picks_the_row_measured_at_that_size(monkeypatch):
     """A problem carries its size class (dispatch sets it from the call or the plan): the choice
     follows the row measured at those sizes, not one order for every size of the problem."""
-    real = measured.table_for(H100)
+    real = h100_grid_table()
     p = make_problem(entry="BatchPrefillWithPagedKVCacheWrapper", phase="prefill", num_qo_heads=32, num_kv_heads=8,
                      head_dim_qk=128, head_dim_vo=128, device_type="cuda", causal=True)
 
@@ -236,7 +244,7 @@ def test_candidates_are_compared_at_the_row_that_timed_them_side_by_side(monkeyp
     """A candidate timed only far away (its time scaled down by the model) does not jump ahead of
     those timed side by side nearest the call's sizes (seen on the H100: torch-flash, timed at
     kv 8192 only, was scaled to 2 us at kv 64 and chosen for a tiny single prefill)."""
-    real = measured.table_for(H100)
+    real = h100_grid_table()
     p = make_problem(entry="single_prefill_with_kv_cache", phase="decode", kv_storage="dense", page_size=0,
                      num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, device_type="cuda")
 

@@ -15,7 +15,7 @@ from capability_db import measured
 from dispatch import choice, router
 from dispatch.lab import runner, table
 from dispatch.lab.problems import PAGED, BenchProblem
-from test_autotune import decode_problem
+from test_autotune import decode_problem, h100_grid_table
 
 H100 = capability_db.resolve_device("h100")
 H200 = capability_db.resolve_device("h200")
@@ -29,8 +29,8 @@ def fresh():
 
 
 def synthetic(monkeypatch, ms: dict, host_us: dict, table_host: dict | None = None):
-    """The H100 table with one decode row at the anchor sizes: GPU ``ms`` and row ``host_us``."""
-    real = measured.table_for(H100)
+    """The H100 grid table with one decode row at the anchor sizes: GPU ``ms`` and row ``host_us``."""
+    real = h100_grid_table()
     p = decode_problem()
     bucket = measured.Bucket(entry=p.entry, phase="decode", batch=64, q_len=1, kv_len=4096, gqa_group=4,
                              head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=False)
@@ -68,19 +68,48 @@ def test_the_tables_host_figure_wins_over_the_rows_and_old_tables_use_defaults(m
 
 def test_a_gpu_without_its_own_table_borrows_its_sms_scaled_by_its_peaks():
     gh200 = capability_db.device_for_capability(9, 0, "NVIDIA GH200 480GB")  # sm_90, no table of its own
-    own, scaled = measured.table_for(H100), measured.table_for(gh200)
+    own, scaled = measured.table_for(H200), measured.table_for(gh200)
     assert own.scaling == "" and scaled is not own
-    assert scaled.scaling == "h100 table scaled to this GPU (NVIDIA GH200 480GB: bandwidth x1.19, compute x1.00)"
+    assert scaled.scaling == "h200 table scaled to this GPU (NVIDIA GH200 480GB: bandwidth x0.83, compute x1.00)"
     assert (scaled.peak_tb_per_s, scaled.peak_tflops) == (4.0, 989.0)
-    ratio = 4.0 / 3.35
-    for a, b in zip(own.rows, scaled.rows):
+    ratio = 4.0 / 4.8
+    for a, b in list(zip(own.rows, scaled.rows))[::50]:
         for name, ms in a.ms.items():
             floor = min(ms, own.efficiency[name].launch_us / 1e3) if name in own.efficiency else 0.0
             want = floor + (ms - floor) / (ratio if a.bucket.phase == "decode" else 1.0)
             assert b.ms[name] == pytest.approx(want, rel=1e-3, abs=2e-5)
     assert any(b.ms != a.ms for a, b in zip(own.rows, scaled.rows) if a.bucket.phase == "decode")
     d = router.decide(decode_problem(), gh200, live=False)
-    assert "h100 table scaled to this GPU (NVIDIA GH200 480GB: bandwidth x1.19" in " ".join(d.explain().split())
+    assert "h200 table scaled to this GPU (NVIDIA GH200 480GB: bandwidth x0.83" in " ".join(d.explain().split())
+
+
+def test_a_fitted_table_of_the_sm_beats_a_gpus_own_table_without_a_fit():
+    """The H100's own table is a 68-problem grid without fitted times; the H200's is fitted over
+    thousands of random problems. Scaled to the H100 it chose within 3% of the fastest on 27 of 30
+    random problems measured on an H100, the H100's own table on 21 (h100-table-choice-s19.md)."""
+    t = measured.table_for(H100)
+    assert t.gpu == "NVIDIA H200" and t.fitted is not None
+    assert t.scaling == ("h200 table scaled to this GPU (h100: bandwidth x0.70, compute x1.00); "
+                         "its own h100 table has no fitted times (78 rows)")
+    d = router.decide(decode_problem(), H100, live=False)
+    assert "its own h100 table has no fitted times" in " ".join(d.explain().split())
+
+
+def test_a_gpus_own_fitted_table_stays_its_own(tmp_path, monkeypatch):
+    """Of two fitted tables of one SM, a GPU ranks by its own, unscaled; a third GPU of that SM
+    borrows the one with the most rows."""
+    h200 = json.loads((measured.MEASURED_DIR / "h200.json").read_text())
+    small = {**h200, "gpu": "NVIDIA H100 80GB HBM3", "rows": h200["rows"][:5]}
+    (tmp_path / "h200.json").write_text(json.dumps(h200))
+    (tmp_path / "h100.json").write_text(json.dumps(small))
+    monkeypatch.setattr(measured, "MEASURED_DIR", tmp_path)
+    measured.forget()
+    try:
+        assert measured.table_for(H100).scaling == "" and len(measured.table_for(H100).rows) == 5
+        gh200 = capability_db.device_for_capability(9, 0, "NVIDIA GH200 480GB")
+        assert measured.table_for(gh200).scaling.startswith("h200 table scaled to this GPU")
+    finally:
+        measured.forget()
 
 
 def test_the_h200_uses_its_own_measured_table():
@@ -93,8 +122,8 @@ def test_unknown_names_scale_compute_by_sm_count_or_say_they_are_unscaled():
     t = measured.table_for(by_sms)
     assert "compute x0.50" in t.scaling and "bandwidth x1.00" in t.scaling
     bare = measured.table_for(capability_db.resolve_device("sm_90"))
-    assert bare.scaling.startswith("h100 table unscaled: no peak figures for sm_90")
-    described = dataclasses.replace(capability_db.resolve_device("sm_90"), peak_tb_per_s=6.7, peak_tflops=989.0)
+    assert bare.scaling.startswith("h200 table unscaled: no peak figures for sm_90")
+    described = dataclasses.replace(capability_db.resolve_device("sm_90"), peak_tb_per_s=9.6, peak_tflops=989.0)
     assert "bandwidth x2.00" in measured.table_for(described).scaling
 
 

@@ -1,0 +1,103 @@
+"""Which table should a GPU rank by? The choice for one GPU's measured problems replayed under each
+of several timing tables, each table put alone in the measured folder (so the router takes it,
+scaled to the GPU where it is another GPU's: capability_db.measured.table_for). Prints and writes
+DIR/<stem>.md and .json: per table, within 3% of the fastest (the CUDA-graph choice by GPU time,
+the eager choice by call cost) and auto / FlashInfer's own call; then each problem's choices.
+
+    python tools/table_choice.py --tables capability_db/measured/h100.json capability_db/measured/h200.json \\
+        --bench tools/results/bench-random-150-seed-2937607121-cuda-from-{87,98,110}.json --out DIR --stem NAME
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+import capability_db
+from capability_db import measured
+from dispatch import router
+from dispatch.lab import replay, table
+from dispatch.lab.report import ratio_figures, regret_figures
+
+
+def replay_under(results: dict, table_file: Path) -> tuple[list[dict], str]:
+    """The replayed rows with ``table_file`` the only table, and how the router took it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / table_file.name).symlink_to(table_file.resolve())
+        with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
+            measured.forget()
+            router.clear_caches()
+            rows = replay.replay(results)
+            env = results["environment"]
+            major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
+            used = measured.table_for(capability_db.device_for_capability(major, minor, env["gpu"]))
+            how = used.scaling or f"{used.key} table, unscaled (the GPU's own)"
+    measured.forget()
+    router.clear_caches()
+    return rows, how
+
+
+def figures(rows: list[dict]) -> dict:
+    return {"graph": regret_figures(rows), "eager": regret_figures(rows, "cost_regret"),
+            "over_flashinfer": ratio_figures(rows, "over_flashinfer"),
+            "cost_over_flashinfer": ratio_figures(rows, "cost_over_flashinfer")}
+
+
+def _within(f: dict) -> str:
+    return f"{f['within_3pct']} / {f['count']} ({f['within_3pct'] / f['count']:.0%}), max {f['max']:.1%}" \
+        if f.get("count") else "-"
+
+
+def _under(f: dict) -> str:
+    return f"{f['at_most_1_03']} / {f['count']} (> 1.10: {f['above_1_10']})" if f.get("count") else "-"
+
+
+def markdown(env: dict, sources: list[str], runs: list[dict]) -> str:
+    md = [f"# The choice on {env['gpu']} under each table", "",
+          f"Problems: {' + '.join(sources)} (measured on {env['gpu']}, FlashInfer {env.get('flashinfer')}); "
+          "replayed with each table alone (tools/table_choice.py).", "",
+          "| table | as the router took it | graph, within 3% | eager (cost), within 3% | auto / FI <= 1.03, GPU | cost |",
+          "|---|---|---|---|---|---|"]
+    for run in runs:
+        f = run["figures"]
+        md.append(f"| {run['table']} | {run['how']} | {_within(f['graph'])} | {_within(f['eager'])} | "
+                  f"{_under(f['over_flashinfer'])} | {_under(f['cost_over_flashinfer'])} |")
+    md += ["", "| problem | fastest | " + " | ".join(f"{run['table']}: graph, eager" for run in runs) + " |",
+           "|---|---|" + "---|" * len(runs)]
+    for i, row in enumerate(runs[0]["rows"]):
+        cells = []
+        for run in runs:
+            r = run["rows"][i]
+            regret = "-" if r.get("regret") is None else f"{r['regret']:.1%}"
+            cells.append(f"{r.get('chosen')} ({regret}), {r.get('eager_chosen', '-')}")
+        md.append(f"| {row['name']} | {row.get('fastest')} | " + " | ".join(cells) + " |")
+    return "\n".join(md) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tables", nargs="+", type=Path, required=True)
+    ap.add_argument("--bench", nargs="+", type=Path, required=True, help="bench JSONs of one GPU")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--stem", default="table-choice")
+    args = ap.parse_args()
+    results, source = table.merged(args.bench)
+    runs = []
+    for t in args.tables:
+        rows, how = replay_under(results, t)
+        runs.append({"table": t.name, "how": how, "figures": figures(rows), "rows": rows})
+        f = runs[-1]["figures"]
+        print(f"{t.name}: graph {_within(f['graph'])}; eager {_within(f['eager'])}; "
+              f"auto / FI {_under(f['over_flashinfer'])}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    sources = [p.name for p in args.bench]
+    (args.out / f"{args.stem}.md").write_text(markdown(results["environment"], sources, runs))
+    (args.out / f"{args.stem}.json").write_text(json.dumps({"sources": sources, "environment": results["environment"],
+                                                            "runs": runs}, indent=1) + "\n")
+    print(f"wrote {args.out / args.stem}.md and .json")
+
+
+if __name__ == "__main__":
+    main()
