@@ -361,7 +361,21 @@ def machine_info() -> dict[str, Any]:
         "gpu": None if device.kind == "cpu" else device.name, "device": device_json(device),
         "cudnn": cudnn.version() if cudnn.is_available() else None,
         "backends": [backend_info(name, device) for name in REGISTRY],
+        "timing_table": timing_table_text(device),
     }
+
+
+def timing_table_text(device: DeviceDesc) -> str:
+    """Which measured table the automatic choice ranks by on ``device``, and how it was taken."""
+    from capability_db import measured
+
+    table = measured.table_for(device)
+    if table is None:
+        return ("none: the priority list decides (no GPU)" if device.kind != "cuda" else
+                f"none for sm_{device.sm}: the cost model and the priority list decide")
+    what = f"measured/{table.key}.json ({len(table.rows)} rows" + (", fitted)" if table.fitted else ", no fit)")
+    how = table.scaling or "this GPU's own"
+    return f"{what}; {how}"
 
 
 def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -373,6 +387,7 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"torch {info['torch']}; CUDA available: {info['cuda_available']}"
           + (f" (CUDA {info['cuda']})" if info["cuda"] else ""))
     print(f"device: {dev['name']} ({dev['arch']}, {dev['family']})" + (f"; cuDNN {info['cudnn']}" if info["cudnn"] else ""))
+    print(_wrapped(f"timing table: {info['timing_table']}", indent=0, hang=14))
     print("backends (registry order):")
     for b in info["backends"]:
         for line in _info_lines(b):

@@ -343,6 +343,18 @@ def test_info_human_output_names_every_backend(capsys):
     assert rc == 0 and out.startswith(f"torch {torch.__version__}")
     for name in REGISTRY:
         assert f"  {name} " in out
+    assert "timing table: " in out
+
+
+@pytest.mark.parametrize("gpu, says", [
+    ("h200", "measured/h200.json (2326 rows, fitted); this GPU's own"),
+    ("h100", "measured/h200.json (2326 rows, fitted); h200 table scaled to this GPU (h100: bandwidth x0.70, "
+             "compute x1.00); its own h100 table has no fitted times (78 rows)"),
+    ("a100", "none for sm_80: the cost model and the priority list decide"),
+    ("cpu", "none: the priority list decides (no GPU)")])
+def test_info_names_the_timing_table_the_choice_ranks_by(gpu, says):
+    from dispatch.cli import timing_table_text
+    assert timing_table_text(capability_db.resolve_device(gpu)) == says
 
 
 def test_info_says_how_to_get_every_backend_that_is_not_installed(capsys):

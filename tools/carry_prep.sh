@@ -4,6 +4,9 @@
 # data/csrc's sources of kernels attention never builds go (258 -> 7 MB); data/cutlass, cccl and include
 # stay (fa3 needs cutlass/tools: sweep A lacked it, NOTES-h200-sweeps.md). Then tools/jit_merge.sh adds
 # the modules a machine compiled (.jit). Prints the carry's size against its 64 MiB.
+# tools/results (82 MB, tracked) must not travel: move it out of the checkout for the device calls
+# (mv tools/results ../results-aside; back before tests or commits). Not as a symbolic link: with one
+# left in its place the device tool refused the tree as over 64 MiB (session 19).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p .git/info && touch .git/info/exclude

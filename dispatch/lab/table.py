@@ -98,7 +98,7 @@ def build_table(results: dict, source: str) -> TimingTable:
                 host[r["auto"]] = auto["host_us"]
         if not ms:
             continue
-        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{source}: {r['name']}", host_us=host,
+        rows.append(TimingRow(bucket=bucket_of(p), ms=ms, source=f"{r.get(FROM, source)}: {r['name']}", host_us=host,
                               complete=not harness_failed(r)))
         for name, t in ms.items():
             kind, peak = ("bandwidth", bw_peak) if p.decode else ("compute", fl_peak)
@@ -233,12 +233,18 @@ def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, d
     return out
 
 
+FROM = "from_file"  # a merged result's own file(s): its row's source, not the list of every file merged
+
+
 def merged(paths: list[Path]) -> tuple[dict, str]:
     """Several bench results of one GPU as one: the first file's environment, every measured
     problem (a backend measured again in a later file takes the later time; the backends a later
     file did not run keep their earlier times; a recheck, which runs no auto, leaves the problem its
-    earlier summary: auto's choice then)."""
+    earlier summary: auto's choice then), each naming the file(s) it came from (``FROM``)."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
+    for run, path in zip(runs, paths):
+        for r in run.get("results", ()):
+            r[FROM] = Path(path).name
     host_cost = [row for run in runs if "matrix" in run for row in run["matrix"]]  # bench --host-cost --matrix
     gpus = {r["environment"].get("gpu") for r in runs}
     runs = [run for run in runs if "results" in run]
@@ -255,7 +261,8 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
                 backends = {b["backend"]: b for b in before["backends"]}
                 backends.update({b["backend"]: b for b in r["backends"]})
                 rechecked = all(b["backend"] != "auto" for b in r["backends"])
-                r = {**(before if rechecked else r), "backends": list(backends.values())}
+                files = " + ".join(dict.fromkeys([before[FROM], r[FROM]]))
+                r = {**(before if rechecked else r), "backends": list(backends.values()), FROM: files}
             if "backends" in r or before is None:
                 by_name[r["name"]] = r
     return {"environment": runs[0]["environment"], "results": list(by_name.values()), "host_cost": host_cost}, \
