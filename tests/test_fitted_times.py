@@ -226,3 +226,29 @@ def test_without_scikit_learn_the_fit_is_linear_and_says_so():
         fit = table.fit_times(banded(7, 300), "synthetic")
     assert not fit.trees and "scikit-learn" in fit.source
     assert table.fit_times(banded(7, 100), "synthetic").trees == []  # 200 pairs: too few for trees
+
+
+def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path):
+    """tools/table_choice.py: the H100's problems judged by a table of its own and by the H200's,
+    each alone in the measured folder; the H200's is scaled to the H100 and says so."""
+    spec = importlib.util.spec_from_file_location("table_choice", Path("tools/table_choice.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    h100_env = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}
+    problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024}
+    measured_here = {"environment": h100_env, "results": [result("t", problem, {"fa2": 0.010, "native-triton": 0.020})]}
+
+    def table_file(env: dict, fast: str) -> Path:
+        slow = "native-triton" if fast == "fa2" else "fa2"
+        rows = {"environment": env, "results": [result("r", problem, {fast: 0.01, slow: 0.05})]}
+        path = tmp_path / f"{measured.gpu_key(env['gpu'])}.json"
+        path.write_text(table.build_table(rows, "synthetic").model_dump_json())
+        return path
+    own, other = table_file(h100_env, "native-triton"), table_file(ENVIRONMENT, "fa2")
+    rows, how = tool.replay_under(measured_here, own)
+    assert rows[0]["chosen"] == "native-triton" and rows[0]["regret"] == pytest.approx(1.0)
+    assert how == "h100 table, unscaled (the GPU's own)"
+    rows, how = tool.replay_under(measured_here, other)
+    assert rows[0]["chosen"] == "fa2" and rows[0]["regret"] == 0.0
+    assert how.startswith("h200 table scaled to this GPU (NVIDIA H100 80GB HBM3: bandwidth x0.70")
+    assert len(measured.table_for(capability_db.resolve_device("h200")).rows) > 100  # the repo's tables again
