@@ -347,14 +347,16 @@ def test_info_human_output_names_every_backend(capsys):
 
 
 @pytest.mark.parametrize("gpu, says", [
-    ("h200", "measured/h200.json (2326 rows, fitted); this GPU's own"),
-    ("h100", "measured/h200.json (2326 rows, fitted); h200 table scaled to this GPU (h100: bandwidth x0.70, "
-             "compute x1.00); its own h100 table has no fitted times (78 rows)"),
+    ("h200", "measured/h200.json ({h200} rows, fitted); this GPU's own"),
+    ("h100", "measured/h200.json ({h200} rows, fitted); h200 table scaled to this GPU (h100: bandwidth x0.70, "
+             "compute x1.00); its own h100 table has no fitted times ({h100} rows)"),
     ("a100", "none for sm_80: the cost model and the priority list decide"),
     ("cpu", "none: the priority list decides (no GPU)")])
 def test_info_names_the_timing_table_the_choice_ranks_by(gpu, says):
+    from capability_db import measured
     from dispatch.cli import timing_table_text
-    assert timing_table_text(capability_db.resolve_device(gpu)) == says
+    rows = {key: len(measured.load_table(measured.MEASURED_DIR / f"{key}.json").rows) for key in ("h100", "h200")}
+    assert timing_table_text(capability_db.resolve_device(gpu)) == says.format(**rows)
 
 
 def test_info_says_how_to_get_every_backend_that_is_not_installed(capsys):
