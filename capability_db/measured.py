@@ -447,3 +447,15 @@ def table_for(device: DeviceDesc) -> Optional[TimingTable]:
                                                    f"{name} (capability_db/measured.py GPU_PEAKS){why}"})
     scaled = table.scaled_to(bw or table.peak_tb_per_s, fl or table.peak_tflops, name)
     return scaled.model_copy(update={"scaling": scaled.scaling + why}) if why else scaled
+
+
+def describe(device: DeviceDesc) -> str:
+    """Which table the automatic choice ranks by on ``device``, and how it was taken (``info`` and
+    each bench run's environment say it)."""
+    table = table_for(device)
+    if table is None:
+        return ("none: the priority list decides (no GPU)" if device.kind != "cuda" else
+                f"none for sm_{device.sm}: the cost model and the priority list decide")
+    what = f"measured/{table.key}.json ({len(table.rows)} rows" + (", fitted)" if table.fitted else ", no fit)")
+    how = table.scaling or "this GPU's own"
+    return f"{what}; {how}"

@@ -354,6 +354,8 @@ def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
 def machine_info() -> dict[str, Any]:
     import torch
 
+    from capability_db import measured
+
     device = _this_device()
     cudnn = torch.backends.cudnn
     return {
@@ -361,21 +363,8 @@ def machine_info() -> dict[str, Any]:
         "gpu": None if device.kind == "cpu" else device.name, "device": device_json(device),
         "cudnn": cudnn.version() if cudnn.is_available() else None,
         "backends": [backend_info(name, device) for name in REGISTRY],
-        "timing_table": timing_table_text(device),
+        "timing_table": measured.describe(device),
     }
-
-
-def timing_table_text(device: DeviceDesc) -> str:
-    """Which measured table the automatic choice ranks by on ``device``, and how it was taken."""
-    from capability_db import measured
-
-    table = measured.table_for(device)
-    if table is None:
-        return ("none: the priority list decides (no GPU)" if device.kind != "cuda" else
-                f"none for sm_{device.sm}: the cost model and the priority list decide")
-    what = f"measured/{table.key}.json ({len(table.rows)} rows" + (", fitted)" if table.fitted else ", no fit)")
-    how = table.scaling or "this GPU's own"
-    return f"{what}; {how}"
 
 
 def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

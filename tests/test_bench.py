@@ -491,3 +491,18 @@ def test_a_sweep_with_the_opt_in_autotune_says_so(tmp_path, monkeypatch):
         router.clear_caches()
     rep = json.loads((tmp_path / "bench-quick-cpu-autotune.json").read_text())
     assert rep["environment"]["autotune"].startswith("on") and rep["results"][0]["auto"]
+
+
+def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):
+    """The environment of a run on a GPU names the timing table in force: an H100's auto column
+    ranks by the H200's table, scaled (no GPU here: its name, capability and description are faked)."""
+    import capability_db
+    from dispatch import router
+    from dispatch.lab import bench
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(router, "live_device", lambda tensor: capability_db.resolve_device("h100"))
+    monkeypatch.setattr(bench.torch, "empty", lambda *a, **k: None)
+    env = bench.environment("cuda")
+    assert env["timing_table"].startswith("measured/h200.json (") and "scaled to this GPU (h100" in env["timing_table"]
+    assert "timing_table" not in bench.environment("cpu")

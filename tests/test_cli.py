@@ -354,9 +354,8 @@ def test_info_human_output_names_every_backend(capsys):
     ("cpu", "none: the priority list decides (no GPU)")])
 def test_info_names_the_timing_table_the_choice_ranks_by(gpu, says):
     from capability_db import measured
-    from dispatch.cli import timing_table_text
     rows = {key: len(measured.load_table(measured.MEASURED_DIR / f"{key}.json").rows) for key in ("h100", "h200")}
-    assert timing_table_text(capability_db.resolve_device(gpu)) == says.format(**rows)
+    assert measured.describe(capability_db.resolve_device(gpu)) == says.format(**rows)
 
 
 def test_info_says_how_to_get_every_backend_that_is_not_installed(capsys):
