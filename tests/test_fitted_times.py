@@ -4,6 +4,7 @@ that judges it (tools/crossval_choice.py) on problems its table never saw."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import importlib.util
 import random
 import struct
@@ -252,3 +253,19 @@ def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path)
     assert rows[0]["chosen"] == "fa2" and rows[0]["regret"] == 0.0
     assert how.startswith("h200 table scaled to this GPU (NVIDIA H100 80GB HBM3: bandwidth x0.70")
     assert len(measured.table_for(capability_db.resolve_device("h200")).rows) > 100  # the repo's tables again
+
+
+def test_gpu_ratio_divides_one_gpus_times_by_the_others_on_the_same_problems(tmp_path, capsys, monkeypatch):
+    """tools/gpu_ratio.py: per phase and backend, (time on A) / (time on B) over the problems both timed."""
+    spec = importlib.util.spec_from_file_location("gpu_ratio", Path("tools/gpu_ratio.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024, "decode": True}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"},
+                             "results": [result("p", problem, {"xqa": 0.013, "fa2": 0.030})]}))
+    b.write_text(json.dumps({"environment": ENVIRONMENT, "results": [result("p", problem, {"xqa": 0.010})]}))
+    monkeypatch.setattr(sys, "argv", ["gpu_ratio", "--a", str(a), "--b", str(b)])
+    tool.main()
+    out = capsys.readouterr().out
+    assert "| decode | xqa | 1 | 1.30 | 1.30 | 1.30 |" in out and "fa2" not in out.split("| phase")[1]
