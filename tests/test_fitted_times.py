@@ -260,7 +260,7 @@ def test_gpu_ratio_divides_one_gpus_times_by_the_others_on_the_same_problems(tmp
     spec = importlib.util.spec_from_file_location("gpu_ratio", Path("tools/gpu_ratio.py"))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024, "decode": True}
+    problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024}  # q_len 1: decode
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"},
                              "results": [result("p", problem, {"xqa": 0.013, "fa2": 0.030})]}))

@@ -5,7 +5,7 @@ DIR/<stem>.md and .json: per table, within 3% of the fastest (the CUDA-graph cho
 the eager choice by call cost) and auto / FlashInfer's own call; then each problem's choices.
 
     python tools/table_choice.py --tables capability_db/measured/h100.json capability_db/measured/h200.json \\
-        --bench tools/results/bench-random-150-seed-2937607121-cuda-from-{87,98,110}.json --out DIR --stem NAME
+        --bench tools/results/bench-random-150-seed-2937607121-h100-from-{87,98,110}.json --out DIR --stem NAME
 """
 from __future__ import annotations
 
