@@ -253,3 +253,29 @@ def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_can
             {"regret": 0.2, "cause": "expected ...: fa2's estimate (fitted) off by 2x"}]
     text = replay._servable_text(rows)
     assert "(2 left out" in text and "within 3% on 1 of 2 (50%)" in text and "more than 10% over on 1" in text
+
+
+def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first():
+    """tools/jit_prebuild.py: which FlashInfer modules a problem makes the sweep build, named as the
+    device named the ones it compiled (session 20's .jit), and the plan's order by share."""
+    spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/jit_prebuild.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    plain = BenchProblem(entry=PAGED, batch=4, q_len=16, kv_len=1950, num_qo_heads=4, num_kv_heads=2, head_dim=128)
+    fa2, fa3 = tool.needed(plain)
+    stem = ("batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_dtype_idx_i32_head_dim_qk_128_"
+            "head_dim_vo_128_posenc_0_use_swa_False_use_logits_cap_False_f16qk_False")
+    assert (tool.name(fa2), tool.name(fa3)) == (stem + "_kv_stride_equal", stem + "_sm90")  # as the H100 built them
+    fp8 = dataclasses.replace(plain, dtype="float16", kv_dtype="float8_e4m3fn", head_dim=256, soft_cap=30.0)
+    assert [tool.name(m) for m in tool.needed(fp8)] == [  # fa3 takes no fp8 KV here: fa2's module alone
+        "batch_prefill_with_kv_cache_dtype_q_f16_dtype_kv_e4m3_dtype_o_f16_dtype_idx_i32_head_dim_qk_256_"
+        "head_dim_vo_256_posenc_0_use_swa_False_use_logits_cap_True_f16qk_False_kv_stride_equal"]
+    assert tool.needed(dataclasses.replace(plain, sinks=True)) == []  # neither serves sinks: no module
+    single = dataclasses.replace(plain, entry=SINGLE, batch=1, head_dim=64, window_left=100)
+    assert [tool.name(m) for m in tool.needed(single)] == [
+        "single_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_head_dim_qk_64_head_dim_vo_64_"
+        "posenc_0_use_swa_True_use_logits_cap_False_f16qk_False" + tail for tail in ("", "_sm90")]
+    plan = tool.plan(2000, seed=1)
+    shares = [share for _, share in plan]
+    assert shares == sorted(shares, reverse=True) and 0 < shares[-1] <= shares[0] < 1
+    assert plan == tool.plan(2000, seed=1) and len({m for m, _ in plan}) == len(plan)

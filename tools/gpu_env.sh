@@ -18,4 +18,21 @@ aot=/tmp/site072/flashinfer/data/aot
 if ls .jit/jit-so.tar.xz.* >/dev/null 2>&1 && [ ! -f $aot/.carried ]; then
   mkdir -p $aot && cat .jit/jit-so.tar.xz.* | xz -d | tar x -C $aot && touch $aot/.carried
   echo "gpu_env: $(ls $aot | wc -l) carried FlashInfer modules" >&2
+  # load each once (tools/jit_prebuild.py builds some off the GPU): one that fails goes, so FlashInfer
+  # compiles it as it would have, and the log says which
+  python3 - "$aot" <<'PY' >&2
+import sys, shutil
+import torch  # noqa: F401 - loads libcudart.so.13, which the modules need, as FlashInfer finds it loaded
+import tvm_ffi
+from pathlib import Path
+bad = []
+for so in sorted(Path(sys.argv[1]).glob("*/*.so")):
+    try:
+        tvm_ffi.load_module(str(so))
+    except Exception as e:  # noqa: BLE001 - any failure: not carried
+        bad.append(f"{so.parent.name}: {str(e)[:120]}")
+        shutil.rmtree(so.parent)
+print(f"gpu_env: carried modules that load: {len(list(Path(sys.argv[1]).glob('*/*.so')))}; removed {len(bad)}")
+print("\n".join(bad))
+PY
 fi

@@ -5,11 +5,12 @@
 # 6.5 MB, its rows naming their own files), so .jit may take about 25 MB. The modules are stripped of their symbols (strip
 # --strip-unneeded: 109 -> 94 MB for session 18's 33; 25 of them, so stripped, went to a fresh H200,
 # whose sweep ran, though whether FlashInfer loaded them rather than compiling again was not checked)
-# and packed with xz -9. Kept: the fa3 (sm90) modules, the slowest to compile (about 70 s each),
-# and fa2's bf16 head-dim-128 batch modules; the rest compile on the machine. $SELECT overrides
-# the pattern (an extended regex).
+# and packed with xz -9 (about 0.5 MB a module). Kept: every module in .jit-so/ (since session 20, when
+# tools/jit_prebuild.py began building the most needed ones here, off the GPU); $SELECT, an extended
+# regex over the module names, keeps fewer where the carry would pass 64 MiB (tools/carry_prep.sh
+# prints it).
 set -e
-select=${SELECT:-'_sm90$|^quantization$|^batch_prefill.*dtype_q_bf16_dtype_kv_bf16.*head_dim_qk_128_.*kv_stride_equal$'}
+select=${SELECT:-'.'}
 mkdir -p .jit-so .jit
 if ls "$1"/jit-so.tar.xz.* >/dev/null 2>&1; then cat "$1"/jit-so.tar.xz.* | xz -d | tar x -C .jit-so; fi
 if command -v strip >/dev/null; then find .jit-so -name '*.so' -exec strip --strip-unneeded {} +; fi

@@ -1,0 +1,126 @@
+"""Build FlashInfer 0.7.2's attention modules for sm_90a here, on a CPU machine with nvcc, so a device
+call starts with them instead of compiling them (the sweeps of session 20 waited 1185 of about 1700 s
+of device time for the warm-up's compiles: tools/results/NOTES-h200-sweeps.md, session 20).
+
+Which modules: the random sweep's distribution (dispatch/lab/randomgrid.py) drawn ``--draws`` times;
+each problem needs fa2's batch (or single-request) module and, where fa3 can serve it, fa3's, named
+by FlashInfer's URI of (dtypes, head dim, window on/off, soft cap on/off). Built most needed first,
+skipping those ``--out`` holds already (the modules devices compiled, tools/jit_merge.sh), each into
+``--out/<name>/<name>.so``, stripped; then ``tools/jit_merge.sh`` packs ``--out`` into .jit for the
+carry and ``tools/gpu_env.sh`` installs them as FlashInfer's AOT modules. FlashInfer loads an AOT
+module it cannot use with a warning and compiles instead (flashinfer/jit/core.py ``try_load``), so
+a module built wrong here costs the device what it cost before.
+
+Set-up (once per machine; FlashInfer's tree is the pruned one of tools/carry_prep.sh):
+
+    mkdir -p /tmp/fic/site && xz -dc .whl072/*.tar.xz | tar x -C /tmp/fic/site
+    python -m pip install -q --target /tmp/fic/site apache-tvm-ffi==0.1.15.post2 ninja requests numpy einops nvidia-ml-py
+    mkdir -p /tmp/cudalib && ln -sf /usr/local/cuda-13.0/lib/libcudart.so /tmp/cudalib/
+    echo 'void stub(void){}' | gcc -shared -x c - -o /tmp/cudalib/libcuda.so -Wl,-soname,libcuda.so.1
+    python -m pip download --no-deps -d /tmp/fic/w nvidia-curand && unzip -q /tmp/fic/w/nvidia_curand-*.whl -d /tmp/fic/cur
+    PYTHONPATH=/tmp/fic/site:$PWD PATH=/tmp/fic/site/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fic/ws \\
+      FLASHINFER_CUDA_ARCH_LIST=9.0a LIBRARY_PATH=/tmp/cudalib CPATH=/tmp/fic/cur/nvidia/cu13/include \\
+      python tools/jit_prebuild.py --minutes 90
+
+(the libcuda stub only lets the link find ``-lcuda``: the module needs libcudart.so.13 alone, as the
+ones a device builds do; fa3's sources include cutlass's curand_kernel.h, which this machine's CUDA
+lacks and the nvidia-curand wheel holds). ``--plan`` prints the order and each module's share of
+problems, building nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from dispatch.lab.problems import SINGLE, SINGLE_LSE, BenchProblem
+from dispatch.lab.randomgrid import draw_one
+
+Module = tuple[str, str, str, str, int, bool, bool]  # (kind, backend, q dtype, kv dtype, head dim, window, soft cap)
+SHORT = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "e4m3"}
+
+
+def needed(p: BenchProblem) -> list[Module]:
+    """The FlashInfer modules the sweep builds for ``p``: fa2's always (its single-request module on
+    the single entries, else the batch one), fa3's where it takes the problem (no fp8 KV, custom
+    mask or sinks on these paths)."""
+    kind = "single" if p.entry in (SINGLE, SINGLE_LSE) else "batch"
+    kv = p.kv_type if p.kv_type.startswith("float8") else p.dtype
+    facts = (p.dtype, kv, p.head_dim, p.window_left >= 0, p.soft_cap > 0)
+    mods = [] if p.sinks and kind == "batch" else [(kind, "fa2", *facts)]
+    if not (kv.startswith("float8") or p.custom_mask or p.sinks):
+        mods.append((kind, "fa3", *facts))
+    return mods
+
+
+def name(m: Module) -> str:
+    kind, backend, q, kv, d, window, cap = m
+    idx = "_dtype_idx_i32" if kind == "batch" else ""
+    base = (f"{kind}_prefill_with_kv_cache_dtype_q_{SHORT[q]}_dtype_kv_{SHORT[kv]}_dtype_o_{SHORT[q]}{idx}"
+            f"_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_{window}_use_logits_cap_{cap}_f16qk_False")
+    return base + ("_sm90" if backend == "fa3" else "_kv_stride_equal" if kind == "batch" else "")
+
+
+def plan(draws: int, seed: int) -> list[tuple[Module, float]]:
+    """The modules the distribution needs, with the share of problems needing each, most needed first."""
+    rng, counts = random.Random(seed), collections.Counter()
+    for _ in range(draws):
+        counts.update(set(needed(draw_one(rng, "cuda"))))
+    return [(m, n / draws) for m, n in counts.most_common()]
+
+
+def spec(m: Module):
+    """FlashInfer's build spec of the module (its URI must equal ``name(m)``)."""
+    import torch
+    from flashinfer.jit.attention import modules
+    kind, backend, q, kv, d, window, cap = m
+    tq, tkv = getattr(torch, q), getattr(torch, kv)
+    if kind == "single":
+        return modules.gen_single_prefill_module(backend, tq, tkv, tq, d, d, 0, window, cap, False)
+    if backend == "fa3":
+        return modules.gen_batch_prefill_module(backend, tq, tkv, tq, torch.int32, d, d, 0, window, cap, False)
+    return modules._gen_batch_prefill_module(backend, tq, tkv, tq, torch.int32, d, d, 0, window, cap, False,
+                                             paged_kv_stride_mode="equal", module_surface="full")
+
+
+def build(m: Module, out: Path) -> float:
+    """Build the module and copy its library, stripped, to ``out/<name>/<name>.so``; seconds taken."""
+    start, s = time.perf_counter(), spec(m)
+    if s.name != name(m):
+        raise ValueError(f"FlashInfer names the module {s.name}, not {name(m)}")
+    s.build(verbose=False)
+    dest = out / s.name / f"{s.name}.so"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(s.jit_library_path, dest)
+    subprocess.run(["strip", "--strip-unneeded", str(dest)], check=False)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(".jit-so"))
+    ap.add_argument("--draws", type=int, default=20000)
+    ap.add_argument("--seed", type=int, default=0, help="the draws' seed (which modules, not a sweep)")
+    ap.add_argument("--minutes", type=float, default=60.0, help="start no build after this long")
+    ap.add_argument("--plan", action="store_true", help="print the order, build nothing")
+    args = ap.parse_args()
+    start = time.perf_counter()
+    for m, share in plan(args.draws, args.seed):
+        have = (args.out / name(m) / f"{name(m)}.so").exists()
+        if args.plan or have:
+            print(f"{share:6.2%} {'have ' if have else ''}{name(m)}", flush=True)
+            continue
+        if time.perf_counter() - start > args.minutes * 60:
+            break
+        try:
+            print(f"{share:6.2%} built in {build(m, args.out):.0f} s: {name(m)}", flush=True)
+        except Exception as e:  # one module that fails to build leaves the rest to build
+            print(f"{share:6.2%} FAILED {name(m)}: {str(e)[-300:]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
