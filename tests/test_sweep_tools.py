@@ -255,11 +255,12 @@ def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_can
     assert "(2 left out" in text and "within 3% on 1 of 2 (50%)" in text and "more than 10% over on 1" in text
 
 
-def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first():
+def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first(monkeypatch):
     """tools/jit_prebuild.py: which FlashInfer modules a problem makes the sweep build, named as the
     device named the ones it compiled (session 20's .jit), and the plan's order by share."""
     spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/jit_prebuild.py"))
     tool = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "jit_prebuild", tool)  # its dataclass looks its module up there
     spec.loader.exec_module(tool)
     plain = BenchProblem(entry=PAGED, batch=4, q_len=16, kv_len=1950, num_qo_heads=4, num_kv_heads=2, head_dim=128)
     fa2, fa3 = tool.needed(plain)
@@ -275,6 +276,11 @@ def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first():
     assert [tool.name(m) for m in tool.needed(single)] == [
         "single_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_bf16_dtype_o_bf16_head_dim_qk_64_head_dim_vo_64_"
         "posenc_0_use_swa_True_use_logits_cap_False_f16qk_False" + tail for tail in ("", "_sm90")]
+    decode = dataclasses.replace(plain, entry="xqa_batch_decode_with_kv_cache", q_len=1, num_qo_heads=8)
+    assert tool.name(tool.needed(decode)[-1]) == (  # XQA's, as the H100 built it for a decode of group 4
+        "xqa_input_bf16_kv_cache_bf16_output_bf16_page_size_16_head_dim_128_head_group_ratio_4_"
+        "use_sliding_window_False_use_spec_dec_False_spec_q_seq_len_1")
+    assert tool.needed(dataclasses.replace(decode, page_size=8))[-1].kind != "xqa"  # XQA takes pages of 16-128
     plan = tool.plan(2000, seed=1)
     shares = [share for _, share in plan]
     assert shares == sorted(shares, reverse=True) and 0 < shares[-1] <= shares[0] < 1

@@ -3,8 +3,10 @@ call starts with them instead of compiling them (the sweeps of session 20 waited
 of device time for the warm-up's compiles: tools/results/NOTES-h200-sweeps.md, session 20).
 
 Which modules: the random sweep's distribution (dispatch/lab/randomgrid.py) drawn ``--draws`` times;
-each problem needs fa2's batch (or single-request) module and, where fa3 can serve it, fa3's, named
-by FlashInfer's URI of (dtypes, head dim, window on/off, soft cap on/off). Built most needed first,
+each problem needs the module of fa2, fa3 and (decode) XQA where the backend takes it (the router's
+capability reasons on an H100), named by FlashInfer's URI: (dtypes, head dim, window on/off, soft cap
+on/off) for fa2's and fa3's batch or single-request module, (dtypes, page size, head dim, group,
+window on/off) for XQA's (each of those is needed by under 1% of problems). Built most needed first,
 skipping those ``--out`` holds already (the modules devices compiled, tools/jit_merge.sh), each into
 ``--out/<name>/<name>.so``, stripped; then ``tools/jit_merge.sh`` packs ``--out`` into .jit for the
 carry and ``tools/gpu_env.sh`` installs them as FlashInfer's AOT modules. FlashInfer loads an AOT
@@ -35,34 +37,56 @@ import random
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import capability_db
+from dispatch import router
+from dispatch.lab import table
 from dispatch.lab.problems import SINGLE, SINGLE_LSE, BenchProblem
 from dispatch.lab.randomgrid import draw_one
 
-Module = tuple[str, str, str, str, int, bool, bool]  # (kind, backend, q dtype, kv dtype, head dim, window, soft cap)
+H100 = capability_db.device_for_capability(9, 0, "NVIDIA H100 80GB HBM3")
 SHORT = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "e4m3"}
 
 
+@dataclass(frozen=True)
+class Module:
+    kind: str  # "batch", "single" or "xqa"
+    backend: str
+    q: str  # dtype names
+    kv: str
+    head_dim: int
+    window: bool
+    cap: bool = False
+    page: int = 0  # XQA's alone
+    group: int = 0
+
+
 def needed(p: BenchProblem) -> list[Module]:
-    """The FlashInfer modules the sweep builds for ``p``: fa2's always (its single-request module on
-    the single entries, else the batch one), fa3's where it takes the problem (no fp8 KV, custom
-    mask or sinks on these paths)."""
+    """The FlashInfer modules the sweep builds for ``p``: fa2's and fa3's batch (or single-request)
+    module and XQA's decode module, for each of them that takes the problem on an H100 (the router's
+    capability reasons, as the forced runs meet them)."""
+    problem = table.problem_of(p)
+    takes = [n for n in ("fa2", "fa3", "xqa") if not router.backend_reasons(n, problem, H100, live=False)]
     kind = "single" if p.entry in (SINGLE, SINGLE_LSE) else "batch"
     kv = p.kv_type if p.kv_type.startswith("float8") else p.dtype
-    facts = (p.dtype, kv, p.head_dim, p.window_left >= 0, p.soft_cap > 0)
-    mods = [] if p.sinks and kind == "batch" else [(kind, "fa2", *facts)]
-    if not (kv.startswith("float8") or p.custom_mask or p.sinks):
-        mods.append((kind, "fa3", *facts))
+    mods = [Module(kind, n, p.dtype, kv, p.head_dim, p.window_left >= 0, p.soft_cap > 0) for n in takes if n != "xqa"]
+    if "xqa" in takes and p.q_len == 1:
+        mods.append(Module("xqa", "xqa", p.dtype, kv, p.head_dim, p.window_left >= 0, page=p.page_size,
+                           group=p.num_qo_heads // p.num_kv_heads))
     return mods
 
 
 def name(m: Module) -> str:
-    kind, backend, q, kv, d, window, cap = m
-    idx = "_dtype_idx_i32" if kind == "batch" else ""
-    base = (f"{kind}_prefill_with_kv_cache_dtype_q_{SHORT[q]}_dtype_kv_{SHORT[kv]}_dtype_o_{SHORT[q]}{idx}"
-            f"_head_dim_qk_{d}_head_dim_vo_{d}_posenc_0_use_swa_{window}_use_logits_cap_{cap}_f16qk_False")
-    return base + ("_sm90" if backend == "fa3" else "_kv_stride_equal" if kind == "batch" else "")
+    q, kv = SHORT[m.q], SHORT[m.kv]
+    if m.kind == "xqa":
+        return (f"xqa_input_{q}_kv_cache_{kv}_output_{q}_page_size_{m.page}_head_dim_{m.head_dim}_head_group_ratio_"
+                f"{m.group}_use_sliding_window_{m.window}_use_spec_dec_False_spec_q_seq_len_1")
+    idx = "_dtype_idx_i32" if m.kind == "batch" else ""
+    base = (f"{m.kind}_prefill_with_kv_cache_dtype_q_{q}_dtype_kv_{kv}_dtype_o_{q}{idx}_head_dim_qk_{m.head_dim}"
+            f"_head_dim_vo_{m.head_dim}_posenc_0_use_swa_{m.window}_use_logits_cap_{m.cap}_f16qk_False")
+    return base + ("_sm90" if m.backend == "fa3" else "_kv_stride_equal" if m.kind == "batch" else "")
 
 
 def plan(draws: int, seed: int) -> list[tuple[Module, float]]:
@@ -77,13 +101,15 @@ def spec(m: Module):
     """FlashInfer's build spec of the module (its URI must equal ``name(m)``)."""
     import torch
     from flashinfer.jit.attention import modules
-    kind, backend, q, kv, d, window, cap = m
-    tq, tkv = getattr(torch, q), getattr(torch, kv)
-    if kind == "single":
-        return modules.gen_single_prefill_module(backend, tq, tkv, tq, d, d, 0, window, cap, False)
-    if backend == "fa3":
-        return modules.gen_batch_prefill_module(backend, tq, tkv, tq, torch.int32, d, d, 0, window, cap, False)
-    return modules._gen_batch_prefill_module(backend, tq, tkv, tq, torch.int32, d, d, 0, window, cap, False,
+    from flashinfer.jit.xqa import gen_xqa_module
+    tq, tkv, d = getattr(torch, m.q), getattr(torch, m.kv), m.head_dim
+    if m.kind == "xqa":
+        return gen_xqa_module(tq, tkv, m.page, d, m.group, m.window, tq, 1, False)
+    if m.kind == "single":
+        return modules.gen_single_prefill_module(m.backend, tq, tkv, tq, d, d, 0, m.window, m.cap, False)
+    if m.backend == "fa3":
+        return modules.gen_batch_prefill_module(m.backend, tq, tkv, tq, torch.int32, d, d, 0, m.window, m.cap, False)
+    return modules._gen_batch_prefill_module(m.backend, tq, tkv, tq, torch.int32, d, d, 0, m.window, m.cap, False,
                                              paged_kv_stride_mode="equal", module_surface="full")
 
 
