@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from types import SimpleNamespace
 import capability_db
 import pytest
 from capability_db import measured
-from dispatch import choice
+from dispatch import choice, router
 from dispatch.lab import bench, runner, table, warm
 from dispatch.lab.problems import PAGED, SINGLE, BenchProblem
 from dispatch.lab.vendors import make_problem
@@ -285,3 +286,24 @@ def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first(monkeyp
     shares = [share for _, share in plan]
     assert shares == sorted(shares, reverse=True) and 0 < shares[-1] <= shares[0] < 1
     assert plan == tool.plan(2000, seed=1) and len({m for m, _ in plan}) == len(plan)
+
+
+def test_estimate_error_compares_the_routers_estimates_with_the_measured_times(tmp_path):
+    """tools/estimate_error.py: per (backend, phase, basis), log2(measured / estimated) of each problem."""
+    spec = importlib.util.spec_from_file_location("estimate_error", Path("tools/estimate_error.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    problem = {"entry": PAGED, "batch": 8, "q_len": 1, "kv_len": 4096, "num_qo_heads": 32,
+               "num_kv_heads": 8, "head_dim": 128}
+    backends = [{"backend": "fa2", "status": "ok", "eager_ms": 0.05}, {"backend": "native-triton", "status": "ok",
+                 "eager_ms": 0.08}, {"backend": "auto", "status": "ok", "eager_ms": 0.01}]
+    results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"},
+               "results": [{"name": "p", "problem": problem, "backends": backends}]}
+    errs = tool.errors(results)
+    assert {(b, phase) for b, phase, _ in errs} == {("fa2", "decode"), ("native-triton", "decode")}  # not auto
+    device = capability_db.device_for_capability(9, 0, "NVIDIA H200")
+    decision = router.decide(dataclasses.replace(table.problem_of(BenchProblem(**problem)), cuda_graph=True),
+                             device, live=False)
+    fa2 = next(c for c in decision.candidates if c.backend == "fa2").evidence
+    assert errs[("fa2", "decode", fa2.basis)] == [pytest.approx(math.log2(0.05 / fa2.ms))]
+    assert "| fa2 | decode |" in tool.markdown(["x.json"], "NVIDIA H200", errs)
