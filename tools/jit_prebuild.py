@@ -6,10 +6,11 @@ Which modules: the random sweep's distribution (dispatch/lab/randomgrid.py) draw
 each problem needs the module of fa2, fa3 and (decode) XQA where the backend takes it (the router's
 capability reasons on an H100), named by FlashInfer's URI: (dtypes, head dim, window on/off, soft cap
 on/off) for fa2's and fa3's batch or single-request module, (dtypes, page size, head dim, group,
-window on/off) for XQA's (each of those is needed by under 1% of problems). Built most needed first,
-skipping those ``--out`` holds already (the modules devices compiled, tools/jit_merge.sh), each into
-``--out/<name>/<name>.so``, stripped; then ``tools/jit_merge.sh`` packs ``--out`` into .jit for the
-carry and ``tools/gpu_env.sh`` installs them as FlashInfer's AOT modules. FlashInfer loads an AOT
+window on/off) for XQA's (each of those is needed by under 1% of problems). Built the most worth
+building first (``plan``), skipping those ``--out`` holds already (the modules devices compiled,
+tools/jit_merge.sh), each into ``--out/<name>/<name>.so``, stripped; then ``tools/jit_merge.sh``
+packs ``--out`` into .jit for the carry and ``tools/gpu_env.sh`` installs them as FlashInfer's AOT
+modules. FlashInfer loads an AOT
 module it cannot use with a warning and compiles instead (flashinfer/jit/core.py ``try_load``), so
 a module built wrong here costs the device what it cost before.
 
@@ -89,12 +90,24 @@ def name(m: Module) -> str:
     return base + ("_sm90" if m.backend == "fa3" else "_kv_stride_equal" if m.kind == "batch" else "")
 
 
+# Seconds one module takes to compile: on the device (the guide: fa3 about 70 s; NOTES-h200-sweeps.md
+# session 16: XQA 10-15 s; fa2 taken as 30) and here on two cores (session 20: fa2 15-55 s, its single-
+# request module 24-31, fa3 160-165 and 271; XQA taken as 60). A module is worth building here by
+# the device seconds it saves a sweep per second it takes here.
+DEVICE_S = {"fa2": 30.0, "fa3": 70.0, "xqa": 12.0}
+HERE_S = {("batch", "fa2"): 45.0, ("single", "fa2"): 30.0, ("batch", "fa3"): 270.0, ("single", "fa3"): 160.0,
+          ("xqa", "xqa"): 60.0}
+
+
 def plan(draws: int, seed: int) -> list[tuple[Module, float]]:
-    """The modules the distribution needs, with the share of problems needing each, most needed first."""
+    """The modules the distribution needs, with the share of problems needing each, in the order
+    worth building: share x device seconds saved / seconds here."""
     rng, counts = random.Random(seed), collections.Counter()
     for _ in range(draws):
         counts.update(set(needed(draw_one(rng, "cuda"))))
-    return [(m, n / draws) for m, n in counts.most_common()]
+    def worth(m: Module) -> float:
+        return counts[m] * DEVICE_S[m.backend] / HERE_S[(m.kind, m.backend)]
+    return [(m, counts[m] / draws) for m in sorted(counts, key=worth, reverse=True)]
 
 
 def spec(m: Module):
