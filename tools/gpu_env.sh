@@ -36,3 +36,9 @@ print(f"gpu_env: carried modules that load: {len(list(Path(sys.argv[1]).glob('*/
 print("\n".join(bad))
 PY
 fi
+# Triton's cache from an earlier machine (tools/jit_pack.sh), where Triton looks for it
+if [ -f .jit/triton-cache.tar.xz ] && [ ! -f /tmp/.triton-carried ]; then
+  mkdir -p "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" && xz -dc .jit/triton-cache.tar.xz | \
+    tar x -C "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" && touch /tmp/.triton-carried
+  echo "gpu_env: $(ls "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" | wc -l) Triton cache entries carried" >&2
+fi

@@ -13,6 +13,7 @@ set -e
 select=${SELECT:-'.'}
 mkdir -p .jit-so .jit
 if ls "$1"/jit-so.tar.xz.* >/dev/null 2>&1; then cat "$1"/jit-so.tar.xz.* | xz -d | tar x -C .jit-so; fi
+if [ -f "$1"/triton-cache.tar.xz ]; then cp "$1"/triton-cache.tar.xz .jit/; fi  # tools/jit_pack.sh: whole
 if command -v strip >/dev/null; then find .jit-so -name '*.so' -exec strip --strip-unneeded {} +; fi
 rm -f .jit/jit-so.tar.xz.*
 (cd .jit-so && ls | grep -E "$select" | tar c -T - | xz -T0 -9 | split -b 15M - ../.jit/jit-so.tar.xz.)
