@@ -288,6 +288,22 @@ def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first(monkeyp
     assert plan == tool.plan(2000, seed=1) and len({m for m, _ in plan}) == len(plan)
 
 
+def test_jit_prebuild_carries_what_saves_the_most_device_seconds_per_mb(tmp_path, monkeypatch):
+    """``--carry-mb``: modules the plan does not know first, then by share x device seconds / xz'd MB,
+    within the budget."""
+    spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/jit_prebuild.py"))
+    tool = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "jit_prebuild", tool)
+    spec.loader.exec_module(tool)
+    plan = tool.plan(500, seed=2)
+    common, rare = tool.name(plan[0][0]), tool.name(min(plan, key=lambda ms: ms[1])[0])
+    for name, size in ((common, 300_000), (rare, 300_000), ("quantization", 300_000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.so").write_bytes(os.urandom(size))  # random bytes: xz keeps their size
+    assert tool.carried(tmp_path, 0.7, 500, seed=2) == ["quantization", common]  # the third would pass 0.7 MB
+    assert tool.carried(tmp_path, 1.0, 500, seed=2) == ["quantization", common, rare]
+
+
 def test_estimate_error_compares_the_routers_estimates_with_the_measured_times(tmp_path):
     """tools/estimate_error.py: per (backend, phase, basis), log2(measured / estimated) of each problem."""
     spec = importlib.util.spec_from_file_location("estimate_error", Path("tools/estimate_error.py"))

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import lzma
+import math
 import random
 import shutil
 import subprocess
@@ -139,6 +141,27 @@ def build(m: Module, out: Path) -> float:
     return time.perf_counter() - start
 
 
+def carried(out: Path, budget_mb: float, draws: int, seed: int) -> list[str]:
+    """The modules of ``out`` to carry within ``budget_mb`` (the carry's 64 MiB less the wheels and the
+    tree): those the plan does not know first (the device compiled them for a reason the plan does not
+    model), then by device seconds saved per MB, each MB its xz'd size (their GPU code is compressed
+    already: about 1.2 MB a batch module)."""
+    shares = {name(m): (share, m) for m, share in plan(draws, seed)}
+    sizes = {d.name: len(lzma.compress(f.read_bytes(), preset=6))
+             for d in sorted(out.iterdir()) for f in d.glob("*.so")}
+    def per_mb(n: str) -> float:
+        if n not in shares:
+            return math.inf
+        share, m = shares[n]
+        return share * DEVICE_S[m.backend] / sizes[n]
+    kept, used = [], 0
+    for n in sorted(sizes, key=per_mb, reverse=True):
+        if used + sizes[n] <= budget_mb * 1e6:
+            kept.append(n)
+            used += sizes[n]
+    return kept
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(".jit-so"))
@@ -146,7 +169,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the draws' seed (which modules, not a sweep)")
     ap.add_argument("--minutes", type=float, default=60.0, help="start no build after this long")
     ap.add_argument("--plan", action="store_true", help="print the order, build nothing")
+    ap.add_argument("--carry-mb", type=float, help="print the names of the modules of --out to carry, build nothing")
     args = ap.parse_args()
+    if args.carry_mb is not None:
+        print("\n".join(carried(args.out, args.carry_mb, args.draws, args.seed)))
+        return
     start = time.perf_counter()
     for m, share in plan(args.draws, args.seed):
         have = (args.out / name(m) / f"{name(m)}.so").exists()
