@@ -1,5 +1,6 @@
 # Here, on a fresh checkout: the wheels a device call carries (tools/gpu_env.sh installs them there).
-#   .whl     fetch-wheels.sh's set without FlashInfer 0.5.3 (cudnn-frontend, pydantic, tvm-ffi): 17 MB
+#   .whl     fetch-wheels.sh's set without FlashInfer 0.5.3 (cudnn-frontend, pydantic, tvm-ffi), unpacked
+#            into one xz'd tree (since session 20): 10 MB, against 17.6 as wheels
 #   .whl072  FlashInfer 0.7.2, pruned to what attention builds on sm_90, as an xz'd tree: 13 MB
 # data/csrc's sources of kernels attention never builds go (258 -> 7 MB); data/cutlass, cccl and include
 # stay (fa3 needs cutlass/tools: sweep A lacked it, NOTES-h200-sweeps.md). Then tools/jit_merge.sh adds
@@ -13,6 +14,8 @@ mkdir -p .git/info && touch .git/info/exclude
 for d in /.whl/ /.whl072/ /.jit/ /.jit-so/; do grep -qx "$d" .git/info/exclude || echo "$d" >> .git/info/exclude; done
 bash ../shared/device/fetch-wheels.sh >/dev/null && rm -f .whl/flashinfer_python-0.5.3-*.whl
 work=$(mktemp -d) && trap 'rm -rf "$work"' EXIT
+mkdir "$work/site" && for w in .whl/*.whl; do unzip -q -o "$w" -d "$work/site"; done  # what pip --target puts
+(cd "$work/site" && tar c . | xz -T0 -9) > .whl/site-wheels.tar.xz && rm -f .whl/*.whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform any -d "$work" flashinfer-python==0.7.2 2>&1 | grep -v WARN || true
 (cd "$work" && unzip -q flashinfer_python-0.7.2-*.whl -d tree)  # unzip keeps the files' modes

@@ -8,10 +8,14 @@
 if [ ! -f /tmp/site072/.installed ]; then
   pip_install="python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade"
   # .whl072: the pruned wheel, or the pruned wheel's tree as .tar.xz (half the bytes)
-  mkdir -p /tmp/site072 && $pip_install --target /tmp/site .whl/*.whl && \
+  # .whl: the wheels, or (since session 20) their unpacked tree as .tar.xz (10 MB against 17.6)
+  mkdir -p /tmp/site072 /tmp/site && \
+    { ls .whl/*.whl >/dev/null 2>&1 && $pip_install --target /tmp/site .whl/*.whl || true; } && \
+    { ls .whl/*.tar.xz >/dev/null 2>&1 && xz -dc .whl/*.tar.xz | tar x -C /tmp/site || true; } && \
     { ls .whl072/*.whl >/dev/null 2>&1 && $pip_install --target /tmp/site072 .whl072/*.whl || true; } && \
     { ls .whl072/*.tar.xz >/dev/null 2>&1 && xz -dc .whl072/*.tar.xz | tar x -C /tmp/site072 || true; } && \
-    [ -d /tmp/site072/flashinfer ] && touch /tmp/site072/.installed || echo "gpu_env: wheel install failed" >&2
+    [ -d /tmp/site072/flashinfer ] && [ -d /tmp/site/pydantic ] && [ -d /tmp/site/cudnn ] && \
+    touch /tmp/site072/.installed || echo "gpu_env: wheel install failed" >&2
 fi
 export PYTHONPATH=/tmp/site072:/tmp/site:$PWD FLASHINFER_WORKSPACE_BASE=/tmp/fi072 PYTHONUNBUFFERED=1
 aot=/tmp/site072/flashinfer/data/aot
