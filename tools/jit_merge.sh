@@ -2,9 +2,9 @@
 # the call's files_at folder, given as $1) to .jit-so/, and pack a selection of .jit-so/ into .jit/
 # as 15 MB parts for the next call's carry (tools/gpu_env.sh installs them there).
 # The carry is 64 MiB in all: the wheels take 23 MB (tools/carry_prep.sh; 30 before session 20) and
-# the tree 8 MB (tools/results moved out), so .jit may take about 32 MB. The modules are stripped of their symbols
-# (strip --strip-unneeded: 109 -> 94 MB for session 18's 33) and packed with xz -9: 0.4-1.3 MB a
-# module, their GPU code being compressed already. Which go: what tools/jit_prebuild.py --carry-mb
+# the tree 8 MB (tools/results moved out), so .jit may take about 32 MB. The modules are stripped of
+# their symbols (strip --strip-unneeded: 109 -> 94 MB for session 18's 33) and packed with xz -9:
+# 0.4-1.3 MB a module, their GPU code being compressed already. Which go: what tools/jit_prebuild.py --carry-mb
 # picks within $JIT_MB (default 32 MB, less Triton's cache where .jit holds one): the modules it
 # cannot place first, then by device seconds saved per MB (run this with the project's venv active);
 # or $SELECT, an extended regex over the module names. tools/carry_prep.sh prints the carry's size.
