@@ -302,6 +302,8 @@ def test_jit_prebuild_carries_what_saves_the_most_device_seconds_per_mb(tmp_path
         (tmp_path / name / f"{name}.so").write_bytes(os.urandom(size))  # random bytes: xz keeps their size
     assert tool.carried(tmp_path, 0.7, 500, seed=2) == ["quantization", common]  # the third would pass 0.7 MB
     assert tool.carried(tmp_path, 1.0, 500, seed=2) == ["quantization", common, rare]
+    everything = {tool.name(m) for m, _ in plan}  # the plan of those very draws: no problem compiles
+    assert tool.covered(everything, 500, seed=2) == 1.0 and tool.covered(set(), 500, seed=2) < 0.2
 
 
 def test_estimate_error_compares_the_routers_estimates_with_the_measured_times(tmp_path):
