@@ -94,9 +94,9 @@ def name(m: Module) -> str:
 
 
 # Seconds one module takes to compile: on the device (the guide: fa3 about 70 s; NOTES-h200-sweeps.md
-# session 16: XQA 10-15 s; fa2 taken as 30) and here on two cores (session 20: fa2 15-55 s, its single-
-# request module 24-31, fa3 160-165 and 271; XQA taken as 60). A module is worth building here by
-# the device seconds it saves a sweep per second it takes here.
+# session 16: XQA 10-15 s; fa2 taken as 30) and here on two cores (session 20: fa2's batch module
+# 15-64 s, its single-request one 24-44, fa3's 271-316 and 160-165; XQA taken as 60). A module is
+# worth building here by the device seconds it saves a sweep per second it takes here.
 DEVICE_S = {"fa2": 30.0, "fa3": 70.0, "xqa": 12.0}
 HERE_S = {("batch", "fa2"): 45.0, ("single", "fa2"): 30.0, ("batch", "fa3"): 270.0, ("single", "fa3"): 160.0,
           ("xqa", "xqa"): 60.0}
