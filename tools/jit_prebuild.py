@@ -22,13 +22,15 @@ Set-up (once per machine; FlashInfer's tree is the pruned one of tools/carry_pre
     echo 'void stub(void){}' | gcc -shared -x c - -o /tmp/cudalib/libcuda.so -Wl,-soname,libcuda.so.1
     python -m pip download --no-deps -d /tmp/fic/w nvidia-curand && unzip -q /tmp/fic/w/nvidia_curand-*.whl -d /tmp/fic/cur
     PYTHONPATH=/tmp/fic/site:$PWD PATH=/tmp/fic/site/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fic/ws \\
-      FLASHINFER_CUDA_ARCH_LIST=9.0a LIBRARY_PATH=/tmp/cudalib CPATH=/tmp/fic/cur/nvidia/cu13/include \\
+      FLASHINFER_CUDA_ARCH_LIST=9.0a LIBRARY_PATH=/tmp/cudalib \\
+      CPATH=/tmp/fic/cur/nvidia/cu13/include:/usr/local/cuda-13.0/include \\
       python tools/jit_prebuild.py --minutes 90
 
-(the libcuda stub only lets the link find ``-lcuda``: the module needs libcudart.so.13 alone, as the
-ones a device builds do; fa3's sources include cutlass's curand_kernel.h, which this machine's CUDA
-lacks and the nvidia-curand wheel holds). ``--plan`` prints the order and each module's share of
-problems, building nothing.
+(the libcuda stub only lets the link find ``-lcuda``: a module needs libcudart.so.13, and XQA's the
+driver's libcuda.so.1, as the ones a device builds do; fa3's sources include cutlass's
+curand_kernel.h, which this machine's CUDA lacks and the nvidia-curand wheel holds; XQA's host file
+includes cuda.h, which FlashInfer, finding nvcc in /usr/local/bin, looks for in /usr/local/include).
+``--plan`` prints the order and each module's share of problems, building nothing.
 """
 from __future__ import annotations
 
