@@ -8,7 +8,7 @@
 # cache where .jit holds one): the modules it cannot place first, then by device seconds saved per
 # MB (run this with the project's venv active); or $SELECT, an extended regex over the module names.
 # $JIT_MB counts each module xz'd alone (0.3-1.3 MB: their GPU code is compressed already); packed
-# together they take about 0.72 of that (session 20: 40 -> 29 MB, 56 of 62 modules, a carry of 58.7
+# together they take about 0.72 of that (session 20: 40 -> 28 MB, 67 of 88 modules, a carry of 57.5
 # MiB). tools/carry_prep.sh prints the carry's size.
 # Whether FlashInfer loads carried modules rather than compiling them again was never checked on a
 # device before session 20; tools/gpu_env.sh now loads each once and says which fail.
