@@ -17,24 +17,20 @@ import math
 import statistics
 from pathlib import Path
 
-import capability_db
 from dispatch import router
 from dispatch.lab import table
-from dispatch.lab.problems import BenchProblem
 
 
 def errors(results: dict) -> dict[tuple[str, str, str], list[float]]:
     """(backend, phase, basis) -> log2(measured / estimated) of each problem that timed the backend."""
-    env = results["environment"]
-    major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
-    device = capability_db.device_for_capability(major, minor, env["gpu"])
+    device = table.sweep_device(results["environment"])
     out = collections.defaultdict(list)
     for r in results["results"]:
         timed = {b["backend"]: b["eager_ms"] for b in r.get("backends", ())
                  if b["backend"] not in ("auto", "flashinfer") and b.get("status") == "ok" and b.get("eager_ms")}
         if not timed:
             continue
-        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        p = table.recorded_problem(r)
         decision = router.decide(dataclasses.replace(table.problem_of(p), cuda_graph=True), device, live=False)
         phase = "decode" if p.q_len == 1 else "prefill"
         for c in decision.candidates:

@@ -12,7 +12,6 @@ import statistics
 from pathlib import Path
 
 from dispatch.lab import table
-from dispatch.lab.problems import BenchProblem
 
 
 def times(paths: list[Path]) -> tuple[dict, dict]:
@@ -22,8 +21,7 @@ def times(paths: list[Path]) -> tuple[dict, dict]:
         if "backends" in r:
             ms = {b["backend"]: b["eager_ms"] for b in r["backends"]
                   if b.get("status") == "ok" and b.get("eager_ms") and b["backend"] != "auto"}
-            bench_problem = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
-            out[r["name"]] = (table.bucket_of(bench_problem).phase, ms)  # the phase a table's row scales by
+            out[r["name"]] = (table.bucket_of(table.recorded_problem(r)).phase, ms)  # the phase a table's row scales by
     return out, results["environment"]
 
 

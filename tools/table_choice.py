@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
-import capability_db
 from capability_db import measured
 from dispatch import router
 from dispatch.lab import replay, table
@@ -30,9 +29,7 @@ def replay_under(results: dict, table_file: Path) -> tuple[list[dict], str]:
             measured.forget()
             router.clear_caches()
             rows = replay.replay(results)
-            env = results["environment"]
-            major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
-            used = measured.table_for(capability_db.device_for_capability(major, minor, env["gpu"]))
+            used = measured.table_for(table.sweep_device(results["environment"]))
             how = used.scaling or f"{used.key} table, unscaled (the GPU's own)"
     measured.forget()
     router.clear_caches()

@@ -26,10 +26,9 @@ from backends._providers import defect_facts
 
 from .. import autotune, router
 from .build import flashinfer_own_wrong
-from .problems import BenchProblem
 from .report import ratio_figures, regret_figures
 from .runner import call_cost
-from .table import entry_of, problem_of
+from .table import entry_of, problem_of, recorded_problem, sweep_device
 
 
 def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None,
@@ -44,13 +43,12 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         with autotune.replaying(autotune_file):
             return replay(results, host_now)
     env = results["environment"]
-    major, minor = divmod(int(env["capability"].removeprefix("sm_")), 10)
-    device = capability_db.device_for_capability(major, minor, env["gpu"])
+    device = sweep_device(env)
     rows = []
     for r in results["results"]:
         if "backends" not in r:
             continue
-        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        p = recorded_problem(r)
         timed = {b["backend"]: b["eager_ms"] for b in r["backends"]
                  if b["backend"] not in ("auto", "flashinfer") and b.get("status") == "ok" and b.get("eager_ms")}
         if r.get("auto") and r.get("auto_ms") and r["auto"] not in timed:  # a backend only auto ran (fa3 off d128)

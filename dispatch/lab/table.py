@@ -23,8 +23,20 @@ import capability_db
 from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
                                     Tree, features, gpu_key, gpu_peaks)
 
-from ..problem import AttentionProblem, size_class
+from ..problem import AttentionProblem, DeviceDesc, size_class
 from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
+
+
+def recorded_problem(result: dict) -> BenchProblem:
+    """The bench problem one result of a bench JSON recorded (its JSON holds ``backends`` as a list)."""
+    return BenchProblem(**{**result["problem"], "backends": tuple(result["problem"].get("backends", ()))})
+
+
+def sweep_device(environment: dict) -> DeviceDesc:
+    """The DeviceDesc a bench JSON's environment names (its GPU and capability): what a replay
+    decides for, off the GPU."""
+    major, minor = divmod(int(environment["capability"].removeprefix("sm_")), 10)
+    return capability_db.device_for_capability(major, minor, environment["gpu"])
 
 
 def entry_of(bench_entry: str) -> str:
@@ -86,7 +98,7 @@ def build_table(results: dict, source: str) -> TimingTable:
     for r in results["results"]:
         if "backends" not in r:
             continue
-        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        p = recorded_problem(r)
         ms = {b["backend"]: round(b["eager_ms"], 5) for b in r["backends"]  # ours only: not auto, not FlashInfer's
               if b["backend"] not in NOT_BACKENDS and b["status"] == "ok" and b.get("eager_ms")}
         host = {b["backend"]: b["host_us"] for b in r["backends"]
@@ -167,7 +179,7 @@ def fit_samples(results: list[dict]) -> dict[str, list[tuple[dict[str, float], f
     for r in results:
         if "backends" not in r:
             continue
-        p = BenchProblem(**{**r["problem"], "backends": tuple(r["problem"].get("backends", ()))})
+        p = recorded_problem(r)
         problem = problem_of(p)
         values = features(problem, (p.batch, p.q_len, p.kv_len))
         for b in r["backends"]:
