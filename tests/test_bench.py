@@ -3,6 +3,7 @@
 problem files, and bench results turned into a timing table."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -232,8 +233,8 @@ def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     from dispatch.lab import build, report, runner
     from dispatch.lab.problems import BenchProblem
     monkeypatch.setattr(runner, "flashinfer_api", lambda: (build.OURS, ""))
-    monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps, profile=0: runner.measure(
-        b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0], profile))
+    monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps, profile=0, calls=None: runner.measure(
+        b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0], profile, calls))
     p = BenchProblem(entry="xqa_batch_decode_with_kv_cache", batch=2, q_len=1, kv_len=40, num_qo_heads=4,
                      num_kv_heads=2, head_dim=16, dtype="float32", page_size=8, backends=("reference",))
     result = runner.run_problem(p, "cpu", reps=1, l2_bytes=0)
@@ -242,6 +243,30 @@ def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     assert result["auto_over_flashinfer"] == pytest.approx(result["auto_ms"] / fi["eager_ms"])
     text = report.markdown({"environment": {}, "grid": "t", "method": "", "regret": {}, "results": [result]})
     assert "Auto against FlashInfer's own call" in text and "| flashinfer" in text.replace("| auto | regret | ", "| ")
+
+
+def test_host_rounds_keep_each_backends_least_time_in_interleaved_turns(monkeypatch):
+    """On a GPU, the host time of every row whose GPU time can let host time decide is timed again in
+    rounds that take the backends in turn (rotating order), each in its own backend's scope, and
+    becomes the least of its timings; a row of long GPU time keeps its one figure."""
+    p = BenchProblem(entry="single_prefill_with_kv_cache", batch=1, q_len=4, kv_len=16, num_qo_heads=2,
+                     num_kv_heads=2, head_dim=16, dtype="float32")
+    built = build.build(p, "cpu")
+    turns, scopes = [], []
+    monkeypatch.setattr(runner, "_sync", lambda device: None)  # no GPU here: the rounds' syncs are no-ops
+    monkeypatch.setattr(runner, "_scope", lambda name: scopes.append(name) or contextlib.nullcontext())
+    times = iter([30.0, 5.0, 40.0, 6.0, 50.0, 7.0, 60.0, 8.0])
+    monkeypatch.setattr(runner, "_host_us", lambda call, b, device, repeats=3: (turns.append(call), next(times))[1])
+    rows = [{"backend": "fa2", "host_us": 20.0, "eager_ms": 0.01}, {"backend": "cudnn", "host_us": 9.0, "eager_ms": 0.02},
+            {"backend": "fa3", "host_us": 70.0, "eager_ms": 5.0}, {"backend": "auto", "host_us": None}]
+    calls = {"fa2": "fa2-call", "cudnn": "cudnn-call", "fa3": "fa3-call"}
+    runner._host_rounds(rows, calls, built, "cuda")
+    order = ["fa2", "cudnn", "cudnn", "fa2"] * 2  # HOST_ROUNDS rounds, each starting one later
+    assert runner.HOST_ROUNDS == 4 and scopes == order and turns == [f"{name}-call" for name in order]
+    assert [r["host_us"] for r in rows] == [6.0, 5.0, 70.0, None]  # fa2: 20 then 30, 6, 50, 8; cudnn: 9 then 5, ...
+    assert rows[0].get("host_rounds") == runner.HOST_ROUNDS and "host_rounds" not in rows[2]
+    runner._host_rounds(rows, calls, built, "cpu")  # the CPU's figure is the whole call: no rounds
+    assert len(turns) == len(order)
 
 
 def test_flashinfer_column_says_why_it_is_absent():

@@ -246,7 +246,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     stem = (f"bench-{name}-{args.device}" + ("-autotune" if autotune.enabled() else "")
             + (f"-from-{args.start}" if args.start else ""))  # a resume keeps the first part
     rep = {"grid": name, "environment": environment(args.device),
-           "method": runner.METHOD.format(rows=16, reps=reps), "results": [], "regret": {}}
+           "method": runner.METHOD.format(rows=16, reps=reps, host_up_to=runner.HOST_ROUNDS_UP_TO_MS,
+                                             host_rounds=runner.HOST_ROUNDS), "results": [], "regret": {}}
     if args.random is not None:
         from .randomgrid import DISTRIBUTION
         rep.update(seed=args.seed, random=args.random, start=args.start, distribution=DISTRIBUTION)
