@@ -109,15 +109,38 @@ Sizes = tuple[int, int, int]  # (batch, q_len, kv_len)
 
 
 def work(problem: AttentionProblem, sizes: Sizes) -> tuple[float, float]:
-    """(bytes moved, FLOPs) of one call: K/V read once, q and out once; 2 matmuls on the visible pairs."""
+    """(bytes moved, FLOPs) of one call: the keys any query sees read once, q and out once; 2 matmuls
+    on the visible (query, key) pairs, counted as the oracle masks them (``visible_pairs``)."""
     b, q, kv = sizes
-    keys = min(kv, problem.window_left + 1) if problem.window_left >= 0 else kv
+    w = problem.window_left
+    keys = min(kv, q + w) if w >= 0 else kv  # from the first query's window start on
     kv_elem = NAME_DTYPES[problem.kv_dtype].itemsize
     q_elem = NAME_DTYPES[problem.q_dtype].itemsize
     dims = problem.head_dim_qk + problem.head_dim_vo
     moved = b * (keys * problem.num_kv_heads * dims * kv_elem + q * problem.num_qo_heads * dims * q_elem)
-    pairs = q * keys - (q * (q - 1) / 2 if problem.causal and q <= keys else 0)
+    pairs = visible_pairs(q, kv, problem.causal, w)
     return float(moved), 2.0 * problem.num_qo_heads * dims * b * max(pairs, q)
+
+
+def visible_pairs(q: int, kv: int, causal: bool, window_left: int) -> int:
+    """(query, key) pairs one request computes: query i sits at kv - q + i (bottom-right), sees keys up
+    to itself (causal) or to the last, from ``window_left`` before itself (inclusive) or the first.
+    Before session 21 the window counted as window_left + 1 keys a query whether causal or not: a
+    non-causal window sees every key after its start, and the H200's sweeps held 56 such prefills whose
+    work that undercounted by a median 1.7x, up to 224x (a 14x low estimate, 63% regret on the H100's
+    paged 63 x 8144 x 8144, window 82; tools/results/NOTES-h200-sweeps.md, session 21)."""
+    first = kv - q  # the first query's position
+    upto = _clamped_sum(first + 1, q) if causal else q * kv  # keys 0 .. its own (or the last) per query
+    before = _clamped_sum(first - window_left, q) if window_left >= 0 else 0  # keys before its window
+    return upto - before
+
+
+def _clamped_sum(a: int, n: int) -> int:
+    """sum of max(0, a + i) over i in [0, n)."""
+    top = a + n - 1
+    if top <= 0:
+        return 0
+    return n * a + n * (n - 1) // 2 if a >= 0 else top * (top + 1) // 2
 
 
 QUERY_TILE = 128  # queries per block of a query-tiled kernel (cuDNN's and FlashInfer fa3's prefill tiles)

@@ -128,6 +128,23 @@ def test_learning_curve_builds_each_fold_from_the_share_it_names():
     router.clear_caches()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("q, kv, window", [(8, 16, 2), (1, 40, 5), (16, 16, 0), (6, 30, -1), (30, 30, 100)])
+def test_work_counts_the_pairs_the_oracle_keeps_and_the_keys_any_query_sees(q, kv, window, causal):
+    """The FLOPs of the (query, key) pairs the oracle's mask keeps (a non-causal window sees every key
+    after its start: session 21 found it counted as window + 1 keys a query), and the bytes of every
+    key from the first query's window start on, read once."""
+    from dispatch.lab.oracle import allowed_keys
+    p = table.problem_of(table.BenchProblem(entry="single_prefill_with_kv_cache", batch=3, q_len=q, kv_len=kv,
+                                            num_qo_heads=4, num_kv_heads=2, head_dim=64, causal=causal,
+                                            window_left=window))
+    moved, flops = measured.work(p, (3, q, kv))
+    pairs = int(allowed_keys(q, kv, causal, window).sum())
+    assert flops == 2.0 * 4 * (64 + 64) * 3 * max(pairs, q)
+    keys = min(kv, q + window) if window >= 0 else kv
+    assert moved == 3 * (keys * 2 * 128 * 2 + q * 4 * 128 * 2)
+
+
 def test_the_fit_learns_a_kernel_that_pays_for_keys_outside_the_window():
     """FlashInfer fa2's single-request prefill walks every key up to the diagonal and masks the
     window (H200: 10.9 ms against fa3's 0.028 on 1 x 266 x 129196, window 118); fa3 skips the keys

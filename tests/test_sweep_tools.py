@@ -326,3 +326,30 @@ def test_estimate_error_compares_the_routers_estimates_with_the_measured_times(t
     fa2 = next(c for c in decision.candidates if c.backend == "fa2").evidence
     assert errs[("fa2", "decode", fa2.basis)] == [pytest.approx(math.log2(0.05 / fa2.ms))]
     assert "| fa2 | decode |" in tool.markdown(["x.json"], "NVIDIA H200", errs)
+
+
+def test_judge_repeat_scores_the_first_runs_fastest_by_the_second_runs_times(tmp_path):
+    """tools/judge_repeat.py: per problem both runs timed, the first run's fastest judged by the
+    second run's times (GPU ms, and GPU ms + host us for the call cost); auto and FlashInfer's own
+    call are not candidates."""
+    spec = importlib.util.spec_from_file_location("judge_repeat", Path("tools/judge_repeat.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def run(fa2, cudnn, fa2_host, cudnn_host):
+        rows = [{"backend": "fa2", "status": "ok", "eager_ms": fa2, "host_us": fa2_host},
+                {"backend": "cudnn", "status": "ok", "eager_ms": cudnn, "host_us": cudnn_host},
+                {"backend": "auto", "status": "ok", "eager_ms": 0.001, "host_us": 1.0}]
+        return {"results": [{"name": "p", "backends": rows}, {"name": "only in one run"}]}
+    first, second = run(0.010, 0.011, 10.0, 30.0), run(0.012, 0.010, 20.0, 10.0)
+    fig = tool.figures(first, second)
+    assert fig["problems"] == 1
+    # GPU: fa2 fastest first (0.010), then 0.012 against cudnn's 0.010: 20% over
+    assert fig["gpu"]["within_3pct"] == 0 and fig["gpu"]["max"] == pytest.approx(0.2)
+    # cost: fa2 first (0.020 ms against 0.041), then 0.032 against cudnn's 0.020: 60% over
+    assert fig["cost"]["max"] == pytest.approx(0.6)
+    host = fig["spread_host_us"]  # fa2 10 -> 20, cudnn 30 -> 10, auto 1 -> 1
+    assert host["count"] == 3 and host["p50"] == pytest.approx(2.0 / 3.0) and host["p90"] == pytest.approx(1.0)
+    same = tool.figures(first, first)
+    assert same["gpu"]["within_3pct"] == same["cost"]["within_3pct"] == 1
+    assert "| call cost (an eager call's) | 1 | 0 (0%)" in tool.markdown(["a", "b"], fig, "host: x")

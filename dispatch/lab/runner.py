@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 import backends
+from capability_db.measured import visible_pairs
 
 from .. import policy, router
 from .. import timing
@@ -49,14 +50,6 @@ METHOD = (
     "auto served the fastest: two runs of one backend differ by noise, not by choice); noise = |auto's own "
     "time / the forced time of the backend it served - 1|, the spread of two timings of the same backend. A "
     "backend not usable here is listed as skipped, with how to enable it.")
-
-
-def visible_pairs(q_len: int, kv_len: int, causal: bool, window_left: int) -> int:
-    """(query, key) pairs one request computes: query i sits at kv_len - q_len + i (bottom-right)."""
-    pos = torch.arange(q_len, dtype=torch.int64) + (kv_len - q_len)
-    hi = pos if causal else torch.full_like(pos, kv_len - 1)
-    lo = (pos - window_left).clamp_min(0) if window_left >= 0 else torch.zeros_like(pos)
-    return int((hi - lo + 1).clamp_min(0).sum())
 
 
 def work(p: BenchProblem) -> tuple[float, str]:
