@@ -353,3 +353,18 @@ def test_judge_repeat_scores_the_first_runs_fastest_by_the_second_runs_times(tmp
     same = tool.figures(first, first)
     assert same["gpu"]["within_3pct"] == same["cost"]["within_3pct"] == 1
     assert "| call cost (an eager call's) | 1 | 0 (0%)" in tool.markdown(["a", "b"], fig, "host: x")
+
+
+def test_gpu_correction_holds_out_one_seed_at_a_time():
+    """tools/gpu_correction.py ``seed`` mode: each seed's problems are judged by a correction learned
+    from the other seeds' (the seed read from the file each problem came from, merged files included)."""
+    spec = importlib.util.spec_from_file_location("gpu_correction", Path("tools/gpu_correction.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    rows = [{"name": f"p{i}", table.FROM: name} for i, name in enumerate([
+        "bench-random-150-seed-11-h100.json", "bench-random-150-seed-22-h100-from-5.json",
+        "bench-random-150-seed-11-h100-from-37.json + bench-random-150-seed-11-h100-from-48.json"])]
+    pairs = tool.splits(rows, "seed")
+    assert [[r["name"] for r in test] for _, test in pairs] == [["p0", "p2"], ["p1"]]
+    assert [[r["name"] for r in train] for train, _ in pairs] == [["p1"], ["p0", "p2"]]
+    assert sorted(len(test) for _, test in tool.splits(rows * 4, "kfold")) == [2, 2, 2, 3, 3]

@@ -1,101 +1,139 @@
 """Would a correction learned from one GPU's own sweeps improve the table it ranks by (another GPU's,
 scaled)? The H100 ranks by the H200's fitted table scaled to it (capability_db/measured.py). Here a
 correction of that table's fitted GPU times, log2(measured / estimated), is learned from part of the
-H100's sweeps and the choice replayed on the rest (5 folds, or one seed held out at a time):
-``none`` (the table as it is), ``median`` (one factor per backend), ``median-phase`` (per backend and
-decode/prefill), ``median-entry`` (per backend, phase and entry point), ``trees-s``/``trees-m``
-(boosted trees of 100 x depth 3 / 300 x depth 4 over the fit's features and the backend). An
-experiment (session 21), not part of the choice: it patches ``choice.fitted_ms``.
+GPU's sweeps and the choice replayed on the rest: 5 folds (``kfold``), or one seed held out at a time
+(``seed``). The corrections (``KINDS``): ``none`` (the table as it is), ``median`` (one factor per
+backend), ``median-phase`` (per backend and decode/prefill), ``median-entry`` (per backend, phase and
+entry point), ``trees-s``/``trees-m`` (boosted trees, 100 of depth 3 / 300 of depth 4, over the fit's
+features and the backend; scikit-learn, the bench extra). An experiment (session 21), not part of the
+choice: it patches ``choice.fitted_ms`` while it replays.
 
-    python tools/gpu_correction.py FILES_LIST.txt kfold|seed KIND... > OUT.md
+    python tools/gpu_correction.py FILES.txt kfold none median trees-s > OUT.md
 """
+from __future__ import annotations
+
+import argparse
 import math
 import statistics
-import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 from unittest import mock
+
 from capability_db import measured
 from capability_db.measured import features
-from dispatch import router, choice
+from dispatch import choice, router
 from dispatch.lab import replay, table
-from dispatch.lab.report import regret_figures, ratio_figures
+from dispatch.lab.report import ratio_figures, regret_figures
 
-import sys as _sys
-paths = [Path(p) for p in open(_sys.argv[1]).read().split()]
-results, source = table.merged(paths)
-rows_all = [r for r in results["results"] if "backends" in r]
-device = table.sweep_device(results["environment"])
-H200 = Path('capability_db/measured/h200.json').resolve()  # the table the H100 ranks by
-tmp = tempfile.mkdtemp(); (Path(tmp) / 'h200.json').symlink_to(H200)
-measured.MEASURED_DIR = Path(tmp); measured.forget(); router.clear_caches()
-scaled = measured.table_for(device)
-orig = choice.fitted_ms
-NOT = ("auto", "flashinfer")
+TABLE = Path("capability_db/measured/h200.json")  # the table the H100 ranks by, scaled
+TREES = {"trees-s": (100, 3), "trees-m": (300, 4)}  # trees, depth
+KEYS = {"median": lambda name, problem: (name,),
+        "median-phase": lambda name, problem: (name, problem.phase),
+        "median-entry": lambda name, problem: (name, problem.phase, problem.entry)}
+KINDS = ["none", *KEYS, *TREES]
+MIN_SAMPLES = 5  # a median of fewer is left out (no correction)
 
-def samples(rows):
+Correction = Callable[[str, object, dict], float]  # (backend, problem, features) -> log2 factor
+
+
+def residuals(rows: list[dict], scaled: measured.TimingTable) -> list[tuple[str, object, dict, float]]:
+    """(backend, problem, features, log2(measured / the scaled table's fitted estimate)) per timed pair."""
     out = []
     for r in rows:
-        p = table.recorded_problem(r); prob = table.problem_of(p); sz = (p.batch, p.q_len, p.kv_len)
-        f = features(prob, sz)
+        p = table.recorded_problem(r)
+        problem, sizes = table.problem_of(p), (p.batch, p.q_len, p.kv_len)
+        values = features(problem, sizes)
         for b in r["backends"]:
-            n = b["backend"]
-            if n in NOT or b.get("status") != "ok" or not b.get("eager_ms"): continue
-            est = orig(scaled, n, prob, sz)
-            if est is None: continue
-            out.append((n, prob, f, math.log2(b["eager_ms"]) - math.log2(est)))
+            if b["backend"] in ("auto", "flashinfer") or b.get("status") != "ok" or not b.get("eager_ms"):
+                continue
+            estimate = choice.fitted_ms(scaled, b["backend"], problem, sizes)
+            if estimate is not None:
+                out.append((b["backend"], problem, values, math.log2(b["eager_ms"] / estimate)))
     return out
 
-def fit(kind, train):
-    s = samples(train)
-    if kind == "none": return lambda n, prob, f: 0.0
-    if kind.startswith("median"):
-        by = {}
-        for n, prob, f, res in s:
-            key = (n, prob.phase) if kind == "median-phase" else (n, prob.phase, prob.entry) if kind == "median-entry" else (n,)
-            by.setdefault(key, []).append(res)
-        med = {k: statistics.median(v) for k, v in by.items() if len(v) >= 5}
-        shrink = 1.0
-        def corr(n, prob, f):
-            key = (n, prob.phase) if kind == "median-phase" else (n, prob.phase, prob.entry) if kind == "median-entry" else (n,)
-            return shrink * med.get(key, 0.0)
-        return corr
-    from sklearn.ensemble import GradientBoostingRegressor
-    names = sorted({k for _, _, f, _ in s for k in f}); backs = sorted({n for n, *_ in s})
-    X = [[f.get(k, 0.0) for k in names] + [float(n == b) for b in backs] for n, _, f, _ in s]
-    y = [res for *_, res in s]
-    ne, depth = {"trees-s": (100, 3), "trees-m": (300, 4), "trees-l": (600, 5)}[kind]
-    g = GradientBoostingRegressor(n_estimators=ne, max_depth=depth, learning_rate=0.05, min_samples_leaf=10, subsample=0.8, random_state=0).fit(X, y)
-    def corr(n, prob, f):
-        return float(g.predict([[f.get(k, 0.0) for k in names] + [float(n == b) for b in backs]])[0])
-    return corr
 
-def run(kind, parts_train, test_rows):
-    corr = fit(kind, parts_train)
-    def patched(tbl, backend, problem, sizes):
-        ms = orig(tbl, backend, problem, sizes)
-        if ms is None: return None
-        return ms * 2 ** corr(backend, problem, features(problem, sizes))
-    with mock.patch.object(choice, "fitted_ms", patched):
+def learn(kind: str, train: list[dict], scaled: measured.TimingTable) -> Correction:
+    if kind == "none":
+        return lambda name, problem, values: 0.0
+    samples = residuals(train, scaled)
+    if kind in KEYS:
+        key, groups = KEYS[kind], {}
+        for name, problem, _, error in samples:
+            groups.setdefault(key(name, problem), []).append(error)
+        medians = {k: statistics.median(v) for k, v in groups.items() if len(v) >= MIN_SAMPLES}
+        return lambda name, problem, values: medians.get(key(name, problem), 0.0)
+    from sklearn.ensemble import GradientBoostingRegressor
+    names = sorted({k for _, _, values, _ in samples for k in values})
+    backends = sorted({name for name, *_ in samples})
+
+    def row(name: str, values: dict) -> list[float]:
+        return [values.get(k, 0.0) for k in names] + [float(name == b) for b in backends]
+    count, depth = TREES[kind]
+    trees = GradientBoostingRegressor(n_estimators=count, max_depth=depth, learning_rate=0.05, min_samples_leaf=10,
+                                      subsample=0.8, random_state=0)
+    trees.fit([row(name, values) for name, _, values, _ in samples], [error for *_, error in samples])
+    return lambda name, problem, values: float(trees.predict([row(name, values)])[0])
+
+
+def replayed(results: dict, test: list[dict], correction: Correction) -> list[dict]:
+    """The choice for ``test``'s problems with the scaled table's fitted times corrected."""
+    fitted_ms = choice.fitted_ms
+
+    def corrected(tbl, backend, problem, sizes):
+        ms = fitted_ms(tbl, backend, problem, sizes)
+        return None if ms is None else ms * 2 ** correction(backend, problem, features(problem, sizes))
+    with mock.patch.object(choice, "fitted_ms", corrected):
         router.clear_caches()
-        out = replay.replay({**results, "results": test_rows})
+        out = replay.replay({**results, "results": test})
     router.clear_caches()
     return out
 
-def report(kind, rows):
-    g, e = regret_figures(rows), regret_figures(rows, "cost_regret")
-    o, oc = ratio_figures(rows, "over_flashinfer"), ratio_figures(rows, "cost_over_flashinfer")
-    print(f"- {kind}: graph {g['within_3pct']}/{g['count']} ({g['within_3pct']/g['count']:.0%}) max {g['max']:.0%}; eager {e['within_3pct']}/{e['count']} ({e['within_3pct']/e['count']:.0%}); "
-          f"FI gpu {o['at_most_1_03']}/{o['count']} >1.10 {o['above_1_10']}; cost {oc['at_most_1_03']}/{oc['count']} >1.10 {oc['above_1_10']}", flush=True)
 
-mode = sys.argv[2]
-print(f'Sources: {source}; the table: {scaled.scaling}; mode {mode}\n')
-for kind in sys.argv[3:]:
+def splits(rows: list[dict], mode: str) -> list[tuple[list[dict], list[dict]]]:
+    """(train, test) pairs: 5 interleaved folds, or each seed's problems against the others'."""
     if mode == "kfold":
-        k = 5; parts = [rows_all[i::k] for i in range(k)]
-        rows = [x for i in range(k) for x in run(kind, [r for j, p in enumerate(parts) if j != i for r in p], parts[i])]
-    else:  # by seed: hold one seed out
-        seeds = {}
-        for r in rows_all: seeds.setdefault(r[table.FROM].split('-h100')[0], []).append(r)
-        rows = [x for s, test in seeds.items() for x in run(kind, [r for t, v in seeds.items() if t != s for r in v], test)]
-    report(f"{mode}:{kind}", rows)
+        parts = [rows[i::5] for i in range(5)]
+    else:
+        by_seed: dict[str, list[dict]] = {}
+        for r in rows:
+            by_seed.setdefault(r[table.FROM].split("-seed-")[1].split("-")[0], []).append(r)
+        parts = list(by_seed.values())
+    return [([r for j, part in enumerate(parts) if j != i for r in part], test) for i, test in enumerate(parts)]
+
+
+def line(label: str, rows: list[dict]) -> str:
+    graph, eager = regret_figures(rows), regret_figures(rows, "cost_regret")
+    own, own_cost = ratio_figures(rows, "over_flashinfer"), ratio_figures(rows, "cost_over_flashinfer")
+    return (f"- {label}: graph {graph['within_3pct']}/{graph['count']} ({graph['within_3pct'] / graph['count']:.0%}) "
+            f"max {graph['max']:.0%}; eager {eager['within_3pct']}/{eager['count']} "
+            f"({eager['within_3pct'] / eager['count']:.0%}); FI gpu {own['at_most_1_03']}/{own['count']} >1.10 "
+            f"{own['above_1_10']}; cost {own_cost['at_most_1_03']}/{own_cost['count']} >1.10 {own_cost['above_1_10']}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", type=Path, help="a text file naming the GPU's bench JSONs")
+    ap.add_argument("mode", choices=["kfold", "seed"])
+    ap.add_argument("kinds", nargs="+", choices=KINDS)
+    args = ap.parse_args()
+    results, source = table.merged([Path(p) for p in args.files.read_text().split()])
+    rows = [r for r in results["results"] if "backends" in r]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / TABLE.name).symlink_to(TABLE.resolve())
+        with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
+            measured.forget()
+            router.clear_caches()
+            scaled = measured.table_for(table.sweep_device(results["environment"]))
+            print(f"Sources: {source}; the table: {scaled.scaling}; mode {args.mode}\n")
+            for kind in args.kinds:
+                out = [r for train, test in splits(rows, args.mode)
+                       for r in replayed(results, test, learn(kind, train, scaled))]
+                print(line(f"{args.mode}:{kind}", out), flush=True)
+    measured.forget()
+    router.clear_caches()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
