@@ -38,7 +38,7 @@ METHOD = (
     "fp8 KV 6e-2, fp32 1e-5), else the backend's row says DISAGREES and is not timed. Time: milliseconds per "
     "call, eager and warm, median of {reps} CUDA-event timings of back-to-back calls queued behind a GPU spin "
     "(host launch gaps not counted; CPU: the wall clock); host: microseconds of host time per eager call "
-    "(back-to-back calls on the host clock, no sync inside, median of 3; where the GPU time is at most {host_up_to} ms, "
+    "(back-to-back calls on the host clock, no sync inside, median of 3; on a GPU, where the GPU time is at most {host_up_to} ms, "
     "the least of that and {host_rounds} more timings in rounds that interleave the problem's backends); graph: the replay of one CUDA graph holding one call "
     "per K/V copy, where the backend that served declares CUDA-graph support. K/V rotate over copies that "
     "together hold at least 3x the L2, so no call reads K/V left in the L2 by the previous one. Rates, one "
