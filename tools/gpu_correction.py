@@ -26,7 +26,7 @@ from dispatch import choice, router
 from dispatch.lab import replay, table
 from dispatch.lab.report import ratio_figures, regret_figures
 
-TABLE = Path("capability_db/measured/h200.json")  # the table the H100 ranks by, scaled
+TABLE = measured.MEASURED_DIR / "h200.json"  # the table the H100 ranks by, scaled
 TREES = {"trees-s": (100, 3), "trees-m": (300, 4)}  # trees, depth
 KEYS = {"median": lambda name, problem: (name,),
         "median-phase": lambda name, problem: (name, problem.phase),
@@ -45,7 +45,7 @@ def residuals(rows: list[dict], scaled: measured.TimingTable) -> list[tuple[str,
         problem, sizes = table.problem_of(p), (p.batch, p.q_len, p.kv_len)
         values = features(problem, sizes)
         for b in r["backends"]:
-            if b["backend"] in ("auto", "flashinfer") or b.get("status") != "ok" or not b.get("eager_ms"):
+            if b["backend"] in table.NOT_BACKENDS or b.get("status") != "ok" or not b.get("eager_ms"):
                 continue
             estimate = choice.fitted_ms(scaled, b["backend"], problem, sizes)
             if estimate is not None:

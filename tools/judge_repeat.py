@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-NOT_BACKENDS = ("auto", "flashinfer")
+from dispatch.lab.table import NOT_BACKENDS
 
 
 def times(result: dict, cost: bool) -> dict[str, float]:
