@@ -235,8 +235,9 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
         return Estimate(backend, there[0].ms[backend], "measured", sizes, there[0].source)
     fitted = (fitted_times(table, problem, sizes) if fitted_here is None else fitted_here).get(backend)
     if fitted is not None:
+        placed = "; placed among the others by the pairwise model of time ratios" if table.fitted.pair_trees else ""
         return Estimate(backend, fitted, "fitted", sizes, table.fitted.source,
-                        f"fit of {table.fitted.rows[backend]} timed problems")
+                        f"fit of {table.fitted.rows[backend]} timed problems{placed}")
     if measured:
         near = anchor if anchor is not None and _timed(anchor, backend, problem.entry) else min(
             measured, key=lambda r: _apart(r, problem, sizes))

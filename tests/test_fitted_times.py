@@ -298,6 +298,8 @@ def test_the_choice_ranks_by_the_pairwise_estimates():
     times = choice.fitted_times(tab, problem, (12, 1, 20000))
     assert times["native-triton"] / times["fa2"] == pytest.approx(1.3, rel=0.02)
     assert choice.fitted_ms(tab, "fa2", problem, (12, 1, 20000)) == times["fa2"]
+    said = choice.estimate(tab, [], "fa2", problem, (12, 1, 20000), "the test's table")
+    assert said.basis == "fitted" and said.ms == times["fa2"] and "pairwise model" in said.note
 
 
 def test_without_scikit_learn_the_fit_is_linear_and_says_so():
