@@ -236,12 +236,18 @@ class PackedTrees:
 
     def total(self, x: list[float]) -> float:
         """The sum over the trees of the leaf ``x`` reaches (x rounded to float32 by the caller)."""
-        xs = self.torch.tensor(x, dtype=self.torch.float64)
-        node = self.torch.zeros_like(self.inner_base)
+        return self.totals([x])[0]
+
+    def totals(self, xs: list[list[float]]) -> list[float]:
+        """``total`` of each of ``xs``, walked at once: one row of nodes per x."""
+        torch = self.torch
+        x = torch.tensor(xs, dtype=torch.float64)
+        rows = torch.arange(len(xs)).unsqueeze(1)
+        node = torch.zeros((len(xs), len(self.inner_base)), dtype=torch.long)
         for _ in range(self.depth):
             at = self.inner_base + node
-            node = 2 * node + 2 - (xs[self.feature[at]] <= self.threshold[at]).long()  # Tree.leaf's test
-        return float(self.value[self.leaf_base + node].sum())
+            node = 2 * node + 2 - (x[rows, self.feature[at]] <= self.threshold[at]).long()  # Tree.leaf's test
+        return self.value[self.leaf_base + node].sum(dim=1).tolist()
 
 
 def _depth(t: Tree) -> int:
@@ -279,7 +285,13 @@ class FittedTimes(BaseModel):
     source: str
     trees: list[Tree] = []  # the correction (absent: the linear fits alone)
     tree_features: list[str] = []  # what the trees' ``feature`` indexes: ``names`` + ``backend <name>``
+    # The pairwise model (absent: each backend's estimate alone; ``log2_ms_among``): boosted trees of
+    # log2(first's ms / second's) on one problem, compared on x in float64, as the fitting library did
+    pair_trees: list[Tree] = []
+    pair_features: list[str] = []  # ``names`` + ``first <backend>`` + ``second <backend>`` (0/1)
+    pair_source: str = ""
     _packed: Optional[PackedTrees] = PrivateAttr(default=None)  # the trees walked at once, made on first use
+    _packed_pairs: Optional[PackedTrees] = PrivateAttr(default=None)
 
     def log2_ms(self, backend: str, values: dict[str, float]) -> Optional[float]:
         """log2 of the backend's expected GPU ms, or None: not fitted, an entry point the fit never
@@ -297,6 +309,29 @@ class FittedTimes(BaseModel):
         if self._packed is None or self._packed.trees is not self.trees:
             self._packed = PackedTrees(self.trees)
         return linear + self._packed.total(list(x))
+
+    def log2_ms_among(self, backends: list[str], values: dict[str, float]) -> dict[str, float]:
+        """log2 of the expected GPU ms of each of ``backends`` that ``log2_ms`` estimates. With a
+        pairwise model and two or more of them, their mean stays and each one's place around it is
+        the model's: the mean over all of them of its predicted log2(own ms / the other's), made
+        antisymmetric. Errors a problem shares across backends cancel in a ratio, and only the order
+        decides: on the H200's sweeps A-R (5 folds) the graph choice within 3% of the fastest rose
+        from 82.2% to 84.1% (tools/results/NOTES-h200-sweeps.md, session 22)."""
+        own = {b: v for b in backends if (v := self.log2_ms(b, values)) is not None}
+        if not self.pair_trees or len(own) < 2:
+            return own
+        names = list(own)
+        if self._packed_pairs is None or self._packed_pairs.trees is not self.pair_trees:
+            self._packed_pairs = PackedTrees(self.pair_trees)
+        pairs = [(a, b) for a in names for b in names if a != b]
+        predicted = dict(zip(pairs, self._packed_pairs.totals([self._pair_row(values, a, b) for a, b in pairs])))
+        level = sum(own.values()) / len(own)
+        return {a: level + sum(predicted[a, b] - predicted[b, a] for b in names if b != a) / (2 * len(names))
+                for a in names}
+
+    def _pair_row(self, values: dict[str, float], first: str, second: str) -> list[float]:
+        ones = (f"first {first}", f"second {second}")
+        return [values.get(n, float(n in ones)) for n in self.pair_features]
 
 
 PER_ENTRY = ("entry ", "bytes on entry ")  # features of one entry point (0 on the others)

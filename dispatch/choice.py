@@ -222,19 +222,22 @@ def shared_row(rows: list[TimingRow], accepted: list[str], problem: AttentionPro
 
 
 def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: AttentionProblem,
-             sizes: Sizes, where: str, anchor: Optional[TimingRow] = None) -> Estimate:
+             sizes: Sizes, where: str, anchor: Optional[TimingRow] = None,
+             fitted_here: Optional[dict[str, float]] = None) -> Estimate:
     """The backend's expected ms at ``sizes``: a row measured there; else the table's fit of the
     backend's times (``TimingTable.fitted``); else the nearest row scaled by the model (``anchor``,
     the shared row, when it timed this backend: candidates compared where they were measured side
-    by side, not each at its own nearest row); else the cost model."""
+    by side, not each at its own nearest row); else the cost model. ``fitted_here``: the table's
+    ``fitted_times`` at ``sizes``, when the caller has them."""
     measured = [r for r in rows if _timed(r, backend, problem.entry)]
     there = [r for r in measured if _apart(r, problem, sizes) == 0]
     if there:
         return Estimate(backend, there[0].ms[backend], "measured", sizes, there[0].source)
-    fitted = fitted_ms(table, backend, problem, sizes)
+    fitted = (fitted_times(table, problem, sizes) if fitted_here is None else fitted_here).get(backend)
     if fitted is not None:
+        placed = "; placed among the others by the pairwise model of time ratios" if table.fitted.pair_trees else ""
         return Estimate(backend, fitted, "fitted", sizes, table.fitted.source,
-                        f"fit of {table.fitted.rows[backend]} timed problems")
+                        f"fit of {table.fitted.rows[backend]} timed problems{placed}")
     if measured:
         near = anchor if anchor is not None and _timed(anchor, backend, problem.entry) else min(
             measured, key=lambda r: _apart(r, problem, sizes))
@@ -249,18 +252,25 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
 
 
 def fitted_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> Optional[float]:
-    """The table's fitted GPU ms of the backend, or None: no fit, or the backend plans again on
-    every call through this entry point (its times there are that entry's rows', not fitted),
-    or the fit never saw the entry point. On a scaled table, scaled as its rows are."""
-    if table.fitted is None or problem.entry in _plans_per_call(backend):
-        return None
-    log2_ms = table.fitted.log2_ms(backend, features(problem, sizes))
-    if log2_ms is None:
-        return None
-    ms = 2.0 ** log2_ms
+    """The table's fitted GPU ms of the backend, or None (``fitted_times``)."""
+    return fitted_times(table, problem, sizes).get(backend)
+
+
+def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes) -> dict[str, float]:
+    """The table's fitted GPU ms of each backend it fitted, estimated together (the pairwise model
+    places them: ``FittedTimes.log2_ms_among``), but a backend that plans again on every call through
+    this entry point (its times there are that entry's rows', not fitted), and none where the fit
+    never saw the entry point. On a scaled table, scaled as its rows are."""
+    if table.fitted is None:
+        return {}
+    among = [n for n in table.fitted.coef if problem.entry not in _plans_per_call(n)]
     ratio = table.bandwidth_ratio if sizes[1] == 1 else table.compute_ratio
-    floor = min(ms, table.efficiency[backend].launch_us / 1e3) if backend in table.efficiency else 0.0
-    return floor + (ms - floor) / ratio
+    out = {}
+    for backend, log2_ms in table.fitted.log2_ms_among(among, features(problem, sizes)).items():
+        ms = 2.0 ** log2_ms
+        floor = min(ms, table.efficiency[backend].launch_us / 1e3) if backend in table.efficiency else 0.0
+        out[backend] = floor + (ms - floor) / ratio
+    return out
 
 
 def _plans_per_call(backend: str) -> list[str]:
@@ -288,8 +298,9 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     anchors = [shared_row(rows, accepted, problem, pt) if sizes else None for pt in points]
     graph = problem.cuda_graph or capturing(device)
     hosts = {n: host_us(table, rows, n, problem.entry) for n in accepted}
-    per_point = [{n: _counted(estimate(table, rows, n, problem, pt, where, anchor), hosts[n], graph) for n in accepted}
-                 for pt, anchor in zip(points, anchors)]
+    fits = [fitted_times(table, problem, pt) for pt in points]
+    per_point = [{n: _counted(estimate(table, rows, n, problem, pt, where, anchor, fit), hosts[n], graph)
+                  for n in accepted} for pt, anchor, fit in zip(points, anchors, fits)]
     scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
                           / len(per_point)) for n in accepted}
     if anchors[0] is not None:  # not timed at the shared row: after those that were (a far row or the

@@ -239,6 +239,69 @@ def test_the_trees_walked_at_once_reach_the_leaves_each_tree_reaches():
     assert packed.total([0.0, 0, 0.4, 0, 0]) - sum(t.leaf([0.0, 0, 0.4, 0, 0]) for t in trees[:-1]) == pytest.approx(7.0)
 
 
+def shared_noise(seed: int, count: int) -> list[dict]:
+    """Paged decode problems whose times all move together by up to 2.8x either way from one problem to
+    the next (what one problem's facts cost every backend alike, which no feature names), while
+    native-triton takes 1.3x fa2's time on more than 8k keys and 1/1.3 of it below."""
+    rng, out = random.Random(seed), []
+    for i in range(count):
+        p = {"entry": PAGED, "batch": rng.choice([1, 2, 4, 8, 16, 32, 64]), "q_len": 1, "kv_len": rng.randint(512, 32768)}
+        fa2 = p["batch"] * p["kv_len"] * 8 * 256 * 2 / 1e9 / 2.0 * 2 ** rng.uniform(-1.5, 1.5)
+        native = fa2 * (1.3 if p["kv_len"] > 8192 else 1 / 1.3)
+        out.append(result(f"paged {i}", p, {"native-triton": native, "fa2": fa2}))
+    return out
+
+
+def test_the_pairwise_model_orders_backends_whose_times_move_together():
+    """Each backend's own estimate carries the noise every backend shares; the pairwise model fits
+    the ratio, where it cancels: on problems it never saw, it puts each backend 1.3x from the other
+    on the right side of 8k keys, and keeps the mean of their own estimates."""
+    fit = table.fit_times(shared_noise(11, 300), "synthetic")
+    assert fit.pair_trees and fit.pair_features[-4:] == ["first fa2", "first native-triton", "second fa2",
+                                                        "second native-triton"]
+    for kv, want in ((2000, 1 / 1.3), (5000, 1 / 1.3), (12000, 1.3), (30000, 1.3)):
+        problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=12, q_len=1, kv_len=kv))
+        values = measured.features(problem, (12, 1, kv))
+        both = fit.log2_ms_among(["native-triton", "fa2"], values)
+        assert 2 ** (both["native-triton"] - both["fa2"]) == pytest.approx(want, rel=0.02), kv  # alone: 3-4% off
+        own = [fit.log2_ms(n, values) for n in ("native-triton", "fa2")]
+        assert sum(both.values()) == pytest.approx(sum(own))
+        assert fit.log2_ms_among(["fa2"], values) == {"fa2": own[1]}  # one backend: its own estimate
+    saved = measured.FittedTimes.model_validate_json(fit.model_dump_json())  # the table's JSON keeps them
+    assert saved.log2_ms_among(["native-triton", "fa2"], values) == both
+    older = fit.model_copy(update={"pair_trees": [], "pair_features": []})  # a table fitted before
+    assert older.log2_ms_among(["native-triton", "fa2"], values) == dict(zip(("native-triton", "fa2"), own))
+
+
+def test_the_pairwise_trees_sum_to_what_scikit_learn_predicts():
+    """``hist_trees_of`` + ``Tree.leaf`` (and ``PackedTrees.totals``) on float64 inputs give the
+    HistGradientBoostingRegressor's predictions less its starting constant, at its thresholds too."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    rng = random.Random(9)
+    x = [[rng.uniform(-3, 3) for _ in range(4)] for _ in range(500)]
+    y = [a * a - b + (c > 0.7) * 2 + rng.gauss(0, 0.1) for a, b, c, _ in x]
+    boosted = HistGradientBoostingRegressor(**{**table.PAIR_TREES, "max_iter": 80}).fit(x, y)
+    trees = table.hist_trees_of(boosted)
+    start = float(boosted._baseline_prediction.ravel()[0])
+    on_threshold = [[t.threshold[0] if i == t.feature[0] else 0.5 for i in range(4)] for t in trees[:20]]
+    probes = [[rng.uniform(-4, 4) for _ in range(4)] for _ in range(50)] + on_threshold
+    packed = measured.PackedTrees(trees).totals(probes)
+    for point, want, walked in zip(probes, boosted.predict(probes), packed):
+        assert sum(t.leaf(point) for t in trees) + start == pytest.approx(want, abs=1e-6)
+        assert walked + start == pytest.approx(want, abs=1e-6)
+
+
+def test_the_choice_ranks_by_the_pairwise_estimates():
+    """``choice.fitted_times`` (what the ranking reads) places the backends by the pairwise model."""
+    tab = table.build_table({"environment": ENVIRONMENT, "results": shared_noise(12, 300)}, "synthetic")
+    problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=12, q_len=1, kv_len=20000))
+    times = choice.fitted_times(tab, problem, (12, 1, 20000))
+    assert times["native-triton"] / times["fa2"] == pytest.approx(1.3, rel=0.02)
+    assert choice.fitted_ms(tab, "fa2", problem, (12, 1, 20000)) == times["fa2"]
+    said = choice.estimate(tab, [], "fa2", problem, (12, 1, 20000), "the test's table")
+    assert said.basis == "fitted" and said.ms == times["fa2"] and "pairwise model" in said.note
+
+
 def test_without_scikit_learn_the_fit_is_linear_and_says_so():
     with mock.patch.dict(sys.modules, {"sklearn.ensemble": None}):
         fit = table.fit_times(banded(7, 300), "synthetic")

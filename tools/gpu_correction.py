@@ -6,7 +6,7 @@ GPU's sweeps and the choice replayed on the rest: 5 folds (``kfold``), or one se
 backend), ``median-phase`` (per backend and decode/prefill), ``median-entry`` (per backend, phase and
 entry point), ``trees-s``/``trees-m`` (boosted trees, 100 of depth 3 / 300 of depth 4, over the fit's
 features and the backend; scikit-learn, the bench extra). An experiment (session 21), not part of the
-choice: it patches ``choice.fitted_ms`` while it replays.
+choice: it patches ``choice.fitted_times`` while it replays.
 
     python tools/gpu_correction.py FILES.txt kfold none median trees-s > OUT.md
 """
@@ -78,12 +78,12 @@ def learn(kind: str, train: list[dict], scaled: measured.TimingTable) -> Correct
 
 def replayed(results: dict, test: list[dict], correction: Correction) -> list[dict]:
     """The choice for ``test``'s problems with the scaled table's fitted times corrected."""
-    fitted_ms = choice.fitted_ms
+    fitted_times = choice.fitted_times
 
-    def corrected(tbl, backend, problem, sizes):
-        ms = fitted_ms(tbl, backend, problem, sizes)
-        return None if ms is None else ms * 2 ** correction(backend, problem, features(problem, sizes))
-    with mock.patch.object(choice, "fitted_ms", corrected):
+    def corrected(tbl, problem, sizes):
+        values = features(problem, sizes)
+        return {b: ms * 2 ** correction(b, problem, values) for b, ms in fitted_times(tbl, problem, sizes).items()}
+    with mock.patch.object(choice, "fitted_times", corrected):
         router.clear_caches()
         out = replay.replay({**results, "results": test})
     router.clear_caches()

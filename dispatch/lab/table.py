@@ -169,26 +169,34 @@ def fit_times(results: list[dict], source: str, ridge: float = RIDGE) -> Optiona
     if not coef:
         return None
     linear = FittedTimes(names=names, coef=coef, rows=counts, ridge=ridge, source=f"ridge fit over {source}")
-    return fit_trees(linear, {name: rows for name, rows in samples.items() if name in coef}, source)
+    corrected = fit_trees(linear, {name: rows for name, rows in samples.items() if name in coef}, source)
+    return fit_pairs(corrected, problem_samples(results), source)
 
 
 def fit_samples(results: list[dict]) -> dict[str, list[tuple[dict[str, float], float]]]:
     """backend -> (features, log2 GPU ms) of every problem it was timed on, but through the entry
     points where it plans per call."""
     samples: dict[str, list[tuple[dict[str, float], float]]] = {}
+    for values, times in problem_samples(results):
+        for name, log2_ms in times.items():
+            samples.setdefault(name, []).append((values, log2_ms))
+    return samples
+
+
+def problem_samples(results: list[dict]) -> list[tuple[dict[str, float], dict[str, float]]]:
+    """Per measured problem: its features, and backend -> log2 GPU ms of the backends timed there,
+    but through the entry points where they plan per call."""
+    out = []
     for r in results:
         if "backends" not in r:
             continue
         p = recorded_problem(r)
         problem = problem_of(p)
         values = features(problem, (p.batch, p.q_len, p.kv_len))
-        for b in r["backends"]:
-            name = b["backend"]
-            if name in NOT_BACKENDS or b["status"] != "ok" or not b.get("eager_ms") \
-                    or problem.entry in capability_db.backend_caps(name).plans_per_call:
-                continue
-            samples.setdefault(name, []).append((values, math.log2(b["eager_ms"])))
-    return samples
+        out.append((values, {b["backend"]: math.log2(b["eager_ms"]) for b in r["backends"]
+                             if b["backend"] not in NOT_BACKENDS and b["status"] == "ok" and b.get("eager_ms")
+                             and problem.entry not in capability_db.backend_caps(b["backend"]).plans_per_call}))
+    return out
 
 
 def fit_trees(linear: FittedTimes, samples: dict[str, list[tuple[dict[str, float], float]]],
@@ -213,6 +221,60 @@ def fit_trees(linear: FittedTimes, samples: dict[str, list[tuple[dict[str, float
     trees = trees_of(GradientBoostingRegressor(init="zero", random_state=0, **TREES).fit(x, y))
     return linear.model_copy(update={"trees": trees, "tree_features": columns, "source":
                                      f"ridge fit + {len(trees)} boosted trees on its errors over {source}"})
+
+
+# The pairwise model (``FittedTimes.pair_trees``): scikit-learn's HistGradientBoostingRegressor with these
+# settings, on every ordered pair of backends timed on one problem. Chosen on the H200's sweeps A-R (2297
+# problems, 5 folds, graph choice within 3%): 500 trees, early stopping on, 1924 (83.8%); 1000, unbounded
+# depth, 1931; 1000 of depth 7, 1931 (84.1%), the eager choice 1787 against 1761 without the model; rate
+# 0.05, leaves of 20. NOTES-h200-sweeps.md, session 22.
+PAIR_TREES = {"max_iter": 1000, "learning_rate": 0.05, "max_depth": 7, "max_leaf_nodes": 63, "min_samples_leaf": 20,
+              "early_stopping": False, "random_state": 0}
+
+
+def fit_pairs(fit: FittedTimes, problems: list[tuple[dict[str, float], dict[str, float]]],
+              source: str) -> FittedTimes:
+    """``fit`` with the pairwise model: boosted trees of log2(a's ms / b's) over each problem's
+    ordered pairs of fitted backends (features, ``first <a>``, ``second <b>``); ``fit`` unchanged
+    where the pairs are too few or scikit-learn is not installed."""
+    backends = sorted(fit.coef)
+    columns = fit.names + [f"first {b}" for b in backends] + [f"second {b}" for b in backends]
+    x, y = [], []
+    for values, times in problems:
+        timed = [b for b in times if b in fit.coef]
+        for a in timed:
+            for b in timed:
+                if a != b:
+                    ones = (f"first {a}", f"second {b}")
+                    x.append([values.get(n, float(n in ones)) for n in columns])
+                    y.append(times[a] - times[b])
+    if len(x) < MIN_TREE_SAMPLES:
+        return fit
+    try:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+    except ImportError:
+        return fit.model_copy(update={"pair_source": "none: scikit-learn, the bench extra, is not installed"})
+    boosted = HistGradientBoostingRegressor(**PAIR_TREES).fit(x, y)
+    return fit.model_copy(update={"pair_trees": hist_trees_of(boosted), "pair_features": columns, "pair_source":
+                                  f"{boosted.n_iter_} boosted trees of log2 time ratios over {len(x)} ordered pairs "
+                                  f"of {source}"})
+
+
+def hist_trees_of(boosted) -> list[Tree]:
+    """A fitted HistGradientBoostingRegressor as plain trees whose leaves hold their share (the
+    learning rate applied, as that library stores them). Its nodes are not public API: a test checks
+    the walk against its ``predict``. The constant it starts from is left out: the pairwise
+    estimate takes differences of the predictions, where it cancels."""
+    out = []
+    for (predictor,) in boosted._predictors:
+        nodes = predictor.nodes
+        leaf = nodes["is_leaf"].astype(bool)
+        out.append(Tree(feature=[int(f) for f in nodes["feature_idx"]],
+                        threshold=[float(t) for t in nodes["num_threshold"]],
+                        left=[-1 if e else int(n) for e, n in zip(leaf, nodes["left"])],
+                        right=[-1 if e else int(n) for e, n in zip(leaf, nodes["right"])],
+                        value=[round(float(v), 9) if e else 0.0 for e, v in zip(leaf, nodes["value"])]))
+    return out
 
 
 def trees_of(boosted) -> list[Tree]:
