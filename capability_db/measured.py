@@ -324,14 +324,18 @@ class FittedTimes(BaseModel):
         if self._packed_pairs is None or self._packed_pairs.trees is not self.pair_trees:
             self._packed_pairs = PackedTrees(self.pair_trees)
         pairs = [(a, b) for a in names for b in names if a != b]
-        predicted = dict(zip(pairs, self._packed_pairs.totals([self._pair_row(values, a, b) for a, b in pairs])))
+        rows = [pair_row(self.pair_features, values, a, b) for a, b in pairs]
+        predicted = dict(zip(pairs, self._packed_pairs.totals(rows)))
         level = sum(own.values()) / len(own)
         return {a: level + sum(predicted[a, b] - predicted[b, a] for b in names if b != a) / (2 * len(names))
                 for a in names}
 
-    def _pair_row(self, values: dict[str, float], first: str, second: str) -> list[float]:
-        ones = (f"first {first}", f"second {second}")
-        return [values.get(n, float(n in ones)) for n in self.pair_features]
+
+def pair_row(columns: list[str], values: dict[str, float], first: str, second: str) -> list[float]:
+    """The pairwise model's input for (``first``, ``second``) on a problem of features ``values``:
+    each column's feature, or 1 for ``first <first>`` and ``second <second>``, else 0."""
+    ones = (f"first {first}", f"second {second}")
+    return [values.get(n, float(n in ones)) for n in columns]
 
 
 PER_ENTRY = ("entry ", "bytes on entry ")  # features of one entry point (0 on the others)

@@ -233,9 +233,11 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
     there = [r for r in measured if _apart(r, problem, sizes) == 0]
     if there:
         return Estimate(backend, there[0].ms[backend], "measured", sizes, there[0].source)
-    fitted = (fitted_times(table, problem, sizes) if fitted_here is None else fitted_here).get(backend)
+    fits = fitted_times(table, problem, sizes) if fitted_here is None else fitted_here
+    fitted = fits.get(backend)
     if fitted is not None:
-        placed = "; placed among the others by the pairwise model of time ratios" if table.fitted.pair_trees else ""
+        placed = ("; placed among the others by the pairwise model of time ratios"
+                  if table.fitted.pair_trees and len(fits) > 1 else "")
         return Estimate(backend, fitted, "fitted", sizes, table.fitted.source,
                         f"fit of {table.fitted.rows[backend]} timed problems{placed}")
     if measured:

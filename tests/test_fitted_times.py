@@ -263,7 +263,7 @@ def test_the_pairwise_model_orders_backends_whose_times_move_together():
         problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=12, q_len=1, kv_len=kv))
         values = measured.features(problem, (12, 1, kv))
         both = fit.log2_ms_among(["native-triton", "fa2"], values)
-        assert 2 ** (both["native-triton"] - both["fa2"]) == pytest.approx(want, rel=0.02), kv  # alone: 3-4% off
+        assert 2 ** (both["native-triton"] - both["fa2"]) == pytest.approx(want, rel=0.02), kv  # alone: 1.4-4.2% off at these four
         own = [fit.log2_ms(n, values) for n in ("native-triton", "fa2")]
         assert sum(both.values()) == pytest.approx(sum(own))
         assert fit.log2_ms_among(["fa2"], values) == {"fa2": own[1]}  # one backend: its own estimate

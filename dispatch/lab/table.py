@@ -21,7 +21,7 @@ import torch
 
 import capability_db
 from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
-                                    Tree, features, gpu_key, gpu_peaks)
+                                    Tree, features, gpu_key, gpu_peaks, pair_row)
 
 from ..problem import AttentionProblem, DeviceDesc, size_class
 from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
@@ -245,8 +245,7 @@ def fit_pairs(fit: FittedTimes, problems: list[tuple[dict[str, float], dict[str,
         for a in timed:
             for b in timed:
                 if a != b:
-                    ones = (f"first {a}", f"second {b}")
-                    x.append([values.get(n, float(n in ones)) for n in columns])
+                    x.append(pair_row(columns, values, a, b))
                     y.append(times[a] - times[b])
     if len(x) < MIN_TREE_SAMPLES:
         return fit
