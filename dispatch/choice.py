@@ -31,8 +31,9 @@ The entry point's own list (priorities.json ``entry_first``) stays ahead of the 
 where no row measured through this entry point timed two candidates: its reasons are about the
 entry's calling convention (device-side lengths, which FlashInfer's fa2/fa3 re-plan on the host
 every call), which rows measured through other entry points do not carry. Where the fit served
-the estimates (it knows the entry point), only the backends that plan per call through this entry
-(capability data ``plans_per_call``) go behind. Estimates order the candidates within each tier.
+the estimates (it knows the entry point), one tier: a backend that plans per call through this
+entry (capability data ``plans_per_call``) is estimated at its kernel's fitted GPU time plus its
+host path there, the plan and its sync included. Estimates order the candidates within each tier.
 
 With sizes (the problem's size class) the estimates are made at the class's middle
 (``class_middle``: 3/4 of each power of two, where the autotune times it too), not at its top, which
@@ -207,7 +208,7 @@ def _timed(row: TimingRow, backend: str, entry: str) -> bool:
     there with host syncs in its GPU time, comparable with that entry point's rows alone."""
     if backend not in row.ms:
         return False
-    per_call = _plans_per_call(backend)
+    per_call = plans_per_call(backend)
     return row.bucket.entry == entry or (row.bucket.entry not in per_call and entry not in per_call)
 
 
@@ -228,8 +229,11 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
     backend's times (``TimingTable.fitted``); else the nearest row scaled by the model (``anchor``,
     the shared row, when it timed this backend: candidates compared where they were measured side
     by side, not each at its own nearest row); else the cost model. ``fitted_here``: the table's
-    ``fitted_times`` at ``sizes``, when the caller has them."""
-    measured = [r for r in rows if _timed(r, backend, problem.entry)]
+    ``fitted_times`` at ``sizes``, when the caller has them. A backend that plans on every call
+    through this entry point is never estimated from its rows there: their times hold its host path
+    (``_timed``), which the eager estimate adds as its host time (``host_us``)."""
+    per_call = problem.entry in plans_per_call(backend)
+    measured = [r for r in rows if _timed(r, backend, problem.entry) and not per_call]
     there = [r for r in measured if _apart(r, problem, sizes) == 0]
     if there:
         return Estimate(backend, there[0].ms[backend], "measured", sizes, there[0].source)
@@ -258,14 +262,18 @@ def fitted_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes
     return fitted_times(table, problem, sizes).get(backend)
 
 
-def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes) -> dict[str, float]:
+def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes,
+                 eager: bool = False) -> dict[str, float]:
     """The table's fitted GPU ms of each backend it fitted, estimated together (the pairwise model
-    places them: ``FittedTimes.log2_ms_among``), but a backend that plans again on every call through
-    this entry point (its times there are that entry's rows', not fitted), and none where the fit
-    never saw the entry point. On a scaled table, scaled as its rows are."""
+    places them: ``FittedTimes.log2_ms_among``); none where the fit never saw the entry point. A
+    backend that plans again on every call through this entry point (never captured in a CUDA
+    graph there) only for an ``eager`` call: its kernel's time as the fit of its other entry points
+    gives it (the same kernels; its host path, the plan and its sync, is its host time's). The
+    pairwise model's places depend on which backends it places, so a graph's choice places those
+    alone that a graph may capture. On a scaled table, scaled as its rows are."""
     if table.fitted is None:
         return {}
-    among = [n for n in table.fitted.coef if problem.entry not in _plans_per_call(n)]
+    among = [n for n in table.fitted.coef if eager or problem.entry not in plans_per_call(n)]
     ratio = table.bandwidth_ratio if sizes[1] == 1 else table.compute_ratio
     out = {}
     for backend, log2_ms in table.fitted.log2_ms_among(among, features(problem, sizes)).items():
@@ -275,10 +283,11 @@ def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes) ->
     return out
 
 
-def _plans_per_call(backend: str) -> list[str]:
+def plans_per_call(backend: str) -> list[str]:
+    """The entry points through which ``backend`` plans again on every call (capability data)."""
     try:
         return capability_db.backend_caps(backend).plans_per_call
-    except ValueError:  # a backend the data does not know (a test's fake): one path
+    except ValueError:  # a backend the data does not know (FlashInfer's own call, a test's fake): one path
         return []
 
 
@@ -300,7 +309,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     anchors = [shared_row(rows, accepted, problem, pt) if sizes else None for pt in points]
     graph = problem.cuda_graph or capturing(device)
     hosts = {n: host_us(table, rows, n, problem.entry) for n in accepted}
-    fits = [fitted_times(table, problem, pt) for pt in points]
+    fits = [fitted_times(table, problem, pt, eager=not graph) for pt in points]
     per_point = [{n: _counted(estimate(table, rows, n, problem, pt, where, anchor, fit), hosts[n], graph)
                   for n in accepted} for pt, anchor, fit in zip(points, anchors, fits)]
     scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
@@ -345,7 +354,7 @@ def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str
             est = est.with_host(*host_us(table, rows, n, problem.entry))
         ests[n] = est
     timed = [n for n in accepted if n in ests]
-    tier = {n for n in timed if problem.entry not in _plans_per_call(n)} if device.kind == "cuda" else set()
+    tier = {n for n in timed if problem.entry not in plans_per_call(n)} if device.kind == "cuda" else set()
     counted = table is not None or any(t.host_us is not None for t in tuned.values())
     basis = "autotune (timed on this machine)" + ("; GPU time only (CUDA graph)" if graph
                                                   else "; GPU time + host time per eager call" if counted else "")
@@ -365,15 +374,17 @@ UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the share
 def _entry_tier(problem: AttentionProblem, device: DeviceDesc, rows: Optional[list[TimingRow]] = None,
                 accepted: Optional[list[str]] = None, fitted: bool = False) -> set[str]:
     """The backends ahead on this entry point. Where the table's fit served the estimates (it was
-    fitted through every entry point), every backend but those that plan per call here
-    (``plans_per_call``: no fit of them here, and their host syncs on every call). Else the entry
+    fitted through every entry point), every backend: one that plans per call here (``plans_per_call``)
+    is estimated at its kernel's fitted time plus its host path, the plan and its sync included (it
+    went behind every other until session 23: H100, cudnn 2 x 13684 x 13684 d256, fa3 at 28.9 ms a call
+    against the 85.4 of the cuDNN it took; NOTES-h200-sweeps.md). Else the entry
     point's own list (ahead of the family's list on a GPU), unless rows measured through this
     entry point timed two of the candidates side by side: those times carry the entry's calling
     convention (its host path included), which the list stands in for where nothing was measured."""
     if device.kind != "cuda":
         return set()
     if fitted and accepted:
-        return {n for n in accepted if problem.entry not in _plans_per_call(n)}
+        return set(accepted)
     if rows and accepted and any(r.bucket.entry == problem.entry and sum(n in r.ms for n in accepted) >= 2
                                  for r in rows):
         return set()

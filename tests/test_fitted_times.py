@@ -59,8 +59,14 @@ def test_the_fit_leaves_out_a_backends_times_where_it_plans_per_call():
     assert fit.rows == {"fa2": len(results) - through_cudnn, "native-triton": len(results)}
     tab = table.build_table({"environment": ENVIRONMENT, "results": results}, "synthetic")
     on_cudnn = table.problem_of(table.BenchProblem(entry=CUDNN, batch=8, q_len=1, kv_len=4096))
-    assert choice.fitted_ms(tab, "fa2", on_cudnn, (8, 1, 4096)) is None  # that entry's rows serve it
+    assert choice.fitted_ms(tab, "fa2", on_cudnn, (8, 1, 4096)) is None  # never captured there
     assert choice.fitted_ms(tab, "native-triton", on_cudnn, (8, 1, 4096)) is not None
+    # an eager call: its kernel's time as the fit of its other entry points gives it (the rows through
+    # cuDNN's entry took 10x: the host path they hold is its host time's, which the eager choice adds)
+    on_paged = table.problem_of(table.BenchProblem(entry=PAGED, batch=8, q_len=1, kv_len=4096))
+    kernel = choice.fitted_ms(tab, "fa2", on_paged, (8, 1, 4096))
+    eager = choice.fitted_times(tab, on_cudnn, (8, 1, 4096), eager=True)
+    assert eager["fa2"] == pytest.approx(kernel, rel=0.3)
 
 
 def test_a_fit_without_the_entry_point_or_of_other_features_is_not_used():
@@ -349,3 +355,38 @@ def test_gpu_ratio_divides_one_gpus_times_by_the_others_on_the_same_problems(tmp
     tool.main()
     out = capsys.readouterr().out
     assert "| decode | xqa | 1 | 1.30 | 1.30 | 1.30 |" in out and "fa2" not in out.split("| phase")[1]
+
+
+def per_call_plans(seed: int, count: int = 60) -> list[dict]:
+    """Paged decode problems: fa2's kernel streams the K/V at 6 TB/s, native-triton's at 3; through
+    the cuDNN entry fa2 plans on every call (800 us of host time, a sync), which its eager time holds."""
+    rng, out = random.Random(seed), []
+    for i in range(count):
+        entry = CUDNN if i % 4 == 0 else PAGED
+        p = {"entry": entry, "batch": rng.choice([1, 3, 8, 17, 64]), "q_len": 1, "kv_len": rng.randint(256, 60000)}
+        gb = p["batch"] * p["kv_len"] * 8 * 256 * 2 / 1e9
+        kernel = gb / 6.0 + 0.004
+        row = result(f"{entry} {i}", p, {"native-triton": gb / 3.0 + 0.004, "fa2": kernel})
+        if entry == CUDNN:
+            fa2 = next(b for b in row["backends"] if b["backend"] == "fa2")
+            fa2["eager_ms"] = kernel + 0.8
+            fa2["host_us"] = 800.0 + kernel * 1e3 * 0.95  # each call's host time waits for the last kernel
+        out.append(row)
+    return out
+
+
+def test_an_eager_call_takes_a_backend_that_plans_per_call_where_its_kernel_and_plan_cost_least(monkeypatch):
+    """Through the cuDNN entry fa2 plans (and syncs) on every call: never captured in a graph there, and
+    for an eager call estimated at its kernel's fitted time plus the plan's host time. It wins a long
+    decode, where its kernel saves more than the plan costs, and loses a short one."""
+    tab = table.build_table({"environment": ENVIRONMENT, "results": per_call_plans(5)}, "synthetic")
+    monkeypatch.setattr(choice, "table_for", lambda device: tab if device.kind == "cuda" else None)
+    assert 800 < tab.host_us["fa2"][CUDNN] < 900  # the plan's, the least of the rows through the entry
+    long_decode, short_decode = (64, 1, 60000), (1, 1, 512)
+    for sizes, first in ((long_decode, "fa2"), (short_decode, "native-triton")):
+        problem = table.problem_of(table.BenchProblem(entry=CUDNN, batch=sizes[0], q_len=1, kv_len=sizes[2]))
+        eager = choice.rank(problem, H200, ["native-triton", "fa2"], problem.sizes)
+        assert eager.order[0] == first, (sizes, eager.order)
+        assert eager.estimates["fa2"].host_us == tab.host_us["fa2"][CUDNN]
+    graph = choice.rank(dataclasses.replace(problem, cuda_graph=True), H200, ["native-triton"], problem.sizes)
+    assert graph.order == ["native-triton"]

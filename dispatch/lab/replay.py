@@ -27,7 +27,7 @@ from backends._providers import defect_facts
 from .. import autotune, router
 from .build import flashinfer_own_wrong
 from .report import ratio_figures, regret_figures
-from .runner import call_cost
+from .runner import call_cost, eager_cost_ms
 from .table import entry_of, problem_of, recorded_problem, sweep_device
 
 
@@ -63,13 +63,14 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         eager = automatic(eager_decision, gated)
         fastest = min(timed, key=timed.__getitem__)
         ms = timed.get(chosen)
-        cost = call_cost(r["backends"], r.get("auto"))  # eager GPU + host, as the choice counts it
-        now = {n: hosts[entry_of(p.entry)] for n, hosts in (host_now or {}).items() if entry_of(p.entry) in hosts}
-        costs = {b["backend"]: b["eager_ms"] + now.get(b["backend"], b["host_us"]) / 1e3 for b in r["backends"]
+        entry = entry_of(p.entry)
+        cost = call_cost(r["backends"], r.get("auto"), entry)  # eager GPU + host, as the choice counts it
+        now = {n: hosts[entry] for n, hosts in (host_now or {}).items() if entry in hosts}
+        costs = {b["backend"]: eager_cost_ms(b, b["backend"], entry, now.get(b["backend"])) for b in r["backends"]
                  if b["backend"] in timed and b.get("host_us") is not None}
         own = next((b for b in r["backends"] if b["backend"] == "flashinfer" and b.get("status") == "ok"
                     and not flashinfer_own_wrong(p, env)), {})
-        own_cost = own["eager_ms"] + own["host_us"] / 1e3 if own.get("eager_ms") and own.get("host_us") else None
+        own_cost = eager_cost_ms(own, "flashinfer", entry) if own.get("host_us") else None
         regret = None if ms is None else ms / timed[fastest] - 1
         cheapest = min(costs, key=costs.__getitem__) if costs else None
         cost_regret = costs[eager] / costs[cheapest] - 1 if eager in costs else None

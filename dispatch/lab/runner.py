@@ -24,6 +24,7 @@ from capability_db.measured import visible_pairs
 
 from .. import policy, router
 from .. import timing
+from ..choice import plans_per_call
 from .build import Built, build, flashinfer_api, flashinfer_own_not_run
 from .problems import BenchProblem
 from .table import problem_of
@@ -294,7 +295,7 @@ def run_problem(p: BenchProblem, device: str, reps: int, l2_bytes: int, seed: in
     _mark_guarded(rows, p)
     result = {"problem": p.to_json(), "name": p.name, "unit": unit, "work": amount,
               "kv_copies": len(built.operands), "backends": rows}
-    result.update(summarize(rows))
+    result.update(summarize(rows, problem_of(p).entry))
     result["seconds"] = round(time.perf_counter() - t0, 2)
     del built
     if device == "cuda":
@@ -326,12 +327,13 @@ def _flashinfer_row(built: Built, device: str, reps: int, profile: int = 0, call
     return measure(built, FLASHINFER, device, reps, api, profile, calls)
 
 
-def summarize(rows: list[dict]) -> dict:
+def summarize(rows: list[dict], entry: str = "") -> dict:
     """A backend's time: the best of its timings (forced, and auto's run when auto served it: noise
     only ever adds time). fastest: the backend with the lowest; regret: the time of the backend auto
     served over the fastest's - 1, so 0 when auto served the fastest (two runs of one backend differ
     by noise, not by choice); noise: |auto's own time / the forced time of the backend it served - 1|;
-    auto_over_flashinfer: auto against FlashInfer's own call (< 1 is faster)."""
+    auto_over_flashinfer: auto against FlashInfer's own call (< 1 is faster). ``entry``: the entry
+    point the rows were timed through (``call_cost``)."""
     fi_ms = next((r.get("eager_ms") for r in rows if r["backend"] == FLASHINFER), None)
     forced = {r["backend"]: r["eager_ms"] for r in rows if r.get("eager_ms") and r["backend"] not in (AUTO, FLASHINFER)}
     auto = next((r for r in rows if r["backend"] == AUTO), {})
@@ -349,23 +351,37 @@ def summarize(rows: list[dict]) -> dict:
         out["regret"] = best_of[served] / best_of[fastest] - 1.0
     if served in forced and auto_ms:
         out["noise"] = abs(auto_ms / forced[served] - 1.0)
-    out.update(call_cost(rows, served))
+    out.update(call_cost(rows, served, entry))
     return out
 
 
-def call_cost(rows: list[dict], served: Optional[str]) -> dict:
-    """What the choice ranks by for an eager call (dispatch/choice.py): GPU ms + host us per call,
-    per backend (the best of its timings, as ``summarize``); the fastest by that cost, auto's
-    cost regret, and auto against FlashInfer's own call by cost."""
-    def cost(r: dict) -> Optional[float]:
-        return r["eager_ms"] + r["host_us"] / 1e3 if r.get("eager_ms") and r.get("host_us") is not None else None
+def eager_cost_ms(row: dict, backend: Optional[str], entry: str, host_us: Optional[float] = None) -> Optional[float]:
+    """What one eager call of ``backend`` through ``entry`` costs, in ms (None: not timed): its eager
+    GPU time plus its host path (``host_us``, else the row's). A path that plans on every call through
+    the entry (capability data ``plans_per_call``: FlashInfer's fa2 / fa3 behind a function entry, which
+    copy the lengths to the host) waits for the GPU in its host path, and the GPU waits for it: its
+    eager time already holds the host path, and its host time holds the GPU's. Added together they
+    counted such a call twice: H100, cudnn 2 x 13684 x 13684 d256, fa3 28.9 ms eager and 28.4 ms
+    host, judged at 57.3 ms (tools/results/NOTES-h200-sweeps.md, session 23)."""
+    host = row.get("host_us") if host_us is None else host_us
+    if not row.get("eager_ms") or host is None:
+        return None
+    if backend and entry and entry in plans_per_call(backend):
+        return row["eager_ms"]
+    return row["eager_ms"] + host / 1e3
+
+
+def call_cost(rows: list[dict], served: Optional[str], entry: str = "") -> dict:
+    """What the choice ranks by for an eager call (dispatch/choice.py): GPU ms + host us per call
+    (``eager_cost_ms``), per backend (the best of its timings, as ``summarize``); the fastest by that
+    cost, auto's cost regret, and auto against FlashInfer's own call by cost."""
     costs: dict[str, float] = {}
     for r in rows:
         name = served if r["backend"] == AUTO else r["backend"]
-        c = cost(r)
+        c = eager_cost_ms(r, name, entry)
         if c is not None and name and name != FLASHINFER:
             costs[name] = min(c, costs.get(name, c))
-    fi = next((cost(r) for r in rows if r["backend"] == FLASHINFER), None)
+    fi = next((eager_cost_ms(r, FLASHINFER, entry) for r in rows if r["backend"] == FLASHINFER), None)
     if not costs:
         return {"cost_fastest": None, "cost_regret": None, "cost_auto_over_flashinfer": None}
     fastest = min(costs, key=costs.__getitem__)

@@ -23,6 +23,7 @@ import capability_db
 from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
                                     Tree, features, gpu_key, gpu_peaks, pair_row)
 
+from ..choice import plans_per_call
 from ..problem import AttentionProblem, DeviceDesc, size_class
 from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
 
@@ -290,11 +291,17 @@ def trees_of(boosted) -> list[Tree]:
 def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, dict[str, float]]:
     """backend -> entry point -> host us per eager call: the median of the rows', then the host-cost
     runs' on top: the least over their sizes, for a matrix cell times back-to-back calls, which on
-    a kernel-bound size (decode 64 x 4096, prefill 8 x 2048) is the GPU's time, not the host's."""
+    a kernel-bound size (decode 64 x 4096, prefill 8 x 2048) is the GPU's time, not the host's. Where
+    the backend plans (and syncs) on every call through the entry point, the least of the rows': each
+    call's host time there waits for the last call's kernels, so beyond the smallest problems it holds
+    their GPU time (the H100's sweeps: fa3 through the cuDNN entry, 1.1 ms at 20 us of work, 28.4 ms at
+    28.9 ms of GPU time; NOTES-h200-sweeps.md, session 23)."""
     seen: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         for name, us in row.host_us.items():
             seen.setdefault((name, row.bucket.entry), []).append(us)
+    seen = {(name, entry): [min(values)] if entry in plans_per_call(name) else values
+            for (name, entry), values in seen.items()}
     measured: dict[tuple[str, str], list[float]] = {}
     for r in host_cost_rows:  # bench --host-cost --matrix rows: entry, backend, size, host_us
         if r.get("host_us") and r.get("backend") and r["backend"] not in NOT_BACKENDS:
