@@ -266,11 +266,11 @@ def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes,
                  eager: bool = False) -> dict[str, float]:
     """The table's fitted GPU ms of each backend it fitted, estimated together (the pairwise model
     places them: ``FittedTimes.log2_ms_among``); none where the fit never saw the entry point. A
-    backend that plans again on every call through this entry point (never captured in a CUDA
-    graph there) only for an ``eager`` call: its kernel's time as the fit of its other entry points
-    gives it (the same kernels; its host path, the plan and its sync, is its host time's). The
-    pairwise model's places depend on which backends it places, so a graph's choice places those
-    alone that a graph may capture. On a scaled table, scaled as its rows are."""
+    backend that plans again on every call through this entry point, which a graph never captures
+    there, is estimated for an ``eager`` call only: its kernel's time as the fit of its other entry
+    points gives it (the same kernels; its host path, the plan and its sync, is its host time's). The
+    pairwise model's places depend on which backends it places, so a graph's choice places only
+    those a graph may capture. On a scaled table, scaled as its rows are."""
     if table.fitted is None:
         return {}
     among = [n for n in table.fitted.coef if eager or problem.entry not in plans_per_call(n)]
