@@ -70,7 +70,22 @@ def markdown(env: dict, sources: list[str], runs: list[dict]) -> str:
             regret = "-" if r.get("regret") is None else f"{r['regret']:.1%}"
             cells.append(f"{r.get('chosen')} ({regret}), {r.get('eager_chosen', '-')}")
         md.append(f"| {row['name']} | {row.get('fastest')} | " + " | ".join(cells) + " |")
+    for run in runs:
+        md += _misses(run)
     return "\n".join(md) + "\n"
+
+
+def _misses(run: dict) -> list[str]:
+    """Every choice of ``run`` more than 3% off the fastest (graph) or the cheapest (eager), with its
+    cause as the replay names it, the worst first."""
+    md = []
+    for what, regret, chosen, best, cause in (("graph", "regret", "chosen", "fastest", "cause"),
+                                              ("eager", "cost_regret", "eager_chosen", "cheapest", "eager_cause")):
+        missed = sorted((r for r in run["rows"] if (r.get(regret) or 0) > replay.MISS), key=lambda r: -r[regret])
+        md += ["", f"## {run['table']}: the {len(missed)} {what} choices more than 3% off, and why", "",
+               f"| problem | chosen | {best} | regret | why |", "|---|---|---|---|---|"]
+        md += [f"| {r['name']} | {r[chosen]} | {r[best]} | {r[regret]:.1%} | {r[cause]} |" for r in missed]
+    return md
 
 
 def main() -> None:
