@@ -335,6 +335,10 @@ def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path)
     rows, how = tool.replay_under(measured_here, own)
     assert rows[0]["chosen"] == "native-triton" and rows[0]["regret"] == pytest.approx(1.0)
     assert how == "h100 table, unscaled (the GPU's own)"
+    report = tool.markdown(h100_env, ["t.json"], [{"table": own.name, "how": how, "figures": tool.figures(rows),
+                                                     "rows": rows}])
+    assert "the 1 graph choice more than 3% off, and why" in report  # the miss, listed with its cause
+    assert f"| t | native-triton | fa2 | 100.0% | {rows[0]['cause']} |" in report and rows[0]["cause"]
     rows, how = tool.replay_under(measured_here, other)
     assert rows[0]["chosen"] == "fa2" and rows[0]["regret"] == 0.0
     assert how.startswith("h200 table scaled to this GPU (NVIDIA H100 80GB HBM3: bandwidth x0.70")

@@ -82,7 +82,8 @@ def _misses(run: dict) -> list[str]:
     for what, regret, chosen, best, cause in (("graph", "regret", "chosen", "fastest", "cause"),
                                               ("eager", "cost_regret", "eager_chosen", "cheapest", "eager_cause")):
         missed = sorted((r for r in run["rows"] if (r.get(regret) or 0) > replay.MISS), key=lambda r: -r[regret])
-        md += ["", f"## {run['table']}: the {len(missed)} {what} choices more than 3% off, and why", "",
+        choices = "choice" if len(missed) == 1 else "choices"
+        md += ["", f"## {run['table']}: the {len(missed)} {what} {choices} more than 3% off, and why", "",
                f"| problem | chosen | {best} | regret | why |", "|---|---|---|---|---|"]
         md += [f"| {r['name']} | {r[chosen]} | {r[best]} | {r[regret]:.1%} | {r[cause]} |" for r in missed]
     return md
