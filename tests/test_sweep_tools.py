@@ -371,3 +371,17 @@ def test_gpu_correction_holds_out_one_seed_at_a_time():
     assert [[r["name"] for r in test] for _, test in pairs] == [["p0", "p2"], ["p1"]]
     assert [[r["name"] for r in train] for train, _ in pairs] == [["p1"], ["p0", "p2"]]
     assert sorted(len(test) for _, test in tool.splits(rows * 4, "kfold")) == [2, 2, 2, 3, 3]
+
+
+def test_gpu_correction_replays_the_graph_and_the_eager_choice_through_its_patch():
+    """tools/gpu_correction.py ``replayed``: its patch of ``choice.fitted_times`` takes what the ranking
+    passes (an eager call's ``eager`` too); with no correction it replays the choice unchanged."""
+    from dispatch.lab import replay
+    spec = importlib.util.spec_from_file_location("gpu_correction", Path("tools/gpu_correction.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    results = json.loads(Path("tools/results/bench-random-150-seed-1161395444-h100-from-20.json").read_text())
+    test = [r for r in results["results"] if "backends" in r][:6]
+    plain = replay.replay({**results, "results": test})
+    corrected = tool.replayed(results, test, lambda backend, problem, values: 0.0)
+    assert [(r["chosen"], r["eager_chosen"]) for r in corrected] == [(r["chosen"], r["eager_chosen"]) for r in plain]

@@ -80,9 +80,10 @@ def replayed(results: dict, test: list[dict], correction: Correction) -> list[di
     """The choice for ``test``'s problems with the scaled table's fitted times corrected."""
     fitted_times = choice.fitted_times
 
-    def corrected(tbl, problem, sizes):
+    def corrected(tbl, problem, sizes, eager=False):
         values = features(problem, sizes)
-        return {b: ms * 2 ** correction(b, problem, values) for b, ms in fitted_times(tbl, problem, sizes).items()}
+        return {b: ms * 2 ** correction(b, problem, values)
+                for b, ms in fitted_times(tbl, problem, sizes, eager).items()}
     with mock.patch.object(choice, "fitted_times", corrected):
         router.clear_caches()
         out = replay.replay({**results, "results": test})

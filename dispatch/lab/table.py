@@ -196,7 +196,7 @@ def problem_samples(results: list[dict]) -> list[tuple[dict[str, float], dict[st
         values = features(problem, (p.batch, p.q_len, p.kv_len))
         out.append((values, {b["backend"]: math.log2(b["eager_ms"]) for b in r["backends"]
                              if b["backend"] not in NOT_BACKENDS and b["status"] == "ok" and b.get("eager_ms")
-                             and problem.entry not in capability_db.backend_caps(b["backend"]).plans_per_call}))
+                             and problem.entry not in plans_per_call(b["backend"])}))
     return out
 
 
