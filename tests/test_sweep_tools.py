@@ -45,6 +45,28 @@ def test_a_sweep_with_warm_workers_waits_for_them_and_records_the_wait(tmp_path,
     assert len(results) == 2 and all("backends" in r and r["warm_wait_s"] >= 0 for r in results)
 
 
+def test_a_worker_starts_no_call_while_the_sweep_times_a_problem(tmp_path):
+    import threading
+    warmup = warm.Warmup.__new__(warm.Warmup)  # its folder only: no worker processes
+    warmup.dir = tmp_path
+    returned = []
+    with warmup.timing():
+        worker = threading.Thread(target=lambda: returned.append(warm.wait_while_timing(tmp_path) or time.time()))
+        worker.start()
+        time.sleep(0.3)
+        assert not returned, "the worker went on while the sweep was timing"
+        ended = time.time()
+    worker.join(5)
+    assert returned and returned[0] >= ended and not (tmp_path / warm.TIMING_FLAG).exists()
+    t0 = time.time()
+    warm.wait_while_timing(tmp_path)  # no timing under way: no wait
+    assert time.time() - t0 < 0.1
+    (tmp_path / warm.TIMING_FLAG).touch()  # a sweep that died mid-problem
+    t0 = time.time()
+    warm.wait_while_timing(tmp_path, most_s=0.2)
+    assert 0.2 <= time.time() - t0 < 2
+
+
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 

@@ -24,6 +24,7 @@ and table (results -> the router's timing table).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -152,7 +153,8 @@ def _progress(total: int):
 def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=None, warmup=None,
           profile: int = 0, recheck: bool = False) -> list[dict]:
     """Run every problem; ``on_result(results)`` after each (partial outputs survive a timeout);
-    ``warmup`` (a ``warm.Warmup``): wait for each problem's compiles first; ``profile`` N: each
+    ``warmup`` (a ``warm.Warmup``): wait for each problem's compiles first, and keep the workers'
+    calls off the GPU while it is timed (``Warmup.timing``); ``profile`` N: each
     row names the N functions with the most host time per call (runner.measure); ``recheck``: the
     listed backends only (runner.run_problem)."""
     from . import runner
@@ -165,7 +167,8 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
             continue
         waited = warmup.wait(i) if warmup is not None else None
         try:
-            r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile, recheck=recheck)
+            with warmup.timing() if warmup is not None else contextlib.nullcontext():
+                r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile, recheck=recheck)
         except Exception as exc:  # one problem failing (out of memory, say) is a result
             r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
         if waited is not None:

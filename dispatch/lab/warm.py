@@ -11,12 +11,18 @@ waits until its small copy is done (``Warmup.wait``; the wait is recorded as ``w
 it times warm code and compiles no FlashInfer module itself. The workers run on the CPU cores the
 sweep does not use (``os.sched_setaffinity``), so the sweep's host timings keep their own cores;
 a module two workers need is built once (FlashInfer's own file lock). Their calls are small: a
-few microseconds of GPU time each, beside the sweep's timings.
+few microseconds of GPU time each. Still, two processes with work on one GPU take turns on it, so
+while the sweep times a problem (``Warmup.timing``) a worker starts no call: it compiles inside a
+call it had begun, and waits before its next. Why: on the H100 (session 24) a backend's eager GPU
+time exceeded its CUDA graph's by more than 10% on 6 of 95 rows timed just after the sweep waited
+for the workers (they were busy then), and on 20 of 1510 others; the 5 such problems timed again
+without workers matched FlashInfer's own call of the same kernel (tools/results/NOTES-h200-sweeps.md).
 
     python -m dispatch.lab.warm DIR K J CORES DEVICE    # worker K of J (Warmup starts them)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -31,6 +37,7 @@ from .problems import BenchProblem, problem_from_json
 
 SWEEP_CORES = 2  # the sweep's own cores; the workers share the rest
 WAIT_S = 900.0  # the longest the sweep waits for one problem's warm-up (then it compiles itself)
+TIMING_FLAG = "timing"  # present in the warm-up folder while the sweep times a problem
 
 
 def small(p: BenchProblem) -> BenchProblem:
@@ -73,6 +80,16 @@ class Warmup:
             time.sleep(0.05)
         return round(time.perf_counter() - t0, 2)
 
+    @contextlib.contextmanager
+    def timing(self):
+        """While the sweep times a problem: no worker starts a call (``wait_while_timing``)."""
+        flag = self.dir / TIMING_FLAG
+        flag.touch()
+        try:
+            yield
+        finally:
+            flag.unlink(missing_ok=True)
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
@@ -80,8 +97,17 @@ class Warmup:
         os.sched_setaffinity(0, self.all_cores)
 
 
-def _warm_one(p: BenchProblem, device: str) -> list[str]:
-    """Call ``p`` once per backend forced and with FlashInfer's own call; the failures, one line each."""
+def wait_while_timing(folder: Path, most_s: float = WAIT_S) -> None:
+    """A worker, before a call: wait while the sweep times a problem (at most ``most_s``, so a
+    sweep that died mid-problem leaves no worker waiting for ever)."""
+    t0, flag = time.perf_counter(), folder / TIMING_FLAG
+    while flag.exists() and time.perf_counter() - t0 < most_s:
+        time.sleep(0.01)
+
+
+def _warm_one(p: BenchProblem, device: str, folder: Path) -> list[str]:
+    """Call ``p`` once per backend forced and with FlashInfer's own call, each when the sweep is
+    not timing (``wait_while_timing``); the failures, one line each."""
     from . import runner
     from .build import build, flashinfer_api, flashinfer_own_not_run
 
@@ -91,6 +117,7 @@ def _warm_one(p: BenchProblem, device: str) -> list[str]:
     own = api is not None and api.get(p.entry) is not None and flashinfer_own_not_run(p) is None
     calls += [(runner.FLASHINFER, api)] if own else []
     for name, own in calls:
+        wait_while_timing(folder)
         with runner._scope(name):
             try:
                 built.call(own)(built.operands[0])
@@ -108,7 +135,7 @@ def _worker(folder: Path, k: int, workers: int, cores: str, device: str) -> int:
     for slot in range(k, len(items), workers):
         p, t0 = problem_from_json(items[slot]), time.perf_counter()
         try:
-            failed = _warm_one(p, device)
+            failed = _warm_one(p, device, folder)
         except Exception:  # a problem that cannot even be built: the sweep reports it
             traceback.print_exc()
             failed = ["build failed"]
