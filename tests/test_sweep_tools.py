@@ -407,3 +407,40 @@ def test_gpu_correction_replays_the_graph_and_the_eager_choice_through_its_patch
     plain = replay.replay({**results, "results": test})
     corrected = tool.replayed(results, test, lambda backend, problem, values: 0.0)
     assert [(r["chosen"], r["eager_chosen"]) for r in corrected] == [(r["chosen"], r["eager_chosen"]) for r in plain]
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(f"tools/{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_graph_vs_eager_counts_the_ceiling_of_an_eager_judge_and_the_inflated_rows():
+    gve = _tool("graph_vs_eager")
+    row = lambda name, eager, graph: {"backend": name, "status": "ok", "eager_ms": eager, "graph_ms": graph}
+    results = [  # eager ranks cudnn first, the graph native-triton: 10% off by graph time
+        {"backends": [row("cudnn", 0.010, 0.0099), row("native-triton", 0.011, 0.009), row("auto", 0.001, 0.001)]},
+        {"backends": [row("fa2", 0.50, 0.50), row("xqa", 0.40, 0.30)], "warm_wait_s": 2.0},  # xqa inflated, waited
+        {"backends": [row("fa2", 0.30, 0.30)]}]  # one backend: no ceiling row
+    f = gve.figures(results)
+    assert [round(x, 3) for x in f["ceiling_regrets"]] == [0.0, 0.1]
+    assert f["inflated_eager"] == {"waited": [1, 2], "not waited": [0, 1]}
+    assert f["ratios"]["native-triton / eager <= 0.03 ms"] == [0.009 / 0.011]
+    assert "auto / eager <= 0.03 ms" not in f["ratios"]
+    assert "within 3% on 1 of 2 (50.0%)" in gve.markdown(f, ["a.json"])
+
+
+def test_live_per_seed_counts_each_sweeps_own_choice():
+    lps = _tool("live_per_seed")
+    assert lps.seed_of("bench-random-150-seed-1161395444-h100-from-34.json") == "1161395444"
+    rows = [{"problem": {"entry": PAGED}, "regret": 0.0, "auto": "fa2", "auto_over_flashinfer": 0.9,
+             "backends": [{"backend": "fa2", "status": "ok", "eager_ms": 0.010, "host_us": 10.0},
+                          {"backend": "auto", "status": "ok", "served": "fa2", "eager_ms": 0.010, "host_us": 10.0},
+                          {"backend": "flashinfer", "status": "ok", "eager_ms": 0.010, "host_us": 5.0}]},
+            {"problem": {"entry": PAGED}, "regret": 0.5, "auto": "fa2", "auto_over_flashinfer": 1.2,
+             "backends": [{"backend": "fa2", "status": "ok", "eager_ms": 0.015, "host_us": 10.0},
+                          {"backend": "cudnn", "status": "ok", "eager_ms": 0.010, "host_us": 10.0}]}]
+    f = lps.figures(rows)
+    assert f["gpu"] == [1, 2, 0.5] and f["cost"] == [1, 2]
+    assert f["own_gpu"] == [1, 2, 1] and f["own_cost"] == [0, 1, 1]  # 20 us against FlashInfer's 15

@@ -12,13 +12,14 @@ it times warm code and compiles no FlashInfer module itself. The workers run on 
 sweep does not use (``os.sched_setaffinity``), so the sweep's host timings keep their own cores;
 a module two workers need is built once (FlashInfer's own file lock). Their calls are small: a
 few microseconds of GPU time each. Still, two processes with work on one GPU take turns on it, so
-while the sweep times a problem (``Warmup.timing``) a worker starts no call: it compiles inside a
-call it had begun, and waits before its next. Why: on the H100 (session 24) a backend's eager GPU
-time exceeded its CUDA graph's by more than 10% on 6 of 95 rows timed just after the sweep waited
-for the workers (they were busy then), and on 20 of 1510 others; the 5 such problems timed again
-without workers matched FlashInfer's own call of the same kernel (tools/results/NOTES-h200-sweeps.md).
-
-    python -m dispatch.lab.warm DIR K J CORES DEVICE    # worker K of J (Warmup starts them)
+a worker's call inside a timing can only add to it: while the sweep times a problem
+(``Warmup.timing``) a worker starts no call (it finishes a compile it had begun, and waits before
+its next). How often it had added before is unknown. Of 8 problems whose cuDNN eager time had
+exceeded its graph time by 21-144% in the H100's sweeps, timed again without workers (session 24,
+tools/results/bench-cudnn-eager-anomaly-s24-h100.md), 6 came within 4% of it and 2 (25-30 us
+calls) within 16%; over the sweeps, rows above 0.2 ms with eager more than 1.1x graph were 1 of
+46 just after a wait for the workers and 6 of 759 otherwise (tools/graph_vs_eager.py,
+tools/results/graph-vs-eager-h100-s24.md).
 """
 from __future__ import annotations
 
