@@ -339,6 +339,9 @@ def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path)
                                                      "rows": rows}])
     assert "the 1 graph choice more than 3% off, and why" in report  # the miss, listed with its cause
     assert f"| t | native-triton | fa2 | 100.0% | {rows[0]['cause']} |" in report and rows[0]["cause"]
+    assert "| ? | 0 / 1 (0%), max 100.0% |" in report  # per seed: this result names no sweep file
+    assert "| all but the xqa entry | 0 / 1 (0%), max 100.0% |" in report
+    assert tool.seed_of({"source": "bench-random-150-seed-42-h100-from-3.json"}) == "42"
     rows, how = tool.replay_under(measured_here, other)
     assert rows[0]["chosen"] == "fa2" and rows[0]["regret"] == 0.0
     assert how.startswith("h200 table scaled to this GPU (NVIDIA H100 80GB HBM3: bandwidth x0.70")

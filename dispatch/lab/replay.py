@@ -28,7 +28,7 @@ from .. import autotune, router
 from .build import flashinfer_own_wrong
 from .report import ratio_figures, regret_figures
 from .runner import call_cost, eager_cost_ms
-from .table import entry_of, problem_of, recorded_problem, sweep_device
+from .table import FROM, entry_of, problem_of, recorded_problem, sweep_device
 
 
 def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None,
@@ -74,7 +74,7 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         regret = None if ms is None else ms / timed[fastest] - 1
         cheapest = min(costs, key=costs.__getitem__) if costs else None
         cost_regret = costs[eager] / costs[cheapest] - 1 if eager in costs else None
-        rows.append({"name": r["name"], "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
+        rows.append({"name": r["name"], "entry": p.entry, "source": r.get(FROM), "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
                      "fastest_ms": timed[fastest], "regret": regret,
                      "cause": miss_cause(graph, timed, fastest, chosen, gated)
                      if regret is not None and regret > MISS else "",

@@ -18,7 +18,7 @@ its next). How often it had added before is unknown. Of 8 problems whose cuDNN e
 exceeded its graph time by 21-144% in the H100's sweeps, timed again without workers (session 24,
 tools/results/bench-cudnn-eager-anomaly-s24-h100.md), 6 came within 4% of it and 2 (25-30 us
 calls) within 16%; over the sweeps, rows above 0.2 ms with eager more than 1.1x graph were 1 of
-46 just after a wait for the workers and 6 of 759 otherwise (tools/graph_vs_eager.py,
+56 just after a wait for the workers and 6 of 874 otherwise (tools/graph_vs_eager.py,
 tools/results/graph-vs-eager-h100-s24.md).
 """
 from __future__ import annotations
