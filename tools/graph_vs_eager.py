@@ -14,10 +14,9 @@ a call inside a graph runs at ``graph_ms``. Three figures:
 """
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
+from dispatch.lab.report import bench_files_parser
 from dispatch.lab.table import NOT_BACKENDS
 
 SIZES = ((0.03, "eager <= 0.03 ms"), (0.2, "eager <= 0.2 ms"), (float("inf"), "eager > 0.2 ms"))
@@ -72,11 +71,7 @@ def markdown(f: dict, sources: list[str]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bench", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("."))
-    ap.add_argument("--stem", default="graph-vs-eager")
-    args = ap.parse_args()
+    args = bench_files_parser(__doc__, "graph-vs-eager").parse_args()
     results = [r for path in args.bench for r in json.loads(path.read_text()).get("results", ())]
     f = figures(results)
     names = [p.name for p in args.bench]

@@ -6,12 +6,11 @@ that plans per call counted once).
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
-from pathlib import Path
 
 from dispatch.lab import runner, table
+from dispatch.lab.report import bench_files_parser
 
 
 def seed_of(source: str) -> str:
@@ -39,11 +38,7 @@ def line(seed: str, f: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bench", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("."))
-    ap.add_argument("--stem", default="live-per-seed")
-    args = ap.parse_args()
+    args = bench_files_parser(__doc__, "live-per-seed").parse_args()
     merged, _ = table.merged([str(p) for p in args.bench])
     by_seed: dict[str, list] = collections.defaultdict(list)
     for r in merged["results"]:

@@ -5,6 +5,7 @@ every backend per problem, one panel per entry point and phase, problems grouped
 of auto's regret. Both titles name the device, the grid and the versions."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import textwrap
@@ -272,3 +273,13 @@ def _rate_panel(ax, entry: str, phase: str, unit: str, rs: list[dict], colors: d
     ax.set_title(f"{entry} {phase}", fontsize=9, pad=14)
     ax.set_xlabel("problem: batch x q_len x kv_len", fontsize=7)
     ax.set_ylabel(unit, fontsize=8)
+
+
+def bench_files_parser(doc: str, stem: str) -> argparse.ArgumentParser:
+    """The command line of the tools/ scripts that read bench JSONs (described by ``doc``'s first
+    paragraph): the files, then --out DIR (default .) and --stem NAME (default ``stem``)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("bench", nargs="+", type=Path, help="bench JSONs")
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--stem", default=stem)
+    return ap
