@@ -341,7 +341,7 @@ def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path)
     assert f"| t | native-triton | fa2 | 100.0% | {rows[0]['cause']} |" in report and rows[0]["cause"]
     assert "| ? | 0 / 1 (0%), max 100.0% |" in report  # per seed: this result names no sweep file
     assert "| all but the xqa entry | 0 / 1 (0%), max 100.0% |" in report
-    assert tool.seed_of({"source": "bench-random-150-seed-42-h100-from-3.json"}) == "42"
+    assert table.seed_of("bench-random-150-seed-42-h100-from-3.json") == "42" and table.seed_of("grid.json") == "grid.json"
     rows, how = tool.replay_under(measured_here, other)
     assert rows[0]["chosen"] == "fa2" and rows[0]["regret"] == 0.0
     assert how.startswith("h200 table scaled to this GPU (NVIDIA H100 80GB HBM3: bandwidth x0.70")

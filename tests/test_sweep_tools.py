@@ -433,7 +433,6 @@ def test_graph_vs_eager_counts_the_ceiling_of_an_eager_judge_and_the_inflated_ro
 
 def test_live_per_seed_counts_each_sweeps_own_choice():
     lps = _tool("live_per_seed")
-    assert lps.seed_of("bench-random-150-seed-1161395444-h100-from-34.json") == "1161395444"
     rows = [{"problem": {"entry": PAGED}, "regret": 0.0, "auto": "fa2", "auto_over_flashinfer": 0.9,
              "backends": [{"backend": "fa2", "status": "ok", "eager_ms": 0.010, "host_us": 10.0},
                           {"backend": "auto", "status": "ok", "served": "fa2", "eager_ms": 0.010, "host_us": 10.0},

@@ -13,10 +13,6 @@ from dispatch.lab import runner, table
 from dispatch.lab.report import bench_files_parser
 
 
-def seed_of(source: str) -> str:
-    return source.split("-seed-")[1].split("-")[0] if "-seed-" in source else source
-
-
 def figures(rows: list[dict]) -> dict:
     """Within 3% by GPU time and by call cost; auto / FlashInfer <= 1.03 and > 1.10, both ways."""
     gpu = [r["regret"] for r in rows if r.get("regret") is not None]
@@ -43,7 +39,7 @@ def main() -> int:
     by_seed: dict[str, list] = collections.defaultdict(list)
     for r in merged["results"]:
         if "backends" in r:
-            by_seed[seed_of(r[table.FROM])].append(r)
+            by_seed[table.seed_of(r[table.FROM])].append(r)
     per_seed = {s: figures(rows) for s, rows in by_seed.items()}
     per_seed["all"] = figures([r for rows in by_seed.values() for r in rows])
     md = ["# Live figures per seed: each sweep's own choice as it ran", "",

@@ -44,18 +44,12 @@ def figures(rows: list[dict]) -> dict:
             "cost_over_flashinfer": ratio_figures(rows, "cost_over_flashinfer")}
 
 
-def seed_of(row: dict) -> str:
-    """The random seed of the sweep a replayed row came from (its source file's name), else the file."""
-    source = row.get("source") or "?"
-    return source.split("-seed-")[1].split("-")[0] if "-seed-" in source else source
-
-
 def groups(rows: list[dict]) -> dict[str, dict]:
     """Figures per seed, over all, and over all but the ``xqa`` entry point (where FlashInfer's own call
     runs XQA without the fix-up of its recorded defect, dispatch/lab/replay.py)."""
     seeds: dict[str, list] = {}
     for r in rows:
-        seeds.setdefault(seed_of(r), []).append(r)
+        seeds.setdefault(table.seed_of(r.get("source") or "?"), []).append(r)
     out = {s: figures(rs) for s, rs in seeds.items()}
     out["all"] = figures(rows)
     out["all but the xqa entry"] = figures([r for r in rows if r.get("entry") != XQA])

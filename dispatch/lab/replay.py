@@ -74,8 +74,8 @@ def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None
         regret = None if ms is None else ms / timed[fastest] - 1
         cheapest = min(costs, key=costs.__getitem__) if costs else None
         cost_regret = costs[eager] / costs[cheapest] - 1 if eager in costs else None
-        rows.append({"name": r["name"], "entry": p.entry, "source": r.get(FROM), "chosen": chosen, "chosen_ms": ms, "fastest": fastest,
-                     "fastest_ms": timed[fastest], "regret": regret,
+        rows.append({"name": r["name"], "entry": p.entry, "source": r.get(FROM), "chosen": chosen,
+                     "chosen_ms": ms, "fastest": fastest, "fastest_ms": timed[fastest], "regret": regret,
                      "cause": miss_cause(graph, timed, fastest, chosen, gated)
                      if regret is not None and regret > MISS else "",
                      "graph_regret": ms / min(timed[n] for n in capturable) - 1 if ms and capturable else None,

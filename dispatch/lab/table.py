@@ -316,6 +316,12 @@ def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, d
 FROM = "from_file"  # a merged result's own file(s): its row's source, not the list of every file merged
 
 
+def seed_of(source: str) -> str:
+    """The random seed in a sweep file's name (``bench-random-N-seed-S[-GPU][-from-K].json``, as
+    ``bench --random`` names it), else the name itself."""
+    return source.split("-seed-")[1].split("-")[0] if "-seed-" in source else source
+
+
 def merged(paths: list[Path]) -> tuple[dict, str]:
     """Several bench results of one GPU as one: the first file's environment, every measured
     problem (a backend measured again in a later file takes the later time; the backends a later
