@@ -16,6 +16,7 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
     attn-dispatch bench --random 60 --seed 1234 --start 40    # resume that sweep at problem 40
     attn-dispatch bench --to-table DIR/bench-h100.json        # -> capability_db/measured/<gpu>.json
     ATTN_DISPATCH_AUTOTUNE=1 attn-dispatch bench --random 60  # auto with the opt-in autotune (-autotune files)
+    attn-dispatch bench --trace --device cpu --steps 20       # an engine-shaped trace, ours vs FlashInfer (trace.py)
 
 Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
 host_cost (host time per call of every entry point), problems / grids / build / runner / report,
@@ -47,6 +48,7 @@ USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
          "                           [--warm-workers J] [--profile N] [--list]\n"
+         "       %(prog)s --trace [its own options: --trace --help]\n"
          "                           [--json]\n"
          "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
          "       %(prog)s --replay JSON [JSON ...] [--autotune-file FILE] [--out DIR]")
@@ -64,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
     what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/lab/problems.py)")
+    what.add_argument("--trace", action="store_true",
+                      help="an engine-shaped trace, the batch changing every step, through ours and FlashInfer's "
+                           "calls (dispatch/lab/trace.py; the options after it are its own: --trace --help)")
     what.add_argument("--random", type=int, metavar="N",
                       help="N problems drawn from the engine-shaped distribution of dispatch/lab/randomgrid.py")
     what.add_argument("--to-table", type=Path, nargs="+", metavar="JSON",
@@ -208,6 +213,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from . import report, runner
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--trace" in argv:  # its own options (dispatch/lab/trace.py)
+        from . import trace
+        return trace.main([a for a in argv if a != "--trace"])
     if "--host-cost" in argv:  # its own options (dispatch/lab/host_cost.py)
         from . import host_cost
         return host_cost.main([a for a in argv if a != "--host-cost"])
