@@ -48,10 +48,10 @@ USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
          "                           [--warm-workers J] [--profile N] [--list]\n"
-         "       %(prog)s --trace [its own options: --trace --help]\n"
          "                           [--json]\n"
          "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
-         "       %(prog)s --replay JSON [JSON ...] [--autotune-file FILE] [--out DIR]")
+         "       %(prog)s --replay JSON [JSON ...] [--autotune-file FILE] [--out DIR]\n"
+         "       %(prog)s --trace [its own options: --trace --help]")
 
 
 def _parser() -> argparse.ArgumentParser:
