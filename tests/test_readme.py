@@ -6,7 +6,9 @@ may be few of those. Every `attn-dispatch ...` line of a ```bash block goes thro
 parsers: cheap commands (--version, info, query, explain, matrix) run in full and must exit 0;
 the others (bench, probe, matrix --update-readme) are parsed only, so an option that does not
 exist or a bad value fails here. The README's test command is the one `.ci/run` runs.
-(examples/README.md is tested by tests/test_examples.py.)
+The README stays a summary (its length, its "Measured" table's rows, plan() with keywords); no
+document reads as a diary; every relative link and its anchor exist.
+(examples/README.md's code is tested by tests/test_examples.py.)
 """
 from __future__ import annotations
 
@@ -26,6 +28,12 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
 RUN_IN_FULL = ("info", "query", "explain", "matrix")
 MAX_GPU_BLOCKS = 2
+README_MAX_LINES = 150
+MEASURED_MAX_ROWS, ROW_MAX_CHARS = 8, 200
+# A document says what the product does and measured, not the history of the work: no numbered
+# sessions or rounds, no sweep letters, no result dumps or diaries (git keeps the history).
+DIARY = re.compile(r"\b[Ss]essions? \d|\b[Rr]ounds? \d|\b[Ss]weeps? [A-Z]\b|tools/results|RESULTS\.md|NOTES-")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def blocks(path: Path, language: str) -> list[tuple[str, str]]:
@@ -111,3 +119,54 @@ def test_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert len(commands) == 2 and ci in commands, (commands, ci)
     assert (ROOT / "tools" / "dropin_demo.py").exists()
+
+
+def measured_rows(text: str) -> list[str]:
+    """The body rows of the README's "Measured" table."""
+    section = text.split("\n## Measured\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return rows[2:]  # header and separator
+
+
+def test_readme_is_short_and_its_measured_table_a_summary():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES
+    rows = measured_rows(text)
+    assert 0 < len(rows) <= MEASURED_MAX_ROWS, rows
+    too_long = [row for row in rows if len(row) >= ROW_MAX_CHARS]
+    assert not too_long, too_long
+    assert "](docs/benchmarks.md" in rows[0], "the headline row links to the benchmarks"
+    assert any("trace" in row and "docs/benchmarks.md#trace" in row for row in rows)
+
+
+def test_readme_plans_with_keyword_arguments():
+    """The quick start's plan() names its arguments as FlashInfer's documentation does."""
+    code = "\n".join(body for _, body in blocks(ROOT / "README.md", "python"))
+    call = re.search(r"\.plan\((.*?)\)\n", code, re.S).group(1)
+    for name in ("qo_indptr=", "paged_kv_indptr=", "paged_kv_indices=", "paged_kv_last_page_len=",
+                 "num_qo_heads=", "num_kv_heads=", "head_dim=", "page_size="):
+        assert name in call, name
+
+
+@pytest.mark.parametrize("path", [*DOCS, ROOT / "examples" / "README.md"], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_docs_are_no_diary(path):
+    found = [line for line in path.read_text().splitlines() if DIARY.search(line)]
+    assert not found, found
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """GitHub's anchors for a Markdown file's headings."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", path.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("path", [*DOCS, ROOT / "examples" / "README.md"], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_and_their_anchors_exist(path):
+    for target in LINK.findall(path.read_text()):
+        if target.startswith(("http://", "https://")):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        assert linked.exists(), f"{path.name}: {target}"
+        if anchor and linked.suffix == ".md":
+            assert anchor in heading_anchors(linked), f"{path.name}: {target}"
