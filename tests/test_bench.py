@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from dispatch import cli
-from dispatch.lab import build, grids, problems, runner, table
+from dispatch.lab import build, grids, problems, runner
 from dispatch.lab.oracle import allowed_keys, band
 from dispatch.lab.problems import PAGED, XQA, BenchProblem
+from tools.lab import table
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,7 @@ def test_timer_wall_clock_counts_calls():
 def test_replay_reads_todays_choice_against_measured_times(tmp_path):
     """--replay: the router's choice now (the H100 table, not live) for each measured problem,
     its measured time against the fastest; a choice the sweep never timed is not judged."""
-    from dispatch.lab import replay
+    from tools.lab import replay
     problem = {"entry": "BatchPrefillWithPagedKVCacheWrapper.run", "batch": 64, "q_len": 1, "kv_len": 4096}
     results = {"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}, "results": [
         {"name": "p", "problem": problem, "auto": "fa2", "regret": 0.0, "backends": [
@@ -195,7 +196,7 @@ def test_replay_leaves_out_a_flashinfer_call_known_to_get_the_sinks_wrong(versio
     """FlashInfer 0.7.2's paged wrapper on sm_90 is far from the oracle once sinks carry weight
     (build.OWN_CALL_WRONG): its time on a sinks problem is no comparison; another version's still
     is (nothing was seen of it)."""
-    from dispatch.lab import replay
+    from tools.lab import replay
     problem = {"entry": PAGED, "batch": 8, "q_len": 1, "kv_len": 4096, "sinks": True}
     results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90", "flashinfer": version}, "results": [
         {"name": "p", "problem": problem, "backends": [

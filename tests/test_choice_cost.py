@@ -13,8 +13,9 @@ import pytest
 import capability_db
 from capability_db import measured
 from dispatch import choice, router
-from dispatch.lab import runner, table
+from dispatch.lab import runner
 from dispatch.lab.problems import PAGED, BenchProblem
+from tools.lab import table
 from test_autotune import decode_problem, h100_grid_table
 
 H100 = capability_db.resolve_device("h100")

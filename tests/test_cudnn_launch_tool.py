@@ -1,10 +1,10 @@
-"""attn-dispatch bench --host-cost --cudnn-launch (the cuDNN row path by path), smoke-run on the CPU: the
+"""python -m tools.lab.host_cost --cudnn-launch (the cuDNN row path by path), smoke-run on the CPU: the
 reference backend serves, so the launcher and FlashInfer columns say why they are missing."""
 from __future__ import annotations
 
 import torch
 
-from dispatch.lab import host_cost
+from tools.lab import host_cost
 
 
 def test_cudnn_launch_paths_run_and_agree_on_the_cpu():

@@ -1,16 +1,15 @@
-"""``bench --host-cost --matrix`` on the CPU: every entry point x every backend that serves it x the
-three sizes, host time per call recorded per cell, and the JSON ``bench --to-table`` reads."""
+"""``python -m tools.lab.host_cost --matrix`` on the CPU: every entry point x every backend that serves it
+x the three sizes, host time per call recorded per cell, and the JSON ``python -m tools.lab.table`` reads."""
 from __future__ import annotations
 
 import json
 
-from dispatch import cli
-from dispatch.lab import host_cost
 from dispatch.lab.problems import ENTRY_NAMES, XQA
+from tools.lab import host_cost
 
 
 def test_matrix_covers_every_entry_backend_and_size(tmp_path):
-    assert cli.main(["bench", "--host-cost", "--matrix", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    assert host_cost.main(["--matrix", "--device", "cpu", "--out", str(tmp_path)]) == 0
     rep = json.loads((tmp_path / "host-cost-matrix-cpu.json").read_text())
     rows = rep["matrix"]
     sizes = set(host_cost.MATRIX_SIZES)

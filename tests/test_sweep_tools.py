@@ -18,9 +18,10 @@ import capability_db
 import pytest
 from capability_db import measured
 from dispatch import choice, router
-from dispatch.lab import bench, runner, table, warm
+from dispatch.lab import bench, runner, warm
 from dispatch.lab.problems import PAGED, SINGLE, BenchProblem
 from dispatch.lab.vendors import make_problem
+from tools.lab import table
 
 H200 = capability_db.resolve_device("h200")
 
@@ -123,7 +124,7 @@ def test_query_tiled_kernels_pay_for_idle_sms_and_split_kv_kernels_do_not():
 
 
 def test_a_row_missing_a_backend_for_a_run_failure_is_no_evidence_against_it():
-    from dispatch.lab.table import harness_failed
+    from tools.lab.table import harness_failed
     built_failed = {"backends": [{"backend": "fa2", "status": "ok"},
                                  {"backend": "fa3", "status": "error", "note": "RuntimeError: Ninja build failed."}]}
     declared = {"backends": [{"backend": "fa2", "status": "ok"},
@@ -145,7 +146,7 @@ def test_replay_judges_the_graph_choice_by_gpu_time_and_the_eager_choice_by_call
     capturable ones; the eager choice is judged by GPU + host time (fa2 here by its eager time alone:
     it plans on every call through this entry, and that time holds its host path); both against
     FlashInfer's own call."""
-    from dispatch.lab import replay
+    from tools.lab import replay
     problem = {"entry": "xqa_batch_decode_with_kv_cache", "batch": 64, "q_len": 1, "kv_len": 4096}
     own = {"backend": "flashinfer", "status": "ok", "eager_ms": 0.25, "host_us": 50.0}
     results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"}, "results": [
@@ -171,7 +172,7 @@ def test_replay_names_the_estimate_that_ranked_a_miss():
     on what basis, against the measured times; a hit carries none."""
     from types import SimpleNamespace
 
-    from dispatch.lab import replay
+    from tools.lab import replay
     estimate = lambda ms: SimpleNamespace(ms=ms, basis="fitted")  # noqa: E731
     decision = SimpleNamespace(chosen="fa2", ranking="fitted time", candidates=[
         SimpleNamespace(backend="fa2", accepted=True, ranked=True, evidence=estimate(0.10), reasons=[], why=""),
@@ -190,7 +191,7 @@ def test_replay_names_the_estimate_that_ranked_a_miss():
 def test_replay_can_judge_the_eager_choice_by_todays_host_times():
     """Rows measured before a backend's host path changed carry the old path's host time: with
     ``host_now`` (a table's host_us) the eager cost takes today's figure where the table has one."""
-    from dispatch.lab import replay
+    from tools.lab import replay
     problem = {"entry": "BatchPrefillWithPagedKVCacheWrapper.run", "batch": 1, "q_len": 1, "kv_len": 64}
     results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"}, "results": [
         {"name": "p", "problem": problem, "backends": [
@@ -210,7 +211,7 @@ def test_replay_of_an_autotune_sweep_decides_from_its_kept_times_and_never_times
     kept (GPU ms and host us), nothing is timed, the file is left as it was, and a miss names the
     autotune's estimate against the problem's measured times."""
     from dispatch import autotune
-    from dispatch.lab import replay
+    from tools.lab import replay
     monkeypatch.delenv(autotune.ENV_AUTOTUNE, raising=False)
     problem = {"entry": "xqa_batch_decode_with_kv_cache", "batch": 64, "q_len": 1, "kv_len": 4096}
     results = {"environment": {"gpu": "NVIDIA H200", "capability": "sm_90"}, "results": [
@@ -238,7 +239,7 @@ def test_replay_of_an_autotune_sweep_decides_from_its_kept_times_and_never_times
 
 
 def test_replay_reports_what_the_autotunes_timing_cost_per_bucket(tmp_path):
-    from dispatch.lab import replay
+    from tools.lab import replay
     path = tmp_path / "cache.json"
     path.write_text(json.dumps({"buckets": {
         "a": {"fa2": {"ms": 0.1, "host_us": 9.0, "tune_s": 1.5}, "native-triton": {"ms": 0.2, "tune_s": 0.5}},
@@ -253,7 +254,7 @@ def test_replay_never_serves_a_backend_a_known_defect_of_the_sweeps_version_keep
     """Live, the router rejects a backend whose installed version has a known defect for the problem
     (XQA on FlashInfer 0.7.2: defects.json); off the GPU nothing is installed, so the replay reads the
     sweep's versions: it serves the next backend, and a miss against that backend names the defect."""
-    from dispatch.lab import replay
+    from tools.lab import replay
     problem = {"entry": "xqa_batch_decode_with_kv_cache", "batch": 8, "q_len": 1, "kv_len": 1024}
     backends = [{"backend": "xqa", "status": "ok", "eager_ms": 0.010, "host_us": 10.0},
                 {"backend": "native-triton", "status": "ok", "eager_ms": 0.020, "host_us": 10.0}]
@@ -273,7 +274,7 @@ def test_replay_never_serves_a_backend_a_known_defect_of_the_sweeps_version_keep
 
 
 def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_cannot_serve():
-    from dispatch.lab import replay
+    from tools.lab import replay
     rows = [{"regret": 0.0, "cause": ""}, {"regret": 0.5, "cause": "xqa not chosen automatically: known defect d"},
             {"regret": 0.2, "cause": "fa2 not a candidate: cuda_graph=True"},
             {"regret": 0.2, "cause": "expected ...: fa2's estimate (fitted) off by 2x"}]
@@ -285,7 +286,7 @@ def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first(monkeyp
     """tools/jit_prebuild.py: which FlashInfer modules a problem makes the sweep build, named as the
     device named the ones it compiled (session 20's .jit), and the plan's order: device seconds saved
     per second of building here."""
-    spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/jit_prebuild.py"))
+    spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/offline/prebuild_kernels.py"))
     tool = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "jit_prebuild", tool)  # its dataclass looks its module up there
     spec.loader.exec_module(tool)
@@ -317,7 +318,7 @@ def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first(monkeyp
 def test_jit_prebuild_carries_what_saves_the_most_device_seconds_per_mb(tmp_path, monkeypatch):
     """``--carry-mb``: modules the plan does not know first, then by share x device seconds / xz'd MB,
     within the budget."""
-    spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/jit_prebuild.py"))
+    spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/offline/prebuild_kernels.py"))
     tool = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "jit_prebuild", tool)
     spec.loader.exec_module(tool)
@@ -398,7 +399,7 @@ def test_gpu_correction_holds_out_one_seed_at_a_time():
 def test_gpu_correction_replays_the_graph_and_the_eager_choice_through_its_patch():
     """tools/gpu_correction.py ``replayed``: its patch of ``choice.fitted_times`` takes what the ranking
     passes (an eager call's ``eager`` too); with no correction it replays the choice unchanged."""
-    from dispatch.lab import replay
+    from tools.lab import replay
     spec = importlib.util.spec_from_file_location("gpu_correction", Path("tools/gpu_correction.py"))
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

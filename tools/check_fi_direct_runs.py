@@ -10,7 +10,7 @@ without a GPU (the kernels stand-ins that record what they receive):
 * The host time per call on this CPU of FlashInfer's call, our run and our launcher (the kernel a
   stand-in: what the Python layers cost, not a GPU launch).
 
-    python tools/check_fi_direct_runs.py SITE     # SITE: a folder holding the flashinfer package
+    python -m tools.check_fi_direct_runs SITE     # SITE: a folder holding the flashinfer package
 
 SITE: e.g. ``pip install --no-deps --target SITE .whl072/flashinfer_python-0.7.2-*.whl``. The
 packages FlashInfer imports for its compiler and downloads (tvm_ffi, requests, pynvml) are
@@ -23,15 +23,13 @@ import itertools
 import sys
 import time
 import types
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 from unittest import mock
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from backends._fi_prefill import FiState, FlashInferPrefill  # noqa: E402
+from backends._fi_prefill import FiState, FlashInferPrefill
 
 STAND_INS = ("tvm_ffi", "tvm_ffi.libinfo", "tvm_ffi.cpp", "tvm_ffi.core", "requests", "pynvml")
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 4, 2, 64, 16

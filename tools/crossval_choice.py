@@ -1,11 +1,11 @@
 """How the choice does on problems its timing table never saw: K-fold cross-validation over bench
 sweeps (no GPU). The measured problems of the given JSONs are split into K folds; for each fold a
-timing table is built from the other folds (``bench --to-table``'s code) and the router's choice
-for the fold's problems is replayed against their measured times (``bench --replay``'s code).
+timing table is built from the other folds (tools/lab/table.py) and the router's choice
+for the fold's problems is replayed against their measured times (tools/lab/replay.py).
 Prints the regret figures, by GPU time and by call cost (GPU + host per eager call), and writes
 DIR/crossval-<stem>.json and .md.
 
-    python tools/crossval_choice.py tools/results/bench-random-150-seed-*-cuda*.json --folds 5 --out DIR
+    python -m tools.crossval_choice BENCH.json [BENCH.json ...] --folds 5 --out DIR
 
 ``--learning-curve 0.25 0.5 0.75 1``: the same, with each fold's table built from that share of the
 other folds' problems (drawn at random, ``--draws`` times per share): how the choice grows with the
@@ -23,8 +23,9 @@ from unittest import mock
 
 from capability_db import measured
 from dispatch import router
-from dispatch.lab import replay, table
-from dispatch.lab.report import ratio_figures, regret_figures
+from dispatch.lab.report import regret_figures
+from tools.lab import replay, table
+from tools.lab.figures import ratio_figures
 
 
 def folds(results: dict, k: int) -> list[dict]:
@@ -113,7 +114,7 @@ def main() -> int:
     ap.add_argument("--learning-curve", type=float, nargs="+", metavar="SHARE")
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--host-now", action="store_true",
-                    help="judge the eager choice by the table's host times (bench --host-cost --matrix), not the "
+                    help="judge the eager choice by the table's host times (python -m tools.lab.host_cost --matrix), not the "
                          "rows': for rows measured before a backend's host path changed")
     args = ap.parse_args()
     results, source = table.merged(args.json)

@@ -3,7 +3,7 @@ over the problems of some sweeps alone (those measured on today's code paths, sa
 the fastest (CUDA-graph choice by GPU time, eager choice by call cost), auto / FlashInfer's own
 call <= 1.03 and > 1.10 (GPU time, call cost), and the geometric-mean regret. Prints Markdown.
 
-    python tools/crossval_compare.py BEFORE.json AFTER.json --part "H, I" tools/results/bench-random-150-seed-259*.json
+    python -m tools.crossval_compare BEFORE.json AFTER.json --part NAME BENCH.json [BENCH.json ...]
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import json
 import math
 from pathlib import Path
 
-from dispatch.lab.report import ratio_figures, regret_figures
+from dispatch.lab.report import regret_figures
+from tools.lab.figures import ratio_figures
 
 
 def names_in(paths: list[str]) -> set[str]:

@@ -4,7 +4,7 @@ Each call runs through `import dispatch` on whatever this machine offers (the Py
 reference on a CPU), is checked against float64 `scaled_dot_product_attention`, and the
 table says which backend served it. Exit status 1 if any result disagrees.
 
-    python tools/dropin_demo.py [--device cuda]
+    python -m tools.dropin_demo [--device cuda]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ that GPU ranks by (``measured.table_for``: on an H100, the H200's scaled). A uni
 order of backends as it is; the spread between backends' medians, and the error of one estimate,
 do not.
 
-    python tools/estimate_error.py tools/results/bench-random-150-seed-828299699-h100*.json --out DIR --stem NAME
+    python -m tools.estimate_error BENCH.json [BENCH.json ...] --out DIR --stem NAME
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from dispatch import router
-from dispatch.lab import table
+from tools.lab import table
 
 
 def errors(results: dict) -> dict[tuple[str, str, str], list[float]]:

@@ -5,10 +5,10 @@ GPU's sweeps and the choice replayed on the rest: 5 folds (``kfold``), or one se
 (``seed``). The corrections (``KINDS``): ``none`` (the table as it is), ``median`` (one factor per
 backend), ``median-phase`` (per backend and decode/prefill), ``median-entry`` (per backend, phase and
 entry point), ``trees-s``/``trees-m`` (boosted trees, 100 of depth 3 / 300 of depth 4, over the fit's
-features and the backend; scikit-learn, the bench extra). An experiment (session 21), not part of the
+features and the backend; scikit-learn, the bench extra). An experiment, not part of the
 choice: it patches ``choice.fitted_times`` while it replays.
 
-    python tools/gpu_correction.py FILES.txt kfold none median trees-s > OUT.md
+    python -m tools.gpu_correction FILES.txt kfold none median trees-s > OUT.md
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from unittest import mock
 from capability_db import measured
 from capability_db.measured import features
 from dispatch import choice, router
-from dispatch.lab import replay, table
-from dispatch.lab.report import ratio_figures, regret_figures
+from dispatch.lab.report import regret_figures
+from tools.lab import replay, table
+from tools.lab.figures import ratio_figures
 
 TABLE = measured.MEASURED_DIR / "h200.json"  # the table the H100 ranks by, scaled
 TREES = {"trees-s": (100, 3), "trees-m": (300, 4)}  # trees, depth

@@ -3,7 +3,7 @@ median and p90 of (time on A) / (time on B) over the problems both bench sets ti
 scaling a borrowed table gets (capability_db.measured.TimingTable.scaled_to: decode by the ratio of
 peak bandwidth, the rest by compute). Prints Markdown; --out writes it too.
 
-    python tools/gpu_ratio.py --a tools/results/bench-h100-run*.json --b tools/results/bench-h100-on-h200.json
+    python -m tools.gpu_ratio --a BENCH-ON-A.json [...] --b BENCH-ON-B.json [...]
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from dispatch.lab import table
+from tools.lab import table
 
 
 def times(paths: list[Path]) -> tuple[dict, dict]:

@@ -1,7 +1,7 @@
 """A pytest run on the GPU host as committed results: JUnit XML -> JSON + Markdown.
 
-    python tools/gpu_tests_report.py RUN.xml --title "..." --command "pytest ..." --gpu "..." \
-        --versions torch=2.11.0 flashinfer=0.5.3 --out tools/results/NAME
+    python -m tools.gpu_tests_report RUN.xml --title "..." --command "pytest ..." --gpu "..." \
+        --versions torch=2.11.0 flashinfer=0.5.3 --out DIR/NAME
 
 writes NAME.json (date, GPU, versions, command, one record per test: status, seconds, the
 skip/failure text) and NAME.md (the counts, then every test that did not pass, with its text).

@@ -10,14 +10,14 @@ a call inside a graph runs at ``graph_ms``. Three figures:
   with two or more backends timed both ways, the graph time of the eager-fastest over the
   graph-fastest - 1; the share within 3%.
 
-    python tools/graph_vs_eager.py BENCH.json [...] --out DIR --stem NAME
+    python -m tools.graph_vs_eager BENCH.json [...] --out DIR --stem NAME
 """
 from __future__ import annotations
 
 import json
 
-from dispatch.lab.report import bench_files_parser
-from dispatch.lab.table import NOT_BACKENDS
+from tools.lab.figures import bench_files_parser
+from tools.lab.table import NOT_BACKENDS
 
 SIZES = ((0.03, "eager <= 0.03 ms"), (0.2, "eager <= 0.2 ms"), (float("inf"), "eager > 0.2 ms"))
 

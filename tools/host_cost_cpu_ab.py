@@ -1,12 +1,12 @@
 """Host cost of an exact repeat on the CPU, two or more source trees side by side (A/B).
 
-    python tools/host_cost_cpu_ab.py base=/tmp/wt-base branch=. [--rounds 3]
+    python -m tools.host_cost_cpu_ab base=/tmp/wt-base branch=. [--rounds 3]
 
 Each tree runs in its own subprocess (PYTHONPATH = the tree), the trees alternated ``--rounds``
 times; the table holds each entry's median over the rounds, in microseconds per call. A round
 times the lane path a GPU serving loop takes: CPU tensors with ``_base.CPU_VALUE_CHECKS = False``,
 the reference backend's launcher a no-op (no kernel), min over 40 x 300 calls. The functions take
-``dispatch.lab.host_cost``'s CPU calls (xqa with a (k, v) pair); the wrappers run a batch of
+``tools.lab.host_cost``'s CPU calls (xqa with a (k, v) pair); the wrappers run a batch of
 (3, 1, 5) queries over (9, 4, 13) KV rows (pages of 4 for the paged one). Measurement code: never
 imported by dispatch/.
 """
@@ -55,7 +55,7 @@ def child() -> None:
     from backends.native.reference import ReferenceBackend
     from dispatch import decode, prefill
     from dispatch.entries import _base
-    from dispatch.lab import host_cost as hc
+    from tools.lab import host_cost as hc
 
     _base.CPU_VALUE_CHECKS = False  # the GPU's cached path, driven on the CPU
     ReferenceBackend.launcher = lambda self, plan, batch: lambda b: None  # no kernel: host cost only

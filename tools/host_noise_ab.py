@@ -1,6 +1,6 @@
 """Do the sweep's warm-up workers move its host timings, and does stopping them help?
 
-    python tools/host_noise_ab.py PROBLEMS.json --load-seed S [--workers 4] [--rounds 12] --out DIR
+    python -m tools.host_noise_ab PROBLEMS.json --load-seed S [--workers 4] [--rounds 12] --out DIR
 
 Builds each problem of PROBLEMS.json once (warm: every backend called first), then starts
 ``--workers`` warm-up workers (dispatch/lab/warm.py) on the small copies of a random sweep drawn
@@ -8,8 +8,8 @@ with ``--load-seed``: FlashInfer and Triton compiles like a sweep's. While they 
 host path of every (problem, backend) ``--rounds`` times, each round three times: with the workers
 running (``free``), with them and every process they started (compilers) stopped by SIGSTOP
 (``paused``), and stopped with the timing process allowed every core again (``paused-wide``:
-Warmup pins it to warm.SWEEP_CORES), in rotating order. (Runs a and b of
-tools/results/host-noise-ab-s14-* stopped the same processes as process groups, from commit f8c6a0a.) After the workers are closed, the same timings once more (``alone``).
+Warmup pins it to warm.SWEEP_CORES), in rotating order. After the workers are closed, the same
+timings once more (``alone``).
 Writes DIR/host-noise-ab.{json,md}: per mode, the median spread of a row's timings (p90 / p10 of
 its rounds) and the median ratio of its median to ``alone``'s.
 """
@@ -26,13 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-
-from dispatch.lab import randomgrid, runner  # noqa: E402
-from dispatch.lab.bench import environment  # noqa: E402
-from dispatch.lab.build import build, flashinfer_api  # noqa: E402
-from dispatch.lab.problems import problem_from_json  # noqa: E402
-from dispatch.lab.warm import Warmup  # noqa: E402
+from dispatch.lab import randomgrid, runner
+from dispatch.lab.bench import environment
+from dispatch.lab.build import build, flashinfer_api
+from dispatch.lab.problems import problem_from_json
+from dispatch.lab.warm import Warmup
 
 MODES = ("free", "paused", "paused-wide")
 

@@ -5,7 +5,7 @@ eager call): were the first run's times the choice, how often would it be within
 run's fastest? That is the most any choice can score against a judge this noisy. Also the spread of
 one backend's two timings (GPU ms, host us).
 
-    python tools/judge_repeat.py RUN1.json RUN2.json --out DIR --stem NAME
+    python -m tools.judge_repeat RUN1.json RUN2.json --out DIR --stem NAME
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from dispatch.lab.table import NOT_BACKENDS
+from tools.lab.table import NOT_BACKENDS
 
 
 def times(result: dict, cost: bool) -> dict[str, float]:

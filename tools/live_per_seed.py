@@ -1,16 +1,17 @@
-"""Live figures per seed: each sweep's automatic choice as it ran (under the table of its session),
+"""Live figures per seed: each sweep's automatic choice as it ran (under the table in force when it ran),
 counted per random seed. The call cost is judged by ``runner.call_cost`` as the code stands (a path
 that plans per call counted once).
 
-    python tools/live_per_seed.py BENCH.json [...] --out DIR --stem NAME
+    python -m tools.live_per_seed BENCH.json [...] --out DIR --stem NAME
 """
 from __future__ import annotations
 
 import collections
 import json
 
-from dispatch.lab import runner, table
-from dispatch.lab.report import bench_files_parser
+from dispatch.lab import runner
+from tools.lab import table
+from tools.lab.figures import bench_files_parser
 
 
 def figures(rows: list[dict]) -> dict:

@@ -29,9 +29,9 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
    decode, RoPE, window + soft cap + sinks) against float64, and their timing rows (WIDE_ROWS); writes
    native-h100-wide.json/.md (about 2 minutes with compilation).
 
-    python tools/native_h100.py --out "$OUT"        # writes native-h100.json and native-h100.md
-    python tools/native_h100.py --variants --out "$OUT"
-    python tools/native_h100.py --wide --out "$OUT"
+    python -m tools.native_h100 --out "$OUT"        # writes native-h100.json and native-h100.md
+    python -m tools.native_h100 --variants --out "$OUT"
+    python -m tools.native_h100 --wide --out "$OUT"
 """
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ from pathlib import Path
 
 import torch
 
-from _gpu_common import time_ms  # noqa: F401  (puts the repository root on sys.path)
 from backends.native.triton_backend import NativeTritonBackend, TileConfig, choose_config, fit_shared_memory
 from dispatch.lab.oracle import batch_attention_fp64
 from dispatch.lab.native import Case, build, problem_of, rel_err
 from dispatch.problem import NAME_DTYPES, AttentionBatch
+from dispatch.timing import time_ms
 
 BACKEND = NativeTritonBackend()
 HQ, HKV, D, PAGE = 32, 8, 128, 16
@@ -324,8 +324,7 @@ def _tile(m: int, n: int, hpp: int, warps: int, stages: int) -> dict:
     return {"config": TileConfig(m, n, hpp, num_warps=warps, num_stages=stages)}
 
 
-# name, case, metric (RATES), plan overrides (time_case's keywords). Earlier rounds' tile rows (5 stages,
-# fp8 at N32/N64/N128) are in tools/results/native-h100-r4..r9.md.
+# name, case, metric (RATES), plan overrides (time_case's keywords).
 FEATURE_ROWS = [
     ("decode b64 x 4096", DEC64, "kv", {}),
     ("decode b64 x 4096 RoPE", replace(DEC64, **ROPE), "kv", {}),
@@ -599,7 +598,7 @@ def main() -> int:
     start = time.time()
     torch.manual_seed(0)
     res = {"environment": environment(),
-           "command": "python tools/native_h100.py" + " --grid" * args.grid + " --variants" * args.variants}
+           "command": "python -m tools.native_h100" + " --grid" * args.grid + " --variants" * args.variants}
     res["agreement"] = [check(name, *spec) for name, spec in AGREEMENT.items()]
     res["agreement"] += variant_checks() if args.variants else []
     wrong = frozenset(a["scenario"] for a in res["agreement"] if not a["ok"])
@@ -631,7 +630,7 @@ def wide_main(out: Path) -> int:
     """--wide: WIDE_AGREEMENT against float64, then WIDE_ROWS timed; native-h100-wide.json/.md."""
     start = time.time()
     torch.manual_seed(0)
-    res = {"environment": environment(), "command": "python tools/native_h100.py --wide", "summary": [],
+    res = {"environment": environment(), "command": "python -m tools.native_h100 --wide", "summary": [],
            "host": [], "copy_tb_s": copy_ceiling_tb_s(), "decode_grid": []}
     res["agreement"] = [_checked(name, spec) for name, spec in WIDE_AGREEMENT.items()]
     res["features"] = feature_rows(start, wide=True)

@@ -8,7 +8,7 @@ A backend that masks with a finite sentinel (FlashInfer before PR #4401) returns
 fp8 KV: paged decode with an e4m3 cache and bf16 queries, k_scale / v_scale 1 and (0.5, 2.0),
 against fp64 over the dequantized cache.
 
-    python tools/never_wrong_gpu.py --out DIR     # writes DIR/never-wrong-<gpu>.json and .md
+    python -m tools.never_wrong_gpu --out DIR     # writes DIR/never-wrong-<gpu>.json and .md
 """
 from __future__ import annotations
 
@@ -17,16 +17,13 @@ import datetime
 import json
 import math
 import platform
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-
-import dispatch  # noqa: E402
-from dispatch.lab import cases  # noqa: E402
-from dispatch.lab.oracle import attention_fp64, relative_error  # noqa: E402
+import dispatch
+from dispatch.lab import cases
+from dispatch.lab.oracle import attention_fp64, relative_error
 
 BACKENDS = ("fa2", "fa3", "cudnn", "xqa", "trtllm-gen", "torch-flash", "native-triton", "reference")
 LOGITS = (-1e4, -5e4, -5.5e4, -6e4, -1e5, -2e5, -2.45e5)

@@ -5,8 +5,8 @@ DIR/<stem>.md and .json: per table, within 3% of the fastest (the CUDA-graph cho
 the eager choice by call cost) and auto / FlashInfer's own call, over all problems, per random seed
 and off the ``xqa`` entry point; then each problem's choices and every miss with its cause.
 
-    python tools/table_choice.py --tables capability_db/measured/h100.json capability_db/measured/h200.json \\
-        --bench tools/results/bench-random-150-seed-2937607121-h100-from-{87,98,110}.json --out DIR --stem NAME
+    python -m tools.table_choice --tables capability_db/measured/h100.json capability_db/measured/h200.json \\
+        --bench BENCH.json [BENCH.json ...] --out DIR --stem NAME
 """
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from unittest import mock
 
 from capability_db import measured
 from dispatch import router
-from dispatch.lab import replay, table
 from dispatch.lab.problems import XQA
-from dispatch.lab.report import ratio_figures, regret_figures
+from dispatch.lab.report import regret_figures
+from tools.lab import replay, table
+from tools.lab.figures import ratio_figures
 
 
 def replay_under(results: dict, table_file: Path) -> tuple[list[dict], str]:

@@ -1,5 +1,6 @@
-"""Measurement, kept out of the product path: the entry points never import this package (the
-CLI imports it lazily). The one fp64 oracle (``oracle``), input cases (``cases``), ``attn-dispatch
-bench`` (``bench``, ``runner``, ``build``, ``grids``, ``problems``, ``report``, ``replay``,
-``table``), host cost per call (``host_cost``), ``attn-dispatch probe`` (``probe``) and the
-backend labs (``native``, ``vendors``) — shared by tests/ and tools/."""
+"""What ``attn-dispatch bench`` and ``attn-dispatch probe`` run, kept out of the product path: the
+entry points never import this package (the CLI imports it lazily). The one fp64 oracle
+(``oracle``), input cases (``cases``), the bench (``bench``, ``problems``, ``grids``,
+``randomgrid``, ``build``, ``runner``, ``report``, ``warm``), the probe (``probe``) and the
+backend scenarios the tests share (``native``, ``vendors``). Turning bench results into timing
+tables, replays and host-cost studies are tools of the source tree (tools/lab), outside the wheel."""

@@ -14,13 +14,13 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
     attn-dispatch bench --grid h100 --out $OUT --budget-s 500 # one H100, JIT compiles included
     attn-dispatch bench --random 60 --out $OUT                # a fresh seed, printed and recorded
     attn-dispatch bench --random 60 --seed 1234 --start 40    # resume that sweep at problem 40
-    attn-dispatch bench --to-table DIR/bench-h100.json        # -> capability_db/measured/<gpu>.json
     ATTN_DISPATCH_AUTOTUNE=1 attn-dispatch bench --random 60  # auto with the opt-in autotune (-autotune files)
     attn-dispatch bench --trace --device cpu --steps 20       # an engine-shaped trace, ours vs FlashInfer (trace.py)
 
 Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
-host_cost (host time per call of every entry point), problems / grids / build / runner / report,
-and table (results -> the router's timing table).
+problems / grids / randomgrid / build / runner / report, and warm (compiles ahead of a sweep).
+Turning bench JSONs into a timing table, replaying today's choice against them and the host-cost
+runs are measurement tools of the source tree (tools/lab), not part of the installed package.
 """
 from __future__ import annotations
 
@@ -47,10 +47,7 @@ from .. import autotune
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
-         "                           [--warm-workers J] [--profile N] [--list]\n"
-         "                           [--json]\n"
-         "       %(prog)s --to-table JSON [JSON ...] [--table-out FILE]\n"
-         "       %(prog)s --replay JSON [JSON ...] [--autotune-file FILE] [--out DIR]\n"
+         "                           [--warm-workers J] [--profile N] [--list] [--recheck] [--json]\n"
          "       %(prog)s --trace [its own options: --trace --help]")
 
 
@@ -71,13 +68,6 @@ def _parser() -> argparse.ArgumentParser:
                            "calls (dispatch/lab/trace.py; the options after it are its own: --trace --help)")
     what.add_argument("--random", type=int, metavar="N",
                       help="N problems drawn from the engine-shaped distribution of dispatch/lab/randomgrid.py")
-    what.add_argument("--to-table", type=Path, nargs="+", metavar="JSON",
-                      help="turn bench JSONs of one GPU into the router's timing table (capability_db/measured/<gpu>.json)")
-    what.add_argument("--host-cost", action="store_true",
-                      help="host time per call of every entry point: ours, the adapter, its launcher, FlashInfer's "
-                           "own call (the options after it are its own: --host-cost --help)")
-    what.add_argument("--replay", type=Path, nargs="+", metavar="JSON",
-                      help="today's choice against the times these bench JSONs measured (no GPU): OUT/replay-*.md")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), metavar="DIR",
                    help="output folder (default $OUT or .)")
@@ -88,9 +78,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start", type=int, default=0, metavar="N", help="skip the first N problems (resume a sweep)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="with --random: the seed (default: drawn from os.urandom now; printed and recorded)")
-    p.add_argument("--table-out", type=Path, default=None, help="with --to-table: where to write the table")
-    p.add_argument("--autotune-file", type=Path, default=None, metavar="FILE",
-                   help="with --replay: decide from this autotune sweep's kept times (its -cache.json), never timing")
     p.add_argument("--warm-workers", type=int, default=0, metavar="J",
                    help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/lab/warm.py)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
@@ -99,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
                         "CUDA kernels of an eager call and of a graph's (torch.profiler)")
     p.add_argument("--recheck", action="store_true",
                    help="time only each problem's listed backends (no auto, no FlashInfer call): in a table built "
-                        "from an earlier sweep and this file, these rows replace those backends' (table.merged)")
+                        "from an earlier sweep and this file, these rows replace those backends'")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p
@@ -216,22 +203,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "--trace" in argv:  # its own options (dispatch/lab/trace.py)
         from . import trace
         return trace.main([a for a in argv if a != "--trace"])
-    if "--host-cost" in argv:  # its own options (dispatch/lab/host_cost.py)
-        from . import host_cost
-        return host_cost.main([a for a in argv if a != "--host-cost"])
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.to_table:
-        from . import table
-        path = table.write_from_results(args.to_table, args.table_out)
-        print(f"timing table written: {path}")
-        return 0
-    if args.replay:
-        from . import replay
-        md, js = replay.write(args.replay, args.out, args.autotune_file)
-        print(md.read_text().split("\n\n")[2])
-        print(f"outputs: {md} {js}")
-        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu)")
     if args.device == "cpu":

@@ -143,7 +143,7 @@ def _sinks(p: BenchProblem, gen: torch.Generator) -> torch.Tensor:
     logits are about N(0, 1), so n keys add up to about 1.6 n in the softmax's denominator and the
     sink's e^s is of that order. A sink of N(0, 1) alone shrinks to 1/n of the row, under the
     check's band beyond ~100 keys: a call that dropped the sinks passed (FlashInfer 0.7.2's paged
-    wrapper on the H200 disagreed only where the KV was that short; NOTES-h200-sweeps.md)."""
+    wrapper on the H200 disagreed only where the KV was that short)."""
     keys = min(p.kv_len, p.window_left + 1) if p.window_left >= 0 else p.kv_len
     return torch.randn(p.num_qo_heads, generator=gen) + math.log(keys)
 
@@ -252,14 +252,14 @@ def flashinfer_api() -> tuple[Optional[dict], str]:
 
 def flashinfer_own_not_run(p: BenchProblem) -> Optional[str]:
     """Why FlashInfer's own call of ``p`` is not made on this GPU, or None. Seen on the H200 with
-    0.7.2 (tools/results/NOTES-h200-sweeps.md):
+    0.7.2:
     - single prefill with an HND K/V on its default sm_90 backend, fa3, dies of SIGFPE in
       single_prefill_*_sm90.so (as 0.5.3's did on the H100: its fa3 binding reads kv_len /
       num_kv_heads as k.size(0) / k.size(1) whatever the layout). Ours hands fa3 the NHD view of
       the same storage (backends/_fi_prefill.py);
     - ``trtllm_batch_context_with_kv_cache`` runs trtllm-gen kernels, SM100+ only: it failed on
-      all 71 calls of the H200 sweeps, 65 of them after fetching the kernels' cubins from the
-      network, which the GPU machine cannot reach (each fetch held the sweep, and the workers
+      all 71 calls on the H200, 65 of them after fetching the kernels' cubins from the network,
+      which a machine without network cannot reach (each fetch held the sweep, and the workers
       compiling beside it, until it timed out)."""
     if not torch.cuda.is_available():
         return None
@@ -278,8 +278,7 @@ def flashinfer_own_not_run(p: BenchProblem) -> Optional[str]:
 OWN_CALL_WRONG = {
     ("0.7.2", "sm_90", PAGED, "sinks"):
         "FlashInfer 0.7.2's paged wrapper run(sinks=...) on sm_90 is 42-67% away from the fp64 oracle once the "
-        "sinks carry weight, as if it dropped them (H200: tools/results/bench-cudnn-decode-and-sinks-cuda.md; "
-        "H100: 5 of 5 sinks problems of bench-random-150-seed-828299699-h100*)",
+        "sinks carry weight, as if it dropped them (H200; H100: 5 of 5 problems with sinks in a random sweep)",
 }
 
 

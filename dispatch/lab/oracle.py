@@ -2,8 +2,8 @@
 
 Written only from the calling conventions, independent of every backend.
 
-Source: /work/shared/reference/flashinfer-calling-conventions.md, section 2.0 (and
-2.3 for the xqa mask format). It deliberately shares no code with the backends
+Source: FlashInfer's calling conventions (its documented API: the attention semantics, and
+xqa's mask format). It deliberately shares no code with the backends
 (in particular not backends/native/reference.py): its value is that it is a
 second, straightforward reading of the contract.
 

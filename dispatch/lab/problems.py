@@ -7,13 +7,16 @@ tensors, ``kv_pair``) and the features (causal, window, soft cap, sinks, LSE, fp
 random custom mask). ``problem_from_json`` reads one from a user's
 file (short entry names accepted: single, single_lse, cudnn, trtllm, xqa, paged, ragged);
 ``check_entry`` says, before anything runs, what an entry point cannot express (cuDNN takes
-no window, xqa is decode only, ...), naming the field, its value and what is allowed.
+no window, xqa is decode only, ...), naming the field, its value and what is allowed;
+``problem_of`` is the AttentionProblem the entry point builds for the problem's call.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from ..problem import AttentionProblem, size_class
 
 SINGLE, SINGLE_LSE = "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse"
 CUDNN, TRTLLM = "cudnn_batch_prefill_with_kv_cache", "trtllm_batch_context_with_kv_cache"
@@ -149,3 +152,23 @@ def problem_from_json(item: dict) -> BenchProblem:
     if why:
         raise ValueError(f"{p.name}: {why}")
     return p
+
+
+def entry_of(bench_entry: str) -> str:
+    """The AttentionProblem's entry name: wrappers without '.run'; the LSE variant is single prefill."""
+    name = bench_entry.removesuffix(".run")
+    return SINGLE if name == SINGLE_LSE else name
+
+
+def problem_of(p: BenchProblem) -> AttentionProblem:
+    """The AttentionProblem the entry point builds for the bench problem's call."""
+    storage = "dense" if p.entry in (SINGLE, SINGLE_LSE) else ("ragged" if p.entry == RAGGED else "paged")
+    return AttentionProblem(
+        entry=entry_of(p.entry), phase="decode" if p.decode or p.entry == XQA else "prefill", kv_storage=storage,
+        kv_layout="HND" if p.entry == CUDNN else p.kv_layout, num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads,
+        head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type, out_dtype=p.dtype,
+        page_size=p.page_size if storage == "paged" else 0, causal=p.causal or p.entry == XQA,
+        window_left=p.window_left, logits_soft_cap=p.soft_cap, has_sinks=p.sinks,
+        mask="custom" if p.custom_mask else "none",
+        return_lse=p.lse or p.entry == SINGLE_LSE or (p.entry in (CUDNN, TRTLLM) and p.lse),
+        sizes=size_class(p.batch, p.q_len, p.kv_len))

@@ -5,7 +5,6 @@ every backend per problem, one panel per entry point and phase, problems grouped
 of auto's regret. Both titles name the device, the grid and the versions."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import textwrap
@@ -31,16 +30,6 @@ def regret_figures(results: list[dict], key: str = "regret") -> dict[str, Any]:
             "within_3pct": sum(x <= 0.03 for x in regrets), "within_10pct": sum(x <= 0.10 for x in regrets),
             "auto_served_fastest": sum(r.get("auto") == r.get("fastest") for r in results if r.get(key) is not None),
             "noise_p50": _pct(noise, 0.5) if noise else None, "noise_max": noise[-1] if noise else None}
-
-
-def ratio_figures(results: list[dict], key: str) -> dict[str, Any]:
-    """Count, p50, max of a ratio against FlashInfer's own call (``key``: "over_flashinfer", GPU ms;
-    "cost_over_flashinfer", GPU + host) and how many are at most 1.03 and above 1.10."""
-    ratios = sorted(r[key] for r in results if r.get(key) is not None)
-    if not ratios:
-        return {"count": 0}
-    return {"count": len(ratios), "p50": _pct(ratios, 0.5), "max": ratios[-1],
-            "at_most_1_03": sum(x <= 1.03 for x in ratios), "above_1_10": sum(x > 1.10 for x in ratios)}
 
 
 def skipped(results: list[dict]) -> dict[str, str]:
@@ -273,13 +262,3 @@ def _rate_panel(ax, entry: str, phase: str, unit: str, rs: list[dict], colors: d
     ax.set_title(f"{entry} {phase}", fontsize=9, pad=14)
     ax.set_xlabel("problem: batch x q_len x kv_len", fontsize=7)
     ax.set_ylabel(unit, fontsize=8)
-
-
-def bench_files_parser(doc: str, stem: str) -> argparse.ArgumentParser:
-    """The command line of the tools/ scripts that read bench JSONs (described by ``doc``'s first
-    paragraph): the files, then --out DIR (default .) and --stem NAME (default ``stem``)."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("bench", nargs="+", type=Path, help="bench JSONs")
-    ap.add_argument("--out", type=Path, default=Path("."))
-    ap.add_argument("--stem", default=stem)
-    return ap

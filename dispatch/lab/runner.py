@@ -26,8 +26,7 @@ from .. import policy, router
 from .. import timing
 from ..choice import plans_per_call
 from .build import Built, build, flashinfer_api, flashinfer_own_not_run
-from .problems import BenchProblem
-from .table import problem_of
+from .problems import BenchProblem, problem_of
 
 AUTO = "auto"
 FLASHINFER = "flashinfer"  # FlashInfer's own call of the entry point (its own "auto"), beside ours
@@ -199,11 +198,11 @@ def _host_us(call: Callable[[Any], Any], built: Built, device: str, repeats: int
 
 
 # Host times again, in rounds that interleave the problem's backends (``_host_rounds``). Why: on the H100
-# (session 21) one path's host time, the median of three timings in a row, differed between two runs of
-# the same problems by a median 23% and a p90 72%, so the cheapest backend by call cost changed between
-# the runs on 10 of 49 problems (tools/results/NOTES-h200-sweeps.md, session 21). The noise follows the
-# machine's phase, not the path (session 14: not the warm-up workers either): timed in turn, every
-# backend of a problem sees the same phases, and the least of its timings drops the spikes.
+# one path's host time, the median of three timings in a row, differed between two runs of the same
+# problems by a median 23% and a p90 72%, so the cheapest backend by call cost changed between the runs
+# on 10 of 49 problems. The noise follows the machine's phase, not the path (nor the warm-up workers):
+# timed in turn, every backend of a problem sees the same phases, and the least of its timings drops
+# the spikes.
 HOST_ROUNDS = 4
 HOST_ROUNDS_UP_TO_MS = 1.0  # GPU ms up to which a host time can decide the call's cost (and a round is cheap)
 
@@ -362,7 +361,7 @@ def eager_cost_ms(row: dict, backend: Optional[str], entry: str, host_us: Option
     copy the lengths to the host) waits for the GPU in its host path, and the GPU waits for it: its
     eager time already holds the host path, and its host time holds the GPU's. Added together they
     counted such a call twice: H100, cudnn 2 x 13684 x 13684 d256, fa3 28.9 ms eager and 28.4 ms
-    host, judged at 57.3 ms (tools/results/NOTES-h200-sweeps.md, session 23)."""
+    host, judged at 57.3 ms."""
     host = row.get("host_us") if host_us is None else host_us
     if not row.get("eager_ms") or host is None:
         return None

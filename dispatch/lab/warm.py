@@ -14,12 +14,10 @@ a module two workers need is built once (FlashInfer's own file lock). Their call
 few microseconds of GPU time each. Still, two processes with work on one GPU take turns on it, so
 a worker's call inside a timing can only add to it: while the sweep times a problem
 (``Warmup.timing``) a worker starts no call (it finishes a compile it had begun, and waits before
-its next). How often it had added before is unknown. Of 8 problems whose cuDNN eager time had
-exceeded its graph time by 21-144% in the H100's sweeps, timed again without workers (session 24,
-tools/results/bench-cudnn-eager-anomaly-s24-h100.md), 6 came within 4% of it and 2 (25-30 us
-calls) within 16%; over the sweeps, rows above 0.2 ms with eager more than 1.1x graph were 1 of
-56 just after a wait for the workers and 6 of 874 otherwise (tools/graph_vs_eager.py,
-tools/results/graph-vs-eager-h100-s24.md).
+its next). On an H100, of 8 problems whose cuDNN eager time had exceeded its graph time by
+21-144% in sweeps with workers, timed again without them, 6 came within 4% of it and 2 (25-30 us
+calls) within 16%; rows above 0.2 ms with eager more than 1.1x graph were 1 of 56 just after a
+wait for the workers and 6 of 874 otherwise.
 """
 from __future__ import annotations
 

@@ -4,16 +4,22 @@ Every problem's backends that agreed with the oracle become one row (bucket + GP
 + host us per eager call per backend, where the bench measured it); each backend's efficiency
 (achieved / peak bandwidth on decode rows, achieved / peak FLOP/s on prefill rows: the best of
 its rows) and launch floor (its fastest call) feed the cost model of buckets nobody measured.
-The table's host time per (backend, entry point) is the median of its rows' (``bench
---host-cost`` JSONs given beside the bench JSONs take precedence: their figures are measured on
-purpose, per entry x backend x size). Peaks come from capability_db.measured.GPU_PEAKS (vendor
-datasheets) by GPU name; the file is measured/<gpu key>.json (an H200 run: h200.json).
+The table's host time per (backend, entry point) is the median of its rows' (host-cost matrix
+JSONs, ``python -m tools.lab.host_cost --matrix``, given beside the bench JSONs take precedence:
+their figures are measured on purpose, per entry x backend x size). Peaks come from
+capability_db.measured.GPU_PEAKS (vendor datasheets) by GPU name; the file is measured/<gpu key>.json
+(an H200 run: h200.json). The fit needs scikit-learn for its trees (without it, linear only).
+
+    python -m tools.lab.table BENCH.json [BENCH.json ...] [--out FILE]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -22,10 +28,12 @@ import torch
 import capability_db
 from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
                                     Tree, features, gpu_key, gpu_peaks, pair_row)
+from dispatch.choice import plans_per_call
+from dispatch.lab.problems import (CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem, entry_of,
+                                   problem_of)
+from dispatch.problem import DeviceDesc
 
-from ..choice import plans_per_call
-from ..problem import AttentionProblem, DeviceDesc, size_class
-from .problems import CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem
+__all__ = ["BenchProblem", "CUDNN", "RAGGED", "SINGLE", "SINGLE_LSE", "TRTLLM", "XQA", "entry_of", "problem_of"]
 
 
 def recorded_problem(result: dict) -> BenchProblem:
@@ -38,26 +46,6 @@ def sweep_device(environment: dict) -> DeviceDesc:
     decides for, off the GPU."""
     major, minor = divmod(int(environment["capability"].removeprefix("sm_")), 10)
     return capability_db.device_for_capability(major, minor, environment["gpu"])
-
-
-def entry_of(bench_entry: str) -> str:
-    """The AttentionProblem's entry name: wrappers without '.run'; the LSE variant is single prefill."""
-    name = bench_entry.removesuffix(".run")
-    return "single_prefill_with_kv_cache" if name == SINGLE_LSE else name
-
-
-def problem_of(p: BenchProblem) -> AttentionProblem:
-    """The AttentionProblem the entry point builds for the bench problem's call."""
-    storage = "dense" if p.entry in (SINGLE, SINGLE_LSE) else ("ragged" if p.entry == RAGGED else "paged")
-    return AttentionProblem(
-        entry=entry_of(p.entry), phase="decode" if p.decode or p.entry == XQA else "prefill", kv_storage=storage,
-        kv_layout="HND" if p.entry == CUDNN else p.kv_layout, num_qo_heads=p.num_qo_heads, num_kv_heads=p.num_kv_heads,
-        head_dim_qk=p.head_dim, head_dim_vo=p.head_dim, q_dtype=p.dtype, kv_dtype=p.kv_type, out_dtype=p.dtype,
-        page_size=p.page_size if storage == "paged" else 0, causal=p.causal or p.entry == XQA,
-        window_left=p.window_left, logits_soft_cap=p.soft_cap, has_sinks=p.sinks,
-        mask="custom" if p.custom_mask else "none",
-        return_lse=p.lse or p.entry == SINGLE_LSE or (p.entry in (CUDNN, TRTLLM) and p.lse),
-        sizes=size_class(p.batch, p.q_len, p.kv_len))
 
 
 def bucket_of(p: BenchProblem) -> Bucket:
@@ -81,8 +69,8 @@ def harness_failed(result: dict) -> bool:
     """A side-by-side row with a candidate missing for a failure, not a declared limit: a backend
     that raised, or a vendor that failed while planning (a JIT build, say). The choice reads a
     backend absent from a complete row as one that could not serve it (choice.UNMEASURED_BEHIND);
-    such a row is kept with ``complete=False`` and never used that way (the H200's sweep A: fa3's
-    modules failed to build)."""
+    such a row is kept with ``complete=False`` and never used that way (fa3's modules failing to
+    build on a fresh machine, say)."""
     return any(b["status"] == "error" or (b["status"] == "refused" and "at plan time" in b.get("note", ""))
                for b in result["backends"] if b["backend"] not in NOT_BACKENDS)
 
@@ -90,7 +78,8 @@ def harness_failed(result: dict) -> bool:
 NOT_BACKENDS = ("auto", "flashinfer")  # bench columns that are not a backend the router can choose
 
 
-def build_table(results: dict, source: str) -> TimingTable:
+def build_table(results: dict, source: str, settings: Optional[FitSettings] = None) -> TimingTable:
+    """The timing table of one GPU's bench results (``merged``'s), its fit by ``settings`` (default ``FIT``)."""
     env = results["environment"]
     if not env.get("gpu"):
         raise ValueError(f"{source}: a CPU run; timing tables are per GPU")
@@ -129,49 +118,61 @@ def build_table(results: dict, source: str) -> TimingTable:
     return TimingTable(gpu=env["gpu"], sm=int(env["capability"].removeprefix("sm_")), source=source,
                        environment={k: str(v) for k, v in env.items()}, peak_tb_per_s=bw_peak, peak_tflops=fl_peak,
                        efficiency=efficiency, rows=rows, host_us=host_table(rows, results.get("host_cost", [])),
-                       fitted=fit_times(results["results"], source))
+                       fitted=fit_times(results["results"], source, settings or FIT))
 
 
-RIDGE = 0.1  # the fit's penalty on coefficients (intercept aside): chosen by tools/crossval_choice.py
-MIN_FIT_ROWS = 8  # a backend timed on fewer problems is not fitted (its rows and the cost model serve)
 # The trees correcting the linear fits (``FittedTimes.trees``), gradient-boosted on their errors:
-# scikit-learn's GradientBoostingRegressor with these settings. Session 9's exploration on the H200's
-# sweeps A-H chose 300 trees of depth 5 at rate 0.1 (76% within 3% against the linear fit's 75%). On A-N
-# (1642 problems, tools/crossval_choice.py, 5 folds) more and deeper trees did better, by graph choice within 3%:
-# 300 x depth 5, rate 0.1: 1225 (75%); huber loss: 1235; 600 x 6, rate 0.05: 1246; 800 x 7: 1265 (77%);
-# 800 x 7, leaves of 5: 1260; 1200 x 8: 1273 (78%). Kept 800 x 7: a decision per size class walked the trees in
-# Python, 3.5 ms for six backends on a 2-core CPU against 1.1 ms for 300 x 5 (tools/results/fit-trees-cost-cpu-s13.md;
-# NOTES-h200-sweeps.md, session 13); walked at once (measured.PackedTrees) since session 14, 1.5-2.7 ms
-# (fit-trees-cost-cpu-s14.md). Only over MIN_TREE_SAMPLES timed (problem, backend) pairs: trees fitted
-# on a few dozen would learn their noise. Since session 18 each split is drawn from half the features: on
-# A-R (2297 problems) the graph choice within 3% on 1886 and 1894 (two seeds of the draw) against 1873 with
-# all of them, 1882 with 0.3 of them; the eager choice within noise (NOTES-h200-sweeps.md, session 18).
+# scikit-learn's GradientBoostingRegressor with these settings, chosen by cross-validation over the
+# H200's random sweeps (tools/crossval_choice.py, 5 folds, graph choice within 3% of the fastest):
+# 300 trees of depth 5 at rate 0.1 gave 75%, 800 of depth 7 at rate 0.05 77%, 1200 of depth 8 78%
+# at half again the cost of a decision; each split drawn from half the features gained a little more
+# (1886-1894 of 2297 problems against 1873 with all of them). Only over ``min_tree_samples`` timed
+# (problem, backend) pairs: trees fitted on a few dozen would learn their noise.
 TREES = {"n_estimators": 800, "learning_rate": 0.05, "max_depth": 7, "min_samples_leaf": 10, "max_features": 0.5}
-MIN_TREE_SAMPLES = 400
+# The pairwise model (``FittedTimes.pair_trees``): scikit-learn's HistGradientBoostingRegressor on every
+# ordered pair of backends timed on one problem. Chosen the same way: 1000 trees of depth 7 at rate 0.05
+# (84.1% of 2297 problems within 3%; the eager choice 1787 against 1761 without the model).
+PAIR_TREES = {"max_iter": 1000, "learning_rate": 0.05, "max_depth": 7, "max_leaf_nodes": 63, "min_samples_leaf": 20,
+              "early_stopping": False, "random_state": 0}
 
 
-def fit_times(results: list[dict], source: str, ridge: float = RIDGE) -> Optional[FittedTimes]:
+@dataclass(frozen=True)
+class FitSettings:
+    """How ``fit_times`` fits: the ridge penalty on coefficients (intercept aside; chosen by
+    tools/crossval_choice.py), the fewest problems a backend is fitted on (below, its rows and the
+    cost model serve), the boosted trees' settings and the fewest samples they are fitted on."""
+    ridge: float = 0.1
+    min_fit_rows: int = 8
+    trees: dict = field(default_factory=lambda: dict(TREES))
+    pair_trees: dict = field(default_factory=lambda: dict(PAIR_TREES))
+    min_tree_samples: int = 400
+
+
+FIT = FitSettings()  # what the tables are fitted with
+
+
+def fit_times(results: list[dict], source: str, settings: FitSettings = FIT) -> Optional[FittedTimes]:
     """Per backend, a ridge regression of log2 GPU ms on ``features`` over every problem it was
     timed on, through any entry point but those where it plans per call (capability data
     ``plans_per_call``: its times there hold host syncs); then the trees that correct its errors
-    (``fit_trees``)."""
+    (``fit_trees``) and the pairwise model (``fit_pairs``)."""
     samples = fit_samples(results)
     names = list(dict.fromkeys(k for rows in samples.values() for values, _ in rows for k in values))
     coef, counts = {}, {}
     for name, rows in sorted(samples.items()):
-        if len(rows) < MIN_FIT_ROWS:
+        if len(rows) < settings.min_fit_rows:
             continue
         x = torch.tensor([[values.get(k, 0.0) for k in names] for values, _ in rows], dtype=torch.float64)
         y = torch.tensor([t for _, t in rows], dtype=torch.float64)
-        penalty = torch.full((len(names),), ridge, dtype=torch.float64)
+        penalty = torch.full((len(names),), settings.ridge, dtype=torch.float64)
         penalty[names.index("one")] = 0.0
         solved = torch.linalg.solve(x.T @ x + torch.diag(penalty), x.T @ y)
         coef[name], counts[name] = [round(float(c), 6) for c in solved], len(rows)
     if not coef:
         return None
-    linear = FittedTimes(names=names, coef=coef, rows=counts, ridge=ridge, source=f"ridge fit over {source}")
-    corrected = fit_trees(linear, {name: rows for name, rows in samples.items() if name in coef}, source)
-    return fit_pairs(corrected, problem_samples(results), source)
+    linear = FittedTimes(names=names, coef=coef, rows=counts, ridge=settings.ridge, source=f"ridge fit over {source}")
+    corrected = fit_trees(linear, {name: rows for name, rows in samples.items() if name in coef}, source, settings)
+    return fit_pairs(corrected, problem_samples(results), source, settings)
 
 
 def fit_samples(results: list[dict]) -> dict[str, list[tuple[dict[str, float], float]]]:
@@ -201,12 +202,12 @@ def problem_samples(results: list[dict]) -> list[tuple[dict[str, float], dict[st
 
 
 def fit_trees(linear: FittedTimes, samples: dict[str, list[tuple[dict[str, float], float]]],
-              source: str) -> FittedTimes:
+              source: str, settings: FitSettings = FIT) -> FittedTimes:
     """``linear`` with boosted trees fitted to its errors over every (problem, backend) pair, the
     backend a 0/1 feature; ``linear`` unchanged where the pairs are too few or scikit-learn (the
     ``bench`` extra) is not installed (the source says which)."""
     pairs = sum(len(rows) for rows in samples.values())
-    if pairs < MIN_TREE_SAMPLES:
+    if pairs < settings.min_tree_samples:
         return linear
     try:
         from sklearn.ensemble import GradientBoostingRegressor
@@ -219,22 +220,13 @@ def fit_trees(linear: FittedTimes, samples: dict[str, list[tuple[dict[str, float
         for values, log2_ms in rows:
             x.append([values.get(k, float(k == f"backend {name}")) for k in columns])
             y.append(log2_ms - linear.log2_ms(name, values))
-    trees = trees_of(GradientBoostingRegressor(init="zero", random_state=0, **TREES).fit(x, y))
+    trees = trees_of(GradientBoostingRegressor(init="zero", random_state=0, **settings.trees).fit(x, y))
     return linear.model_copy(update={"trees": trees, "tree_features": columns, "source":
                                      f"ridge fit + {len(trees)} boosted trees on its errors over {source}"})
 
 
-# The pairwise model (``FittedTimes.pair_trees``): scikit-learn's HistGradientBoostingRegressor with these
-# settings, on every ordered pair of backends timed on one problem. Chosen on the H200's sweeps A-R (2297
-# problems, 5 folds, graph choice within 3%): 500 trees, early stopping on, 1924 (83.8%); 1000, unbounded
-# depth, 1931; 1000 of depth 7, 1931 (84.1%), the eager choice 1787 against 1761 without the model; rate
-# 0.05, leaves of 20. NOTES-h200-sweeps.md, session 22.
-PAIR_TREES = {"max_iter": 1000, "learning_rate": 0.05, "max_depth": 7, "max_leaf_nodes": 63, "min_samples_leaf": 20,
-              "early_stopping": False, "random_state": 0}
-
-
 def fit_pairs(fit: FittedTimes, problems: list[tuple[dict[str, float], dict[str, float]]],
-              source: str) -> FittedTimes:
+              source: str, settings: FitSettings = FIT) -> FittedTimes:
     """``fit`` with the pairwise model: boosted trees of log2(a's ms / b's) over each problem's
     ordered pairs of fitted backends (features, ``first <a>``, ``second <b>``); ``fit`` unchanged
     where the pairs are too few or scikit-learn is not installed."""
@@ -248,13 +240,13 @@ def fit_pairs(fit: FittedTimes, problems: list[tuple[dict[str, float], dict[str,
                 if a != b:
                     x.append(pair_row(columns, values, a, b))
                     y.append(times[a] - times[b])
-    if len(x) < MIN_TREE_SAMPLES:
+    if len(x) < settings.min_tree_samples:
         return fit
     try:
         from sklearn.ensemble import HistGradientBoostingRegressor
     except ImportError:
         return fit.model_copy(update={"pair_source": "none: scikit-learn, the bench extra, is not installed"})
-    boosted = HistGradientBoostingRegressor(**PAIR_TREES).fit(x, y)
+    boosted = HistGradientBoostingRegressor(**settings.pair_trees).fit(x, y)
     return fit.model_copy(update={"pair_trees": hist_trees_of(boosted), "pair_features": columns, "pair_source":
                                   f"{boosted.n_iter_} boosted trees of log2 time ratios over {len(x)} ordered pairs "
                                   f"of {source}"})
@@ -294,8 +286,8 @@ def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, d
     a kernel-bound size (decode 64 x 4096, prefill 8 x 2048) is the GPU's time, not the host's. Where
     the backend plans (and syncs) on every call through the entry point, the least of the rows': each
     call's host time there waits for the last call's kernels, so beyond the smallest problems it holds
-    their GPU time (the H100's sweeps: fa3 through the cuDNN entry, 1.1 ms at 20 us of work, 28.4 ms at
-    28.9 ms of GPU time; NOTES-h200-sweeps.md, session 23)."""
+    their GPU time (on an H100, fa3 through the cuDNN entry: 1.1 ms at 20 us of work, 28.4 ms at
+    28.9 ms of GPU time)."""
     seen: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         for name, us in row.host_us.items():
@@ -303,7 +295,7 @@ def host_table(rows: list[TimingRow], host_cost_rows: list[dict]) -> dict[str, d
     seen = {(name, entry): [min(values)] if entry in plans_per_call(name) else values
             for (name, entry), values in seen.items()}
     measured: dict[tuple[str, str], list[float]] = {}
-    for r in host_cost_rows:  # bench --host-cost --matrix rows: entry, backend, size, host_us
+    for r in host_cost_rows:  # host-cost matrix rows: entry, backend, size, host_us
         if r.get("host_us") and r.get("backend") and r["backend"] not in NOT_BACKENDS:
             measured.setdefault((r["backend"], entry_of(r["entry"])), []).append(r["host_us"])
     seen.update({key: [min(values)] for key, values in measured.items()})
@@ -331,7 +323,7 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
     for run, path in zip(runs, paths):
         for r in run.get("results", ()):
             r[FROM] = Path(path).name
-    host_cost = [row for run in runs if "matrix" in run for row in run["matrix"]]  # bench --host-cost --matrix
+    host_cost = [row for run in runs if "matrix" in run for row in run["matrix"]]  # host-cost matrix runs
     gpus = {r["environment"].get("gpu") for r in runs}
     runs = [run for run in runs if "results" in run]
     if not runs:
@@ -356,9 +348,30 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
 
 
 def write_from_results(results_paths, out: Optional[Path] = None) -> Path:
+    """The timing table of one GPU's bench JSONs (``merged``), written to ``out`` (default:
+    capability_db/measured/<gpu key>.json of the package this imports)."""
     paths = [results_paths] if isinstance(results_paths, (str, Path)) else list(results_paths)
     table = build_table(*merged(paths))
     out = out or MEASURED_DIR / f"{gpu_key(table.gpu) or table.gpu.split()[-1].lower()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
     return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.lab.table", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bench", nargs="+", type=Path, metavar="JSON",
+                        help="bench JSONs of one GPU (and host-cost matrix JSONs of it)")
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE",
+                        help="where to write the table (default: capability_db/measured/<gpu>.json)")
+    args = parser.parse_args(argv)
+    try:
+        path = write_from_results(args.bench, args.out)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    print(f"timing table written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,17 +25,15 @@ FlashInfer's own call of the same kernel (and its other backends), the ratios, t
 or TFLOP/s (one formula each: KERNEL_METHOD) and the backend our choice used. On the CPU the
 same rows at tiny sizes (wall time; what the test runs).
 
-    attn-dispatch bench --host-cost [--device cuda|cpu] [--quick] [--[no-]kernel-bound] [--profile N] [--out DIR]
-    attn-dispatch bench --host-cost --cudnn-launch [--quick] [--profile N] [--out DIR]
-    attn-dispatch bench --host-cost --matrix [--quick] [--[no-]small] [--out DIR]
+    python -m tools.lab.host_cost [--device cuda|cpu] [--quick] [--[no-]kernel-bound] [--profile N] [--out DIR]
+    python -m tools.lab.host_cost --cudnn-launch [--quick] [--profile N] [--out DIR]
+    python -m tools.lab.host_cost --matrix [--quick] [--[no-]small] [--out DIR]
 
 ``--matrix``: every entry point x every backend that serves it (each forced in turn, then the
 automatic choice and FlashInfer's own call) x three sizes (tiny 1 x 1 x 64, decode 64 x 4096,
 causal prefill 8 x 2048; 32/8 heads, d128, bf16; ``--small``, the CPU's default, scales them
-down), host microseconds per eager call; DIR/host-cost-matrix-<device>.json is what ``bench
---to-table`` takes beside bench JSONs for the table's host times.
-
-(``python tools/host_cost.py`` takes the same options.)
+down), host microseconds per eager call; DIR/host-cost-matrix-<device>.json is what
+``python -m tools.lab.table`` takes beside bench JSONs for the table's host times.
 
 writes DIR/host-cost-<device>.json and .md and prints the Markdown table; ``--cudnn-launch`` times
 only the cuDNN row, path by path (dispatch, the adapter's run, its launcher, FlashInfer's own
@@ -744,7 +742,7 @@ MATRIX_SHAPES = {False: dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtyp
 def matrix_problems(small: bool) -> list[tuple[str, Any]]:
     """(size name, BenchProblem or the reason there is none) for every entry point x size: causal
     prefill, single prefill on one request of the size's lengths, xqa at decode sizes only."""
-    from .problems import ENTRY_NAMES, SINGLE, SINGLE_LSE, BenchProblem, check_entry
+    from dispatch.lab.problems import ENTRY_NAMES, SINGLE, SINGLE_LSE, BenchProblem, check_entry
     out = []
     for entry in ENTRY_NAMES:
         for size, (b, q, kv) in (SMALL_SIZES if small else MATRIX_SIZES).items():
@@ -758,7 +756,7 @@ def matrix_problems(small: bool) -> list[tuple[str, Any]]:
 def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optional[dict] = None) -> dict:
     """Host us per eager call of one backend (forced; "auto"; "flashinfer": FlashInfer's own call)
     on a built problem, after ``cfg.warmup`` calls; or why it did not run."""
-    from . import runner
+    from dispatch.lab import runner
     row: dict[str, Any] = {"backend": backend}
     with runner._scope(backend):
         try:
@@ -778,8 +776,8 @@ def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optiona
 
 def host_matrix(device: str, cfg: Config, small: bool) -> list[dict]:
     """Every entry point x every backend that serves it (each forced in turn, then auto and
-    FlashInfer's own call) x the sizes: one row per cell (``bench --to-table`` reads them)."""
-    from . import build, runner
+    FlashInfer's own call) x the sizes: one row per cell (``python -m tools.lab.table`` reads them)."""
+    from dispatch.lab import build, runner
     rows = []
     api, why = build.flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
     for size, p in matrix_problems(small):
@@ -808,7 +806,7 @@ def matrix_markdown(env: dict, rows: list[dict]) -> str:
     where = f"{env['gpu']} ({env['capability']})" if env["gpu"] else f"CPU ({env['cpu']})"
     lines = [f"# Host cost per eager call: every entry x backend x size, {where}", "",
              f"{env['date']}; Python {env['python']}, torch {env['torch']}, flashinfer {env['flashinfer']}. "
-             "Produced by `attn-dispatch bench --host-cost --matrix`. Host microseconds per call: median of "
+             "Produced by `python -m tools.lab.host_cost --matrix`. Host microseconds per call: median of "
              f"{env['repeats']} timings of {env['calls_per_timing']} back-to-back calls (no sync inside, one "
              "after), each backend forced through the public entry point (dispatch.use_backend), then the "
              "automatic choice and FlashInfer's own call.", "",
@@ -852,7 +850,7 @@ def markdown(env: dict, rows: list[dict]) -> str:
     where = f"{env['gpu']} ({env['capability']})" if env["gpu"] else f"CPU ({env['cpu']})"
     lines = [f"# Host cost per call: dispatch vs adapter vs FlashInfer, {where}", "",
              f"{env['date']}; Python {env['python']}, torch {env['torch']}, triton {env['triton']}, "
-             f"flashinfer {env['flashinfer']}, cudnn {env['cudnn']}. Produced by `attn-dispatch bench --host-cost`.", "",
+             f"flashinfer {env['flashinfer']}, cudnn {env['cudnn']}. Produced by `python -m tools.lab.host_cost`.", "",
              f"Problem: {env['problem']}. Host microseconds per call: median of {env['repeats']} timings of "
              f"{env['calls_per_timing']} back-to-back calls (one sync after). adapter: the backend's run(plan, "
              "batch) called directly; launcher: the backend's launcher for repeats (what a repeated call of the "
@@ -946,7 +944,7 @@ def write(out: Path, device: str, report: dict) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="attn-dispatch bench --host-cost", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.lab.host_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats (a smoke run)")
     parser.add_argument("--out", default=".", help="folder for host-cost-<device>.json and .md")
@@ -959,7 +957,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "FlashInfer's own call (CUDA); writes DIR/cudnn-launch-cuda.json")
     parser.add_argument("--matrix", action="store_true",
                         help="every entry x every backend that serves it x sizes (tiny, decode 64 x 4096, prefill "
-                             "8 x 2048): DIR/host-cost-matrix-<device>.json (bench --to-table reads it) and .md")
+                             "8 x 2048): DIR/host-cost-matrix-<device>.json (python -m tools.lab.table reads it) and .md")
     parser.add_argument("--small", action=argparse.BooleanOptionalAction, default=None,
                         help="with --matrix: sizes scaled down (default: on for the CPU)")
     args = parser.parse_args(argv)

@@ -1,11 +1,12 @@
-"""The timing table's fit (dispatch/lab/table.py fit_times, capability_db/measured.py FittedTimes):
+"""The timing table's fit (tools/lab/table.py fit_times, capability_db/measured.py FittedTimes):
 what the choice expects where no row was measured at the problem's sizes, and the cross-validation
-that judges it (tools/crossval_choice.py) on problems its table never saw."""
+that judges it (tools/crossval_choice.py) on problems its table never saw. The boosted trees are
+fitted with few, shallow trees on a few hundred synthetic samples (``SMALL``): what is checked is
+what they learn and how the table keeps them, not the settings the tables ship with."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import importlib.util
 import random
 import struct
 import sys
@@ -16,11 +17,16 @@ import capability_db
 import pytest
 from capability_db import measured
 from dispatch import choice, router
-from dispatch.lab import table
 from dispatch.lab.problems import CUDNN, PAGED
+from tools import crossval_choice, gpu_ratio, table_choice
+from tools.lab import table
 
 H200 = capability_db.resolve_device("h200")
 ENVIRONMENT = {"gpu": "NVIDIA H200", "capability": "sm_90"}
+SMALL = table.FitSettings(
+    trees={**table.TREES, "n_estimators": 60, "learning_rate": 0.2, "max_depth": 4},
+    pair_trees={**table.PAIR_TREES, "max_iter": 60, "learning_rate": 0.2, "max_depth": 4, "max_leaf_nodes": 15},
+    min_tree_samples=200)
 
 
 def result(name: str, problem: dict, times: dict[str, float]) -> dict:
@@ -102,9 +108,6 @@ def test_the_choice_takes_the_fit_over_the_entry_points_list():
 def test_crossval_judges_each_fold_by_a_table_built_without_it():
     """Each fold's choice comes from its own table: a cached table of an earlier fold (or the repo's,
     which holds every problem) would judge problems the table has seen."""
-    spec = importlib.util.spec_from_file_location("crossval_choice", Path("tools/crossval_choice.py"))
-    crossval = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crossval)
     problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024}
     test = {"environment": ENVIRONMENT, "results": [result("t", problem, {"fa2": 0.01, "native-triton": 0.01})]}
 
@@ -114,8 +117,8 @@ def test_crossval_judges_each_fold_by_a_table_built_without_it():
     router.clear_caches()
     device = capability_db.device_for_capability(9, 0, ENVIRONMENT["gpu"])  # the device replay decides for
     measured.table_for(device)  # the repo's table, cached first
-    first = crossval.replay_fold([fold("fa2")], test, "fold a")[0]["chosen"]
-    second = crossval.replay_fold([fold("native-triton")], test, "fold b")[0]["chosen"]
+    first = crossval_choice.replay_fold([fold("fa2")], test, "fold a")[0]["chosen"]
+    second = crossval_choice.replay_fold([fold("native-triton")], test, "fold b")[0]["chosen"]
     assert (first, second) == ("fa2", "native-triton")
     assert len(measured.table_for(device).rows) > 100  # the repo's table again once the folds are done
 
@@ -124,11 +127,8 @@ def test_learning_curve_builds_each_fold_from_the_share_it_names():
     """``--learning-curve``: each share's tables hold that share of the other folds' problems, and
     the figures are replays against measured times (a synthetic sweep the fit learns: native-triton
     is the fastest on every paged problem, which the choice finds with most of the problems)."""
-    spec = importlib.util.spec_from_file_location("crossval_choice", Path("tools/crossval_choice.py"))
-    crossval = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crossval)
-    parts = crossval.folds({"environment": ENVIRONMENT, "results": synthetic(3, 50)}, 5)
-    curve = crossval.learning_curve(parts, "synthetic", [0.25, 1.0], draws=2)
+    parts = crossval_choice.folds({"environment": ENVIRONMENT, "results": synthetic(3, 50)}, 5)
+    curve = crossval_choice.learning_curve(parts, "synthetic", [0.25, 1.0], draws=2)
     assert [c["training_problems"] for c in curve] == [10, 40]
     assert curve[-1]["graph_within_3pct"] > 0.9
     router.clear_caches()
@@ -190,7 +190,7 @@ def banded(seed: int, count: int) -> list[dict]:
 def test_the_trees_correct_what_the_linear_fit_cannot_draw():
     """Over enough problems the fit adds boosted trees on the linear fits' errors: inside the band
     where native-triton is slow, the linear fit alone ranks it first; with the trees, fa2 is first."""
-    fit = table.fit_times(banded(5, 300), "synthetic")
+    fit = table.fit_times(banded(5, 150), "synthetic", SMALL)
     assert fit.trees and fit.tree_features[-2:] == ["backend fa2", "backend native-triton"]
     linear = fit.model_copy(update={"trees": []})
     problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=24, q_len=1, kv_len=6000))
@@ -214,7 +214,7 @@ def test_the_plain_trees_sum_to_what_scikit_learn_predicts():
     rng = random.Random(6)
     x = [[rng.uniform(-3, 3) for _ in range(4)] for _ in range(300)]
     y = [a * a - b + (c > 0.7) * 2 + rng.gauss(0, 0.1) for a, b, c, _ in x]
-    boosted = GradientBoostingRegressor(init="zero", random_state=0, **table.TREES).fit(x, y)
+    boosted = GradientBoostingRegressor(init="zero", random_state=0, **SMALL.trees).fit(x, y)
     trees = table.trees_of(boosted)
     on_threshold = [[t.threshold[0] if i == t.feature[0] else 0.5 for i in range(4)] for t in trees[:20]]
     probes = [[rng.uniform(-4, 4) for _ in range(4)] for _ in range(50)] + on_threshold
@@ -262,7 +262,7 @@ def test_the_pairwise_model_orders_backends_whose_times_move_together():
     """Each backend's own estimate carries the noise every backend shares; the pairwise model fits
     the ratio, where it cancels: on problems it never saw, it puts each backend 1.3x from the other
     on the right side of 8k keys, and keeps the mean of their own estimates."""
-    fit = table.fit_times(shared_noise(11, 300), "synthetic")
+    fit = table.fit_times(shared_noise(11, 150), "synthetic", SMALL)
     assert fit.pair_trees and fit.pair_features[-4:] == ["first fa2", "first native-triton", "second fa2",
                                                         "second native-triton"]
     for kv, want in ((2000, 1 / 1.3), (5000, 1 / 1.3), (12000, 1.3), (30000, 1.3)):
@@ -286,7 +286,7 @@ def test_the_pairwise_trees_sum_to_what_scikit_learn_predicts():
     rng = random.Random(9)
     x = [[rng.uniform(-3, 3) for _ in range(4)] for _ in range(500)]
     y = [a * a - b + (c > 0.7) * 2 + rng.gauss(0, 0.1) for a, b, c, _ in x]
-    boosted = HistGradientBoostingRegressor(**{**table.PAIR_TREES, "max_iter": 80}).fit(x, y)
+    boosted = HistGradientBoostingRegressor(**SMALL.pair_trees).fit(x, y)
     trees = table.hist_trees_of(boosted)
     start = float(boosted._baseline_prediction.ravel()[0])
     on_threshold = [[t.threshold[0] if i == t.feature[0] else 0.5 for i in range(4)] for t in trees[:20]]
@@ -299,7 +299,7 @@ def test_the_pairwise_trees_sum_to_what_scikit_learn_predicts():
 
 def test_the_choice_ranks_by_the_pairwise_estimates():
     """``choice.fitted_times`` (what the ranking reads) places the backends by the pairwise model."""
-    tab = table.build_table({"environment": ENVIRONMENT, "results": shared_noise(12, 300)}, "synthetic")
+    tab = table.build_table({"environment": ENVIRONMENT, "results": shared_noise(12, 150)}, "synthetic", SMALL)
     problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=12, q_len=1, kv_len=20000))
     times = choice.fitted_times(tab, problem, (12, 1, 20000))
     assert times["native-triton"] / times["fa2"] == pytest.approx(1.3, rel=0.02)
@@ -318,9 +318,6 @@ def test_without_scikit_learn_the_fit_is_linear_and_says_so():
 def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path):
     """tools/table_choice.py: the H100's problems judged by a table of its own and by the H200's,
     each alone in the measured folder; the H200's is scaled to the H100 and says so."""
-    spec = importlib.util.spec_from_file_location("table_choice", Path("tools/table_choice.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     h100_env = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"}
     problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024}
     measured_here = {"environment": h100_env, "results": [result("t", problem, {"fa2": 0.010, "native-triton": 0.020})]}
@@ -332,17 +329,17 @@ def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path)
         path.write_text(table.build_table(rows, "synthetic").model_dump_json())
         return path
     own, other = table_file(h100_env, "native-triton"), table_file(ENVIRONMENT, "fa2")
-    rows, how = tool.replay_under(measured_here, own)
+    rows, how = table_choice.replay_under(measured_here, own)
     assert rows[0]["chosen"] == "native-triton" and rows[0]["regret"] == pytest.approx(1.0)
     assert how == "h100 table, unscaled (the GPU's own)"
-    report = tool.markdown(h100_env, ["t.json"], [{"table": own.name, "how": how, "figures": tool.figures(rows),
+    report = table_choice.markdown(h100_env, ["t.json"], [{"table": own.name, "how": how, "figures": table_choice.figures(rows),
                                                      "rows": rows}])
     assert "the 1 graph choice more than 3% off, and why" in report  # the miss, listed with its cause
     assert f"| t | native-triton | fa2 | 100.0% | {rows[0]['cause']} |" in report and rows[0]["cause"]
     assert "| ? | 0 / 1 (0%), max 100.0% |" in report  # per seed: this result names no sweep file
     assert "| all but the xqa entry | 0 / 1 (0%), max 100.0% |" in report
     assert table.seed_of("bench-random-150-seed-42-h100-from-3.json") == "42" and table.seed_of("grid.json") == "grid.json"
-    rows, how = tool.replay_under(measured_here, other)
+    rows, how = table_choice.replay_under(measured_here, other)
     assert rows[0]["chosen"] == "fa2" and rows[0]["regret"] == 0.0
     assert how.startswith("h200 table scaled to this GPU (NVIDIA H100 80GB HBM3: bandwidth x0.70")
     assert len(measured.table_for(capability_db.resolve_device("h200")).rows) > 100  # the repo's tables again
@@ -350,16 +347,13 @@ def test_table_choice_replays_one_gpus_problems_under_each_table_alone(tmp_path)
 
 def test_gpu_ratio_divides_one_gpus_times_by_the_others_on_the_same_problems(tmp_path, capsys, monkeypatch):
     """tools/gpu_ratio.py: per phase and backend, (time on A) / (time on B) over the problems both timed."""
-    spec = importlib.util.spec_from_file_location("gpu_ratio", Path("tools/gpu_ratio.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     problem = {"entry": PAGED, "batch": 4, "q_len": 1, "kv_len": 1024}  # q_len 1: decode
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"environment": {"gpu": "NVIDIA H100 80GB HBM3", "capability": "sm_90"},
                              "results": [result("p", problem, {"xqa": 0.013, "fa2": 0.030})]}))
     b.write_text(json.dumps({"environment": ENVIRONMENT, "results": [result("p", problem, {"xqa": 0.010})]}))
     monkeypatch.setattr(sys, "argv", ["gpu_ratio", "--a", str(a), "--b", str(b)])
-    tool.main()
+    gpu_ratio.main()
     out = capsys.readouterr().out
     assert "| decode | xqa | 1 | 1.30 | 1.30 | 1.30 |" in out and "fa2" not in out.split("| phase")[1]
 

@@ -12,23 +12,30 @@ sum). Each also against FlashInfer's own call where it ran: ``over_flashinfer`` 
 (``build.flashinfer_own_wrong``). A choice the sweep did not time (a backend it did not
 force) is listed and left out of the figures. The problem is rebuilt from
 the bench problem as the entry points build it (layouts and phases as ``build`` calls them).
+
+    python -m tools.lab.replay BENCH.json [BENCH.json ...] [--autotune-file FILE] [--out DIR]
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
 import capability_db
 from backends._providers import defect_facts
+from dispatch import autotune, router
+from dispatch.lab.build import flashinfer_own_wrong
+from dispatch.lab.problems import entry_of, problem_of
+from dispatch.lab.report import regret_figures
+from dispatch.lab.runner import call_cost, eager_cost_ms
 
-from .. import autotune, router
-from .build import flashinfer_own_wrong
-from .report import ratio_figures, regret_figures
-from .runner import call_cost, eager_cost_ms
-from .table import FROM, entry_of, problem_of, recorded_problem, sweep_device
+from .figures import ratio_figures
+from .table import FROM, merged, recorded_problem, sweep_device
 
 
 def replay(results: dict, host_now: Optional[dict[str, dict[str, float]]] = None,
@@ -251,7 +258,6 @@ def _ms(value: Optional[float]) -> str:
 
 def write(paths: list[Path], out: Path, autotune_file: Optional[Path] = None) -> tuple[Path, Path]:
     """Replay every problem of ``paths`` (a later file's result of a problem wins) into out/."""
-    from .table import merged
     results, _ = merged(paths)
     rows = replay(results, autotune_file=autotune_file)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,3 +266,24 @@ def write(paths: list[Path], out: Path, autotune_file: Optional[Path] = None) ->
     md.write_text(markdown(rows, [Path(p).name for p in paths], (tuning_text(autotune_file),) if autotune_file else ()))
     js.write_text(json.dumps({"sources": [Path(p).name for p in paths], "rows": rows}, indent=1) + "\n")
     return md, js
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.lab.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bench", nargs="+", type=Path, metavar="JSON", help="bench JSONs of one GPU")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), metavar="DIR",
+                        help="output folder for replay-<last file>.md and .json (default $OUT or .)")
+    parser.add_argument("--autotune-file", type=Path, default=None, metavar="FILE",
+                        help="decide from this autotune sweep's kept times (its -cache.json), never timing")
+    args = parser.parse_args(argv)
+    try:
+        md, js = write(args.bench, args.out, args.autotune_file)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    print(md.read_text().split("\n\n")[2])
+    print(f"outputs: {md} {js}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

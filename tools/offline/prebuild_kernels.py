@@ -1,22 +1,21 @@
-"""Build FlashInfer 0.7.2's attention modules for sm_90a here, on a CPU machine with nvcc, so a device
-call starts with them instead of compiling them (the sweeps of session 20 waited 1185 of about 1700 s
-of device time for the warm-up's compiles: tools/results/NOTES-h200-sweeps.md, session 20).
+"""Air-gapped deployment: FlashInfer's attention modules for sm_90a (Hopper), built ahead on a machine
+with nvcc and no GPU, so a GPU machine without network starts with them instead of compiling each the
+first time a call needs it (about a minute per fa2/fa3 module; fa3's about 70 s on an H100).
 
-Which modules: the random sweep's distribution (dispatch/lab/randomgrid.py) drawn ``--draws`` times;
-each problem needs the module of fa2, fa3 and (decode) XQA where the backend takes it (the router's
-capability reasons on an H100), named by FlashInfer's URI: (dtypes, head dim, window on/off, soft cap
-on/off) for fa2's and fa3's batch or single-request module, (dtypes, page size, head dim, group,
-window on/off) for XQA's (each of those is needed by under 1% of problems). Built the most worth
-building first (``plan``), skipping those ``--out`` holds already (the modules devices compiled,
-tools/jit_merge.sh), each into ``--out/<name>/<name>.so``, stripped; then ``tools/jit_merge.sh``
-packs ``--out`` into .jit for the carry and ``tools/gpu_env.sh`` installs them as FlashInfer's AOT
-modules. FlashInfer loads an AOT
-module it cannot use with a warning and compiles instead (flashinfer/jit/core.py ``try_load``), so
-a module built wrong here costs the device what it cost before.
+Which modules: those the problems of the bench's engine-shaped random distribution need
+(dispatch/lab/randomgrid.py, drawn ``--draws`` times): fa2's, fa3's and (decode) XQA's where the
+backend takes the problem on an H100 (the router's capability reasons), named by FlashInfer's URI:
+(dtypes, head dim, window on/off, soft cap on/off) for fa2's and fa3's batch or single-request module,
+(dtypes, page size, head dim, group, window on/off) for XQA's. Built the most worth building first
+(``plan``: share of problems x compile seconds saved on the GPU machine / seconds here), skipping those
+``--out`` holds already, each into ``--out/<name>/<name>.so``, stripped; tools/offline/merge_kernels.sh
+packs a selection of ``--out`` (``--carry-mb``) and tools/offline/activate.sh installs them as
+FlashInfer's AOT modules. FlashInfer loads an AOT module it cannot use with a warning and compiles
+instead (flashinfer/jit/core.py ``try_load``), so a module built wrong here costs what it cost before.
 
-Set-up (once per machine; FlashInfer's tree is the pruned one of tools/carry_prep.sh):
+Set-up (once per machine; FlashInfer's tree is the pruned one of tools/offline/pack_wheels.sh):
 
-    mkdir -p /tmp/fic/site && xz -dc .whl072/*.tar.xz | tar x -C /tmp/fic/site
+    mkdir -p /tmp/fic/site && xz -dc .offline/flashinfer.tar.xz | tar x -C /tmp/fic/site
     python -m pip install -q --target /tmp/fic/site apache-tvm-ffi==0.1.15.post2 ninja requests numpy einops nvidia-ml-py
     mkdir -p /tmp/cudalib && ln -sf /usr/local/cuda-13.0/lib/libcudart.so /tmp/cudalib/
     echo 'void stub(void){}' | gcc -shared -x c - -o /tmp/cudalib/libcuda.so -Wl,-soname,libcuda.so.1
@@ -24,12 +23,12 @@ Set-up (once per machine; FlashInfer's tree is the pruned one of tools/carry_pre
     PYTHONPATH=/tmp/fic/site:$PWD PATH=/tmp/fic/site/bin:$PATH FLASHINFER_WORKSPACE_BASE=/tmp/fic/ws \\
       FLASHINFER_CUDA_ARCH_LIST=9.0a LIBRARY_PATH=/tmp/cudalib \\
       CPATH=/tmp/fic/cur/nvidia/cu13/include:/usr/local/cuda-13.0/include \\
-      python tools/jit_prebuild.py --minutes 90
+      python -m tools.offline.prebuild_kernels --minutes 90
 
 (the libcuda stub only lets the link find ``-lcuda``: a module needs libcudart.so.13, and XQA's the
-driver's libcuda.so.1, as the ones a device builds do; fa3's sources include cutlass's
-curand_kernel.h, which this machine's CUDA lacks and the nvidia-curand wheel holds; XQA's host file
-includes cuda.h, which FlashInfer, finding nvcc in /usr/local/bin, looks for in /usr/local/include).
+driver's libcuda.so.1, as the ones a GPU machine builds do; fa3's sources include cutlass's
+curand_kernel.h, which a CUDA toolkit without cuRAND lacks and the nvidia-curand wheel holds; XQA's host
+file includes cuda.h, which FlashInfer, finding nvcc in /usr/local/bin, looks for in /usr/local/include).
 ``--plan`` prints the order and each module's share of problems, building nothing.
 """
 from __future__ import annotations
@@ -48,8 +47,7 @@ from pathlib import Path
 
 import capability_db
 from dispatch import router
-from dispatch.lab import table
-from dispatch.lab.problems import SINGLE, SINGLE_LSE, BenchProblem
+from dispatch.lab.problems import SINGLE, SINGLE_LSE, BenchProblem, problem_of
 from dispatch.lab.randomgrid import draw_one
 
 H100 = capability_db.device_for_capability(9, 0, "NVIDIA H100 80GB HBM3")
@@ -70,10 +68,10 @@ class Module:
 
 
 def needed(p: BenchProblem) -> list[Module]:
-    """The FlashInfer modules the sweep builds for ``p``: fa2's and fa3's batch (or single-request)
+    """The FlashInfer modules a call of ``p`` makes FlashInfer build: fa2's and fa3's batch (or single-request)
     module and XQA's decode module, for each of them that takes the problem on an H100 (the router's
     capability reasons, as the forced runs meet them)."""
-    problem = table.problem_of(p)
+    problem = problem_of(p)
     takes = [n for n in ("fa2", "fa3", "xqa") if not router.backend_reasons(n, problem, H100, live=False)]
     kind = "single" if p.entry in (SINGLE, SINGLE_LSE) else "batch"
     kv = p.kv_type if p.kv_type.startswith("float8") else p.dtype
@@ -95,10 +93,10 @@ def name(m: Module) -> str:
     return base + ("_sm90" if m.backend == "fa3" else "_kv_stride_equal" if m.kind == "batch" else "")
 
 
-# Seconds one module takes to compile: on the device (the guide: fa3 about 70 s; NOTES-h200-sweeps.md
-# session 16: XQA 10-15 s; fa2 taken as 30) and here on two cores (session 20: fa2's batch module
-# 15-64 s, its single-request one 24-44, fa3's 271-316 and 160-165; XQA taken as 60). A module is
-# worth building here by the device seconds it saves a sweep per second it takes here.
+# Seconds one module takes to compile: on an H100 (fa3 about 70 s, XQA 10-15 s; fa2 taken as 30) and
+# here on two CPU cores (fa2's batch module 15-64 s, its single-request one 24-44, fa3's 271-316 and
+# 160-165; XQA taken as 60). A module is worth building here by the GPU machine's seconds it saves per
+# second it takes here.
 DEVICE_S = {"fa2": 30.0, "fa3": 70.0, "xqa": 12.0}
 HERE_S = {("batch", "fa2"): 45.0, ("single", "fa2"): 30.0, ("batch", "fa3"): 270.0, ("single", "fa3"): 160.0,
           ("xqa", "xqa"): 60.0}
@@ -106,7 +104,7 @@ HERE_S = {("batch", "fa2"): 45.0, ("single", "fa2"): 30.0, ("batch", "fa3"): 270
 
 def plan(draws: int, seed: int) -> list[tuple[Module, float]]:
     """The modules the distribution needs, with the share of problems needing each, in the order
-    worth building: share x device seconds saved / seconds here."""
+    worth building: share x GPU-machine seconds saved / seconds here."""
     rng, counts = random.Random(seed), collections.Counter()
     for _ in range(draws):
         counts.update(set(needed(draw_one(rng, "cuda"))))
@@ -145,10 +143,9 @@ def build(m: Module, out: Path) -> float:
 
 
 def carried(out: Path, budget_mb: float, draws: int, seed: int) -> list[str]:
-    """The modules of ``out`` to carry within ``budget_mb`` (the carry's 64 MiB less the wheels and the
-    tree): those the plan does not know first (the device compiled them for a reason the plan does not
-    model), then by device seconds saved per MB, each MB its xz'd size (their GPU code is compressed
-    already: about 1.2 MB a batch module)."""
+    """The modules of ``out`` to carry within ``budget_mb``: those the plan does not know first (a GPU
+    machine compiled them for a reason the plan does not model), then by compile seconds saved per MB,
+    each MB its xz'd size (their GPU code is compressed already: about 1.2 MB a batch module)."""
     shares = {name(m): (share, m) for m, share in plan(draws, seed)}
     sizes = {d.name: len(lzma.compress(f.read_bytes(), preset=6))
              for d in sorted(out.iterdir()) for f in d.glob("*.so")}
@@ -172,8 +169,8 @@ def covered(names: set[str], draws: int, seed: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(".jit-so"))
+    ap = argparse.ArgumentParser(prog="python -m tools.offline.prebuild_kernels", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(".offline-modules"), help="the store of built modules")
     ap.add_argument("--draws", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0, help="the draws' seed (which modules, not a sweep)")
     ap.add_argument("--minutes", type=float, default=60.0, help="start no build after this long")
@@ -183,7 +180,7 @@ def main() -> None:
     if args.carry_mb is not None:
         kept = carried(args.out, args.carry_mb, args.draws, args.seed)
         print("\n".join(kept))
-        print(f"jit_prebuild: {len(kept)} modules; every module a problem needs is among them for "
+        print(f"prebuild_kernels: {len(kept)} modules; every module a problem needs is among them for "
               f"{covered(set(kept), args.draws, args.seed + 1):.0%} of problems", file=sys.stderr)
         return
     start = time.perf_counter()

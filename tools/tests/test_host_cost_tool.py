@@ -1,15 +1,19 @@
-"""``attn-dispatch bench --host-cost`` (dispatch/lab/host_cost.py) end to end on the CPU: every
-entry point measured through dispatch and through its adapter, FlashInfer's column a reason. No
-speed is asserted (times only > 0)."""
+"""``python -m tools.lab.host_cost`` end to end on the CPU: every entry point measured through
+dispatch and through its adapter, FlashInfer's column a reason. No speed is asserted (times only > 0)."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import dispatch
-from dispatch import cli
-from dispatch.lab import host_cost as host_cost_module
+from dispatch.lab import bench
+from tools.lab import host_cost as host_cost_module
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +141,11 @@ def test_main_writes_the_kernel_bound_table_when_asked(host_cost, tmp_path):
     assert "## GPU time per call on kernel-bound sizes" in (tmp_path / "host-cost-cpu.md").read_text()
 
 
-def test_bench_runs_it_with_its_own_options(tmp_path):
-    """``attn-dispatch bench --host-cost`` hands the options after it to the host-cost runner."""
-    assert cli.main(["bench", "--host-cost", "--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "host-cost-cpu.json").read_text())["rows"]
-    assert [r["entry"] for r in rows] == list(host_cost_module.ENTRIES)
+def test_it_runs_as_a_module_of_the_source_tree_and_not_through_the_installed_bench():
+    """A research tool of the source tree: ``python -m tools.lab.host_cost`` from the repository root;
+    the installed ``attn-dispatch bench`` has no such option."""
+    run = subprocess.run([sys.executable, "-m", "tools.lab.host_cost", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert run.stdout.startswith("usage: python -m tools.lab.host_cost") and "--matrix" in run.stdout
+    options = {o for action in bench._parser()._actions for o in action.option_strings}
+    assert not options & {"--host-cost", "--to-table", "--replay"}
