@@ -4,10 +4,19 @@ A Llama-shaped model from a transformers ``LlamaConfig`` with random weights ser
 requests with ragged prompt lengths the way an engine does: one paged KV cache per layer (NHD
 pages handed out in shuffled order), the prompts prefilled in one batch through
 ``dispatch.BatchPrefillWithPagedKVCacheWrapper`` (``plan`` once, ``run`` per layer), then greedy
-decode through ``dispatch.xqa_batch_decode_with_kv_cache``. On a GPU the whole decode step (every
-layer, the KV writes, the LM head and the argmax) is captured once in a CUDA graph and replayed;
-on the CPU it runs eagerly. RoPE, RMSNorm and the MLP are plain torch; attention goes through
-dispatch only.
+decode, in one of two modes (``--decode``):
+
+* ``graph-xqa`` (default): through ``dispatch.xqa_batch_decode_with_kv_cache``; on a GPU the whole
+  decode step (every layer, the KV writes, the LM head and the argmax) is captured once in a CUDA
+  graph and replayed; on the CPU it runs eagerly;
+* ``eager-paged``: eagerly through a second ``BatchPrefillWithPagedKVCacheWrapper``, as an engine
+  without CUDA graphs decodes: every step plans the batch (one query row per request, the pages
+  that hold its keys, from the host's copy of the block table and lengths), then runs once per
+  layer. With ``--compare-flashinfer`` (where flashinfer is importable) the same loop runs again
+  with ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` for the prefill and the decode, and both
+  times per step are printed.
+
+RoPE, RMSNorm and the MLP are plain torch; attention goes through dispatch only.
 
 The check is teacher-forced: transformers' own ``LlamaForCausalLM`` (same weights, sdpa or eager
 attention) reads each prompt followed by the tokens the loop generated, and its next-token
@@ -16,6 +25,8 @@ largest logit difference). Exit status 1 when agreement is below ``--min-agreeme
 
     python examples/serving_loop.py                       # CPU, tiny model, fp32
     python examples/serving_loop.py --device cuda --dtype bfloat16 --model llama3-8b-4layers
+    python examples/serving_loop.py --device cuda --dtype bfloat16 --model llama3-8b-4layers --layers 8 \
+        --decode eager-paged --compare-flashinfer             # time per step, ours against FlashInfer's
 """
 from __future__ import annotations
 
@@ -60,8 +71,13 @@ class Engine:
     """The model's weights (shared with the transformers model), a paged KV cache per layer and the
     static buffers a captured decode step reads and writes."""
 
-    def __init__(self, model, prompt_lens: list[int], new_tokens: int, page_size: int):
+    def __init__(self, model, prompt_lens: list[int], new_tokens: int, page_size: int, decode: str = "graph-xqa",
+                 wrappers=dispatch):
+        """``decode``: graph-xqa or eager-paged (module docstring); ``wrappers``: the module whose
+        ``BatchPrefillWithPagedKVCacheWrapper`` serves the prefill and the eager paged decode
+        (dispatch, or flashinfer for the comparison)."""
         cfg, dev = model.config, model.device
+        self.decode = decode
         self.cfg, self.dtype, self.device, self.page_size = cfg, model.dtype, dev, page_size
         self.hq, self.hkv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.scale = self.head_dim ** -0.5
@@ -78,12 +94,16 @@ class Engine:
         for r, n in enumerate(pages_per):
             self.block_tables[r, :n] = torch.tensor(order[:n], dtype=torch.int32)
             order = order[n:]
+        self.block_tables_host = self.block_tables  # an engine's scheduler keeps the table on the host
         self.block_tables = self.block_tables.to(dev)
+        self.lens_host = list(prompt_lens)  # keys each request has in the cache before the next step
         self.caches = [torch.zeros(num_pages, 2, page_size, self.hkv, self.head_dim, dtype=self.dtype, device=dev)
                        for _ in range(cfg.num_hidden_layers)]
         workspace = 128 << 20 if dev.type == "cuda" else 1 << 20
-        self.prefill_wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(
+        self.prefill_wrapper = wrappers.BatchPrefillWithPagedKVCacheWrapper(
             torch.empty(workspace, dtype=torch.uint8, device=dev), "NHD")
+        self.decode_wrapper = wrappers.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(workspace, dtype=torch.uint8, device=dev), "NHD") if decode == "eager-paged" else None
         self.decode_workspace = torch.zeros(workspace, dtype=torch.uint8, device=dev)  # xqa: zeroed once
         # static buffers of the decode step (a CUDA graph replays against these addresses)
         self.tokens = torch.zeros(batch, dtype=torch.long, device=dev)
@@ -142,17 +162,41 @@ class Engine:
         return F.linear(h[qo_indptr[1:].to(dev) - 1], self.lm_head)
 
     def decode_step(self) -> None:
-        """One token per request at ``positions``: writes ``logits``. Graph-safe (no host syncs)."""
+        """One token per request at ``positions``: writes ``logits``. Graph-safe (no host syncs)
+        with xqa; with the paged wrapper, ``plan_decode`` has planned the step."""
         self.seq_lens.copy_(self.positions + 1)  # the new token's K/V is in the cache before attention
-        h = self.forward(self.tokens, self.positions, self.rows, lambda i, q: dispatch.xqa_batch_decode_with_kv_cache(
-            q, self.caches[i], self.decode_workspace, self.block_tables, self.seq_lens, self.max_seq_len,
-            bmm1_scale=self.scale))
+        if self.decode_wrapper is not None:
+            def attend(i, q):
+                return self.decode_wrapper.run(q, self.caches[i])
+        else:
+            def attend(i, q):
+                return dispatch.xqa_batch_decode_with_kv_cache(q, self.caches[i], self.decode_workspace,
+                                                               self.block_tables, self.seq_lens, self.max_seq_len,
+                                                               bmm1_scale=self.scale)
+        h = self.forward(self.tokens, self.positions, self.rows, attend)
         self.logits.copy_(F.linear(h, self.lm_head))
 
+    def plan_decode(self) -> None:
+        """Plan the paged wrapper for the next step: one query row per request over its keys (the
+        new token's included), from the host's block table and lengths."""
+        p, i32 = self.page_size, dict(dtype=torch.int32, device=self.device)
+        kv_lens = torch.tensor(self.lens_host) + 1
+        pages = (kv_lens + p - 1) // p
+        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.long), pages.cumsum(0)])
+        kv_indices = torch.cat([self.block_tables_host[r, :n] for r, n in enumerate(pages.tolist())])
+        qo_indptr = torch.arange(len(self.lens_host) + 1)
+        self.decode_wrapper.plan(qo_indptr.to(**i32), kv_indptr.to(**i32), kv_indices.to(**i32),
+                                 ((kv_lens - 1) % p + 1).to(**i32), self.hq, self.hkv, self.head_dim, p,
+                                 causal=True, sm_scale=self.scale, q_data_type=self.dtype)
+
     def step(self) -> None:
-        """A decode step: eager on the CPU; on a GPU the first one runs eagerly (dispatch decides and
-        plans), is then captured once, and every later step replays the graph."""
-        if self.device.type != "cuda":
+        """A decode step. eager-paged: plan, then run per layer, eagerly. graph-xqa: eager on the CPU;
+        on a GPU the first one runs eagerly (dispatch decides and plans), is then captured once, and
+        every later step replays the graph."""
+        if self.decode_wrapper is not None:
+            self.plan_decode()
+            self.decode_step()
+        elif self.device.type != "cuda":
             self.decode_step()
         elif self.graph is not None:
             self.graph.replay()
@@ -174,12 +218,14 @@ class Engine:
         logits = [self.prefill(prompts).to(torch.float32, copy=True)]
         sync()
         t1 = time.perf_counter()
-        self.positions.copy_(torch.tensor([len(x) for x in prompts]))
+        self.lens_host = [len(x) for x in prompts]
+        self.positions.copy_(torch.tensor(self.lens_host))
         for _ in range(new_tokens - 1):
             self.tokens.copy_(logits[-1].argmax(-1))
             self.step()
             logits.append(self.logits.to(torch.float32, copy=True))  # the next step overwrites it
             self.positions += 1
+            self.lens_host = [n + 1 for n in self.lens_host]
         sync()
         t2 = time.perf_counter()
         logits = torch.stack(logits, dim=1)
@@ -199,34 +245,89 @@ def teacher_forced(model, prompts, tokens, logits):
     return agree / total, err
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--decode", choices=["graph-xqa", "eager-paged"], default="graph-xqa",
+                    help="graph-xqa: xqa decode in one CUDA graph per step (eager on the CPU); eager-paged: the "
+                         "paged wrapper, plan per step and run per layer, eagerly")
+    ap.add_argument("--compare-flashinfer", action="store_true",
+                    help="with --decode eager-paged: run the loop again with flashinfer's paged wrapper and print "
+                         "both times per step (where flashinfer is importable)")
     ap.add_argument("--reference-attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--min-agreement", type=float, default=None,
                     help="top-1 agreement required (default 0.99 at fp32, 0.95 at bf16/fp16)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if args.compare_flashinfer and args.decode != "eager-paged":
+        ap.error(f"--compare-flashinfer with --decode {args.decode}: allowed only with --decode eager-paged "
+                 "(the loop it runs again with FlashInfer's paged wrapper)")
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers {args.layers}: allowed an integer >= 1")
+    return args
+
+
+def run_loop(model, prompts, args, wrappers=dispatch):
+    """An engine on ``wrappers``' paged wrapper; on a GPU a warm-up pass first (kernels compile,
+    dispatch decides, the decode graph is captured). Returns (engine, generate's results)."""
+    engine = Engine(model, [len(x) for x in prompts], args.new_tokens, args.page_size, args.decode, wrappers)
+    with torch.no_grad():
+        if engine.device.type == "cuda":
+            engine.generate(prompts, args.new_tokens)
+        return engine, engine.generate(prompts, args.new_tokens)
+
+
+def decode_line(engine, requests: int, steps: int, t_decode: float, backend: str) -> str:
+    if engine.decode_wrapper is not None:
+        mode = "eager paged wrapper: plan per step, run per layer"
+    else:
+        mode = "CUDA graph replays" if engine.graph is not None else "eager"
+    return (f"decode: {steps} steps x {requests} requests in {t_decode * 1e3:.1f} ms "
+            f"({t_decode * 1e3 / max(steps, 1):.2f} ms per step, {steps * requests / max(t_decode, 1e-9):,.0f} "
+            f"tokens/s, {mode}) on {backend}")
+
+
+def compare_flashinfer(model, prompts, args, tokens, t_decode: float) -> None:
+    """The same loop on flashinfer.BatchPrefillWithPagedKVCacheWrapper: its time per step beside ours."""
+    try:
+        import flashinfer
+    except Exception as exc:  # not installed, or no GPU build: say so and go on
+        print(f"flashinfer: not run: flashinfer not importable ({type(exc).__name__}: {exc})")
+        return
+    try:
+        engine, (fi_tokens, _, _, fi_decode) = run_loop(model, prompts, args, flashinfer)
+    except Exception as exc:  # a configuration FlashInfer refuses (fp32, say) is a result
+        print(f"flashinfer: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return
+    steps = args.new_tokens - 1
+    print("flashinfer " + decode_line(engine, args.requests, steps, fi_decode,
+                                      "flashinfer.BatchPrefillWithPagedKVCacheWrapper"))
+    ours, theirs = t_decode * 1e3 / max(steps, 1), fi_decode * 1e3 / max(steps, 1)
+    same = (fi_tokens.cpu() == tokens.cpu()).float().mean().item()
+    print(f"eager paged decode per step: dispatch {ours:.2f} ms, flashinfer {theirs:.2f} ms "
+          f"(dispatch / flashinfer {ours / max(theirs, 1e-9):.2f}); greedy tokens equal on {same:.2%}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     min_agreement = args.min_agreement if args.min_agreement is not None else (
         0.99 if dtype == torch.float32 else 0.95)
     torch.manual_seed(args.seed)
-    cfg = LlamaConfig(**MODELS[args.model])
+    layers = {} if args.layers is None else {"num_hidden_layers": args.layers}
+    cfg = LlamaConfig(**{**MODELS[args.model], **layers})
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=args.reference_attn)
     model = model.to(device).eval()  # a no-op where the device context already placed it
     lo, hi = PROMPT_LENS[args.model]
     prompts = [torch.randint(0, cfg.vocab_size, (n,)) for n in torch.randint(lo, hi + 1, (args.requests,)).tolist()]
-    engine = Engine(model, [len(x) for x in prompts], args.new_tokens, args.page_size)
-    with torch.no_grad():
-        if device.type == "cuda":  # warm-up: kernels compile, dispatch decides, the decode graph is captured
-            engine.generate(prompts, args.new_tokens)
-        tokens, logits, t_prefill, t_decode = engine.generate(prompts, args.new_tokens)
+    engine, (tokens, logits, t_prefill, t_decode) = run_loop(model, prompts, args)
     decode_backend = dispatch.last_decision().chosen  # generate's last dispatch call is a decode step
     agreement, err = teacher_forced(model, prompts, tokens, logits)
     n_prompt = sum(len(x) for x in prompts)
@@ -235,14 +336,12 @@ def main(argv=None) -> int:
           f"{min(len(x) for x in prompts)}..{max(len(x) for x in prompts)} tokens, page size {args.page_size}")
     print(f"prefill: {n_prompt} tokens in {t_prefill * 1e3:.1f} ms ({n_prompt / t_prefill:,.0f} tokens/s) "
           f"on {engine.prefill_wrapper.decision.chosen}")
-    steps = args.new_tokens - 1
-    mode = "CUDA graph replays" if engine.graph is not None else "eager"
-    print(f"decode: {steps} steps x {args.requests} requests in {t_decode * 1e3:.1f} ms "
-          f"({steps * args.requests / max(t_decode, 1e-9):,.0f} tokens/s, {mode}) "
-          f"on {decode_backend}")
+    print(decode_line(engine, args.requests, args.new_tokens - 1, t_decode, decode_backend))
     ok = agreement >= min_agreement
     print(f"teacher-forced vs transformers ({args.reference_attn}): top-1 agreement {agreement:.2%} "
           f"(need {min_agreement:.0%}), max |logit diff| {err:.2e}: {'OK' if ok else 'DISAGREE'}")
+    if args.compare_flashinfer:
+        compare_flashinfer(model, prompts, args, tokens, t_decode)
     return 0 if ok else 1
 
 

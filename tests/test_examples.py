@@ -1,7 +1,8 @@
 """The examples run as shipped, on the CPU with tiny configs, and agree with transformers' own forward.
 
-examples/serving_loop.py: paged-KV prefill through the paged wrapper and decode through xqa,
-teacher-forced against LlamaForCausalLM (sdpa); examples/transformers_attention.py and the
+examples/serving_loop.py: paged-KV prefill through the paged wrapper and decode through xqa, or
+eagerly through the paged wrapper (plan per step, run per layer), teacher-forced against
+LlamaForCausalLM (sdpa); examples/transformers_attention.py and the
 helper it shows (dispatch.integrations.transformers): prefill and greedy generate equal sdpa's.
 transformers is the `test` extra's; without it these tests skip (and say so).
 """
@@ -56,6 +57,79 @@ def test_serving_loop_check_catches_a_wrong_model(capsys, monkeypatch):
     agreement, err = agreement_line(out)
     assert rc == 1 and "DISAGREE" in out, out
     assert agreement < 0.99 and err > 1e-2, out
+
+
+def count_paged_wrapper(monkeypatch):
+    """Calls of BatchPrefillWithPagedKVCacheWrapper.plan and .run (dispatch's class), counted."""
+    import dispatch
+
+    cls, counts = dispatch.BatchPrefillWithPagedKVCacheWrapper, {"plan": 0, "run": 0}
+    for name in counts:
+        def counted(self, *args, _real=getattr(cls, name), _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, counted)
+    return counts
+
+
+def no_xqa(monkeypatch):
+    import dispatch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the eager paged decode called xqa")
+    monkeypatch.setattr(dispatch, "xqa_batch_decode_with_kv_cache", refuse)
+
+
+EAGER = ["--decode", "eager-paged", "--requests", "4", "--new-tokens", "6", "--page-size", "8", "--seed", "2"]
+
+
+def test_serving_loop_eager_paged_decode_plans_per_step_runs_per_layer(capsys, monkeypatch):
+    """--decode eager-paged: the prefill plan, then one plan per decode step and one run per layer
+    per step (2 layers x (1 + 5)), no xqa call; the tokens agree with transformers; without
+    flashinfer, --compare-flashinfer says so and the loop's result stands."""
+    serving = load_example("serving_loop")
+    counts = count_paged_wrapper(monkeypatch)
+    no_xqa(monkeypatch)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import flashinfer raises ImportError
+    rc = serving.main(EAGER + ["--compare-flashinfer"])
+    out = capsys.readouterr().out
+    agreement, err = agreement_line(out)
+    assert rc == 0 and agreement == 1.0 and err < 1e-4, out
+    assert counts == {"plan": 1 + 5, "run": 2 * (1 + 5)}
+    assert re.search(r"decode: 5 steps x 4 requests in [\d.]+ ms \([\d.]+ ms per step, .*eager paged wrapper: "
+                     r"plan per step, run per layer\) on reference", out), out
+    assert "flashinfer: not run: flashinfer not importable" in out
+
+
+def test_serving_loop_compare_flashinfer_runs_the_same_loop_on_its_wrapper(capsys, monkeypatch):
+    """--compare-flashinfer repeats the loop on flashinfer.BatchPrefillWithPagedKVCacheWrapper (here a
+    stand-in module holding dispatch's class: FlashInfer runs on CUDA only) and prints both times per
+    step; the same computation gives the same greedy tokens."""
+    import types
+
+    import dispatch
+
+    serving = load_example("serving_loop")
+    counts = count_paged_wrapper(monkeypatch)
+    stand_in = types.ModuleType("flashinfer")
+    stand_in.BatchPrefillWithPagedKVCacheWrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", stand_in)
+    assert serving.main(EAGER + ["--compare-flashinfer"]) == 0
+    out = capsys.readouterr().out
+    assert counts == {"plan": 2 * (1 + 5), "run": 2 * 2 * (1 + 5)}
+    assert re.search(r"flashinfer decode: 5 steps x 4 requests .* on flashinfer.BatchPrefillWithPagedKVCacheWrapper",
+                     out), out
+    assert re.search(r"eager paged decode per step: dispatch [\d.]+ ms, flashinfer [\d.]+ ms .*greedy tokens equal "
+                     r"on 100.00%", out), out
+
+
+def test_serving_loop_compare_flashinfer_needs_the_eager_paged_decode(capsys):
+    serving = load_example("serving_loop")
+    with pytest.raises(SystemExit) as exc:
+        serving.main(["--compare-flashinfer"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--compare-flashinfer with --decode graph-xqa: allowed only with --decode eager-paged" in err
 
 
 def count_calls(monkeypatch):
