@@ -47,7 +47,7 @@ def figures(rows: list[dict]) -> dict:
 
 def groups(rows: list[dict]) -> dict[str, dict]:
     """Figures per seed, over all, and over all but the ``xqa`` entry point (where FlashInfer's own call
-    runs XQA without the fix-up of its recorded defect, dispatch/lab/replay.py)."""
+    runs XQA without the fix-up of its recorded defect, tools/lab/replay.py)."""
     seeds: dict[str, list] = {}
     for r in rows:
         seeds.setdefault(table.seed_of(r.get("source") or "?"), []).append(r)
