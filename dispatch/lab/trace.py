@@ -637,6 +637,17 @@ def run_entry(name: str, cfg: Config, seed: int, fi: tuple[Optional[SimpleNamesp
             "batch": {key: summary([float(s[key]) for s in shapes]) for key in shapes[0]}, "per_step": shapes}
 
 
+def checks_text(checks: list[dict]) -> str:
+    """The checks' relative errors in one line."""
+    if not checks:
+        return "no check (our side did not run)"
+    text = "relative error vs fp64 " + ", ".join(f"{c['rel_err_vs_fp64']:.1e}" for c in checks)
+    text += f" (band {checks[0]['band']:g})"
+    if "rel_err_vs_flashinfer" in checks[0]:
+        text += "; vs FlashInfer " + ", ".join(f"{c.get('rel_err_vs_flashinfer', math.nan):.1e}" for c in checks)
+    return text + (": ok" if all(c["ok"] for c in checks) else ": FAIL")
+
+
 def entry_ok(result: dict) -> bool:
     """Our side ran every step and every check passed."""
     ours = result["ours"]
@@ -754,7 +765,7 @@ def plot(rep: dict, path: Path) -> Optional[Path]:
     except ImportError:
         return None
     names = list(rep["entries"])
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.6 * len(names)), squeeze=False)
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.6 * len(names)), squeeze=False, constrained_layout=True)
     for ax, name in zip(axes[:, 0], names):
         for side, style in (("ours", "-"), ("flashinfer", "--")):
             ms = rep["entries"][name][side].get("per_step_host_ms")
@@ -767,7 +778,6 @@ def plot(rep: dict, path: Path) -> Optional[Path]:
     axes[-1, 0].set_xlabel("step")
     where = rep["environment"].get("gpu") or "CPU"
     fig.suptitle(f"trace, {rep['device']} ({where}), seed {rep['seed']}", fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -874,8 +884,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     stem, fi = f"trace-{cfg.device}-seed-{seed}", flashinfer_api(cfg.device)
     for name in args.entries:
         t0 = time.perf_counter()
-        rep["entries"][name] = run_entry(name, cfg, seed, fi)
-        print(f"  {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        rep["entries"][name] = r = run_entry(name, cfg, seed, fi)
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s; {checks_text(r['checks'])}", file=sys.stderr, flush=True)
         paths = write(rep, args.out, stem)  # after each entry: a run cut short keeps what it measured
     rep["ok"] = all(entry_ok(r) for r in rep["entries"].values())
     paths = write(rep, args.out, stem)
