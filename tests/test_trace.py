@@ -83,7 +83,7 @@ def test_continuous_batching_changes_the_batch_every_step_within_bounds():
                 assert r.q_len == 1 and r.kv_len - first_kv <= b.output[1] - 1
                 assert r.pages[:len(first_pages)] == first_pages
     assert max(len(s.requests) for s in steps) == ENGINE.max_batch  # the batch fills up and keeps turning over
-    assert len(seen) > 300
+    assert len(seen) >= len(steps)  # someone joins every step
 
 
 @pytest.mark.parametrize("kind", ["decode", "context", "single"])
@@ -127,7 +127,7 @@ def test_flashinfer_side_is_timed_and_compared_step_by_step(monkeypatch):
     for name in ("paged", "xqa"):
         r = trace.run_entry(name, config, 1, fi)
         assert r["flashinfer"]["steps"] == r["ours"]["steps"] == 5
-        assert [c["rel_err_vs_flashinfer"] for c in r["checks"]] == [0.0, 0.0]  # one computation, twice
+        assert len(r["checks"]) == 2 and all(c["rel_err_vs_flashinfer"] < 1e-6 for c in r["checks"])  # step for step
         worst = r["flashinfer"]["host_ms"]["max"]
         over = {o["step"] for o in r["over_flashinfer_worst_plus_1ms"]}
         assert over == {i for i, t in enumerate(r["ours"]["per_step_host_ms"]) if t > worst + trace.SLACK_MS}
