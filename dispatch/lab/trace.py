@@ -28,7 +28,7 @@ integer drawn uniformly in its closed range, prefill chunks log-uniformly; GPU, 
   1-2 requests join a step while the batch is under ``--max-batch`` (default 64; CPU 8); when the
   batch is full and no request finishes, the one closest to its end leaves early (a stop token):
   so every step some request joins; at 1.5 joins a step for 64.5 steps each on average, the batch
-  fills within about 45 steps and then turns over at its cap, as a loaded engine's does;
+  reaches its cap after about 60 steps and then turns over there, as a loaded engine's does;
 * xqa decode: 1-256 requests (CPU 1-8), each 100-2300 keys (CPU 100-300);
 * context (cuDNN, trtllm): 1-8 requests (CPU 1-4), chunk 17-2048 (CPU 17-96), prefix 0-2048 keys
   (CPU 0-96);
