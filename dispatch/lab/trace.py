@@ -878,7 +878,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"trace: seed {seed} ({'given' if args.seed is not None else 'drawn at run time'}), {cfg.steps} steps, "
           f"entries {' '.join(args.entries)}", file=sys.stderr, flush=True)
     rep = {"benchmark": "trace", "device": cfg.device, "seed": seed,
-           "seed_source": "given" if args.seed is not None else "drawn at run time (os.urandom)",
+           "seed_source": "given" if args.seed is not None else "drawn at run time from os.urandom",
            "again": again(cfg, seed, args.entries), "environment": environment(cfg.device), "config": cfg.to_json(),
            "distribution": distribution(cfg), "method": METHOD, "entries": {}}
     stem, fi = f"trace-{cfg.device}-seed-{seed}", flashinfer_api(cfg.device)
