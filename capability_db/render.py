@@ -139,8 +139,8 @@ def archs_cell(caps: BackendCaps) -> str:
         return "any (CPU too)"
     texts = []
     for c in cons:
-        if c.fact == "device_kind" and not c.when and c.allowed:
-            texts.append(", ".join(str(kind).upper() for kind in c.allowed))
+        if c.fact == "device_kind" and not c.when and c.allowed:  # a note states a kind's condition
+            texts.append(c.note or ", ".join(str(kind).upper() for kind in c.allowed))
         elif c.fact == "sm":  # an SM limit can only concern CUDA devices: no need to say so
             texts.append(constraint_text(c, hide_when=("device_kind",)))
         else:

@@ -95,14 +95,14 @@ class Constraint(_Frozen):
         cond = ", ".join(f"{k} in {v}" for k, v in self.when.items())
         return f" (when {cond})"
 
-    def reason(self, facts: dict, arch: str) -> Reason:
-        """Why ``facts`` break this constraint (call only when it applies and refuses)."""
+    def reason(self, facts: dict) -> Reason:
+        """Why ``facts`` break this constraint (call only when it applies and refuses). The value is
+        the fact as the constraint states it (``sm=90: allowed one of 100, 103``), never a rendering."""
         if self.fact in RELATIONS and self.allowed == [True]:
             field, other = RELATIONS[self.fact]
             allowed = self.note or f"equal to {other} {facts[other]!r}{self.when_text()}"
             return Reason(field, facts[field], allowed, self.source)
-        value = arch if self.fact == "sm" else facts[self.fact]
-        return Reason(self.fact, value, self.allowed_text(), self.source)
+        return Reason(self.fact, facts[self.fact], self.allowed_text(), self.source)
 
 
 BACKEND_NAME = r"^[a-z][a-z0-9-]*$"
@@ -198,7 +198,7 @@ class BackendCaps(_Frozen):
             if c.fact not in facts:
                 raise KeyError(f"capability_db/{self.name}: unknown fact {c.fact!r}")
             if c.applies(facts) and not c.accepts(facts[c.fact]):
-                reasons.append(c.reason(facts, device.arch))
+                reasons.append(c.reason(facts))
         return reasons
 
     def facts_about(self, fact: str) -> list[Constraint]:

@@ -39,15 +39,28 @@ INDEX_DTYPES = (torch.int32,)
 
 
 # -- error text -----------------------------------------------------------------------------
+SHOWN_CHARS = 120  # an error names a value, it does not print it: longer reprs are cut
+
+
 def show(value: Any) -> str:
-    """A short, readable rendering of an argument value for error messages."""
+    """A short, readable rendering of an argument value for error messages: a tensor or any other
+    array (numpy, cupy...) by its type, shape and dtype, never its elements."""
     if isinstance(value, torch.Tensor):
         return f"tensor(shape={tuple(value.shape)}, dtype={dtype_name(value.dtype)}, device={value.device})"
     if isinstance(value, torch.dtype):
         return dtype_name(value)
-    if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in value):
+    if _array_like(value):
+        kind = type(value)
+        return f"{kind.__module__.split('.')[0]}.{kind.__qualname__}(shape={tuple(value.shape)}, dtype={value.dtype})"
+    if isinstance(value, (tuple, list)) and any(isinstance(v, torch.Tensor) or _array_like(v) for v in value):
         return "(" + ", ".join(show(v) for v in value) + ")"
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS - 5]} ...{text[-1]}"
+
+
+def _array_like(value: Any) -> bool:
+    """An array of another library: it has a shape and a dtype (its repr would print its elements)."""
+    return not isinstance(value, (torch.Tensor, type)) and hasattr(value, "shape") and hasattr(value, "dtype")
 
 
 def bad(name: str, value: Any, allowed: str, exc: type = ValueError) -> Exception:
@@ -89,14 +102,14 @@ def split_kv(kv_cache: Any, name: str, allow_squeezed: bool) -> tuple[torch.Tens
     tuple of 3-D tensors is page size 1 with the page dim squeezed (squeezed=True)."""
     if isinstance(kv_cache, (tuple, list)):
         if len(kv_cache) != 2 or not all(isinstance(t, torch.Tensor) for t in kv_cache):
-            raise bad(name, kv_cache, "a tensor or a (k_cache, v_cache) tuple of two tensors", TypeError)
+            raise bad(name, kv_cache, "a torch.Tensor or a (k_cache, v_cache) tuple of two torch.Tensors", TypeError)
         k, v = kv_cache
         ranks = (4, 3) if allow_squeezed else (4,)
         if k.dim() != v.dim() or k.dim() not in ranks:
             raise bad(name, kv_cache, f"a tuple of two tensors of rank {' or '.join(map(str, ranks))}")
         return k, v, k.dim() == 3
     if not isinstance(kv_cache, torch.Tensor):
-        raise bad(name, kv_cache, "a tensor or a (k_cache, v_cache) tuple of two tensors", TypeError)
+        raise bad(name, kv_cache, "a torch.Tensor or a (k_cache, v_cache) tuple of two torch.Tensors", TypeError)
     ranks = (5, 4) if allow_squeezed else (5,)
     if kv_cache.dim() not in ranks or kv_cache.shape[1] not in (1, 2):
         raise bad(name, kv_cache, f"a {' or '.join(f'{r}-D' for r in ranks)} tensor (pages, 2, ...) "
@@ -248,6 +261,9 @@ OUT_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 
 
 # -- conversion of pydantic errors ----------------------------------------------------------
+TYPE_NAMES = {"Tensor": "torch.Tensor", "dtype": "torch.dtype", "device": "torch.device"}
+
+
 def validate(model: type["Spec"], args: dict) -> tuple["Spec", SimpleNamespace]:
     """Full validation -> (spec, derived values); raises ValueError/TypeError, never pydantic's
     ValidationError."""
@@ -266,6 +282,8 @@ def _user_error(exc: ValidationError) -> Exception:
     name = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("is-instance", "function")))
     name = name.split(".")[0] if name else "argument"
     msg = err["msg"].replace("Input should be ", "")
+    if err["type"] == "is_instance_of":  # pydantic says "an instance of Tensor": name the class users write
+        msg = f"a {TYPE_NAMES.get(str((err.get('ctx') or {}).get('class')), msg.removeprefix('an instance of '))}"
     cls = ValueError if err["type"] in ("literal_error", "enum") else TypeError
     return cls(f"{name}={show(err.get('input'))}: allowed {msg}")
 
@@ -297,11 +315,29 @@ def need_int(name: str, value: Any, lo: int) -> None:
         raise bad(name, value, f">= {lo}")
 
 
-def need_heads(hq: int, hkv: int, hq_name="num_qo_heads", hkv_name="num_kv_heads") -> None:
+# What kv_layout reads from a K/V tensor of each rank (FlashInfer's conventions): a tensor in the
+# other layout gives a wrong num_kv_heads, so a heads error says which layout read it.
+KV_LAYOUT_SHAPES = {
+    3: {"NHD": "(kv_len, num_kv_heads, head_dim)", "HND": "(num_kv_heads, kv_len, head_dim)"},
+    4: {"NHD": "(pages, page_size, num_kv_heads, head_dim)", "HND": "(pages, num_kv_heads, page_size, head_dim)"},
+}
+
+
+def layout_read(what: str, shape: Sequence[int], kv_layout: str) -> str:
+    """Where num_kv_heads came from: ``what`` of ``shape`` read as ``kv_layout`` expects (for errors)."""
+    shapes = KV_LAYOUT_SHAPES[len(shape)]
+    other = "NHD" if kv_layout == "HND" else "HND"
+    return (f"num_kv_heads is read from {what}={tuple(shape)} as kv_layout={kv_layout!r} expects: "
+            f"{shapes[kv_layout]} ({other!r}: {shapes[other]})")
+
+
+def need_heads(hq: int, hkv: int, hq_name="num_qo_heads", hkv_name="num_kv_heads", read_from: str = "") -> None:
+    """``hq`` a multiple of ``hkv``; ``read_from`` (``layout_read``): how ``hkv`` was read from a tensor."""
+    why = f"; {read_from}" if read_from else ""
     if hkv < 1 or hq < 1:
-        raise bad(hkv_name if hkv < 1 else hq_name, hkv if hkv < 1 else hq, ">= 1")
+        raise bad(hkv_name if hkv < 1 else hq_name, hkv if hkv < 1 else hq, ">= 1" + why)
     if hq % hkv:
-        raise bad(hq_name, hq, f"a multiple of {hkv_name}={hkv} (grouped-query attention)")
+        raise bad(hq_name, hq, f"a multiple of {hkv_name}={hkv} (grouped-query attention){why}")
 
 
 def need_window(window_left: Any) -> None:
@@ -430,7 +466,7 @@ def paged_kv_spec(kv_cache, layout, allow_squeezed, name="kv_cache") -> SimpleNa
         raise bad(name, kv_cache, "K and V caches of one dtype on one device")
     pages, page_size, hkv, _ = kn.shape
     return SimpleNamespace(k=kn, v=vn, pages=pages, page_size=page_size, hkv=hkv, dqk=kn.shape[3],
-                           dvo=vn.shape[3], kv_dtype=k.dtype, squeezed=squeezed)
+                           dvo=vn.shape[3], kv_dtype=k.dtype, squeezed=squeezed, layout=layout)
 
 
 def need_query(name, q, dtypes=Q_DTYPES):
@@ -447,7 +483,13 @@ def need_kv_static(d, q, name="kv_cache"):
         raise bad(f"{name}.stride()", tuple(d.k.stride()), "a unit stride on the last (head_dim) dimension")
     if d.dqk != q.shape[2]:
         raise bad(f"{name} head_dim", d.dqk, f"{q.shape[2]} = query.shape[2]")
-    need_heads(q.shape[1], d.hkv, "query.shape[1] (num_qo_heads)", "num_kv_heads")
+    read_from = "" if d.squeezed else layout_read(f"{name}'s K half of shape", _caller_shape(d), d.layout)
+    need_heads(q.shape[1], d.hkv, "query.shape[1] (num_qo_heads)", "num_kv_heads", read_from)
+
+
+def _caller_shape(d: SimpleNamespace) -> tuple:
+    """The shape of the caller's K half (in its layout) behind the logical NHD view ``d.k``."""
+    return tuple(paged_nhd(d.k, d.layout, False).shape)  # the HND permutation is its own inverse
 
 
 Units = Any  # checked by hand so the message lists both spellings

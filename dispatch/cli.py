@@ -38,7 +38,11 @@ DTYPE_ALIASES = {
     "fp8_e5m2": "float8_e5m2", "float8_e5m2": "float8_e5m2",
 }
 ENTRY_POINTS = tuple(ENTRIES)  # the registry of dispatch/entries/
-DEFAULT_ENTRY = "attn-dispatch cli"  # not an entry point: the family's own order applies
+# Without --entry, the FlashInfer call that takes the KV storage given (a decode step through the
+# paged wrapper is its one-token case): none of these puts an engine of its own first, so the
+# device family's priority list applies as it is.
+ENTRY_FOR_KV = {"paged": "BatchPrefillWithPagedKVCacheWrapper", "ragged": "BatchPrefillWithRaggedKVCacheWrapper",
+                "dense": "single_prefill_with_kv_cache"}
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 100  # human output fits a 100-column terminal
 DESCRIPTION = ("FlashInfer's attention API, dispatched to the fastest correct backend: what this machine "
@@ -142,8 +146,9 @@ def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None
     p.add_argument("--sizes", type=_positive_int, nargs=3, metavar=("BATCH", "MAX_Q", "MAX_KV"),
                    help="the call's sizes: the measured choice ranks the candidates at them (default: over the "
                         "measured sizes)")
-    p.add_argument("--entry", choices=ENTRY_POINTS, default=DEFAULT_ENTRY, metavar="NAME",
-                   help="entry point (its own engine goes first): " + ", ".join(ENTRY_POINTS))
+    p.add_argument("--entry", choices=ENTRY_POINTS, metavar="NAME",
+                   help="entry point (its own engine goes first): " + ", ".join(ENTRY_POINTS) + "; default: the "
+                        "one --kv implies (" + ", ".join(f"{kv}: {name}" for kv, name in ENTRY_FOR_KV.items()) + ")")
     p.add_argument("--verbose", "-v", action="store_true", help="every reason with its source")
     p.add_argument("--json", action="store_true")
 
@@ -188,7 +193,7 @@ def build_problem(args: argparse.Namespace, device: DeviceDesc, parser: argparse
     kv_dtype = args.kv_dtype or args.dtype
     out_dtype = args.out_dtype or ("bfloat16" if args.dtype.startswith("float8") else args.dtype)
     return AttentionProblem(
-        entry=args.entry, phase=args.phase, kv_storage=args.kv, kv_layout=args.layout,
+        entry=args.entry or ENTRY_FOR_KV[args.kv], phase=args.phase, kv_storage=args.kv, kv_layout=args.layout,
         num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=args.head_dim[0], head_dim_vo=args.head_dim[1],
         q_dtype=args.dtype, kv_dtype=kv_dtype, out_dtype=out_dtype,
         page_size=args.page_size if args.kv == "paged" else 0,
@@ -301,13 +306,21 @@ def cmd_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         if args.json:
             _print_json({"chosen": None, "device": device_json(device), "error": str(exc), "details": exc.details})
         else:
-            print(exc.details if args.verbose else exc)
+            _print_summarized(str(exc.details if args.verbose else exc))
         return 1
     if args.json:
         _print_json({**decision.to_json(), "device": device_json(device)})
     else:
-        print(decision.explain(verbose=args.verbose))
+        _print_summarized(decision.explain(verbose=args.verbose))
     return 0
+
+
+def _print_summarized(text: str) -> None:
+    """A decision or a refusal as the router wrote it, each line over 100 columns wrapped at its own
+    indent (the first names the entry point: a wrapper's name can take it past the width)."""
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        print(line if len(line) <= WIDTH else _wrapped(line.lstrip(), indent=indent))
 
 
 # -- info ------------------------------------------------------------------------------
@@ -321,8 +334,7 @@ def device_reasons(name: str, device: DeviceDesc) -> list[Reason]:
     for c in caps.constraints:
         device_only = c.fact in DEVICE_FACTS and all(k in DEVICE_FACTS for k in c.when)
         if device_only and c.applies(facts) and not c.accepts(facts[c.fact]):
-            value = device.arch if c.fact == "sm" else facts[c.fact]
-            out.append(Reason(c.fact, value, c.allowed_text(), c.source))
+            out.append(Reason(c.fact, facts[c.fact], c.allowed_text(), c.source))
     kind = [r for r in out if r.field == "device_kind"]
     return kind or out  # on the wrong kind of device, its SM limits add nothing
 
@@ -351,6 +363,41 @@ def backend_info(name: str, device: DeviceDesc) -> dict[str, Any]:
     return row
 
 
+def installed_version(module: str) -> Optional[str]:
+    """The installed version of the distribution that provides top-level ``module``, from package
+    metadata (nothing is imported: a vendor package may fail to import without a GPU), or None."""
+    from importlib import metadata
+
+    for dist in metadata.packages_distributions().get(module, []):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def known_defects_info() -> list[dict[str, Any]]:
+    """Every known defect of a vendor version (capability_db/defects.json), with the version installed
+    here and whether it is affected: data, shown on any machine, GPU or not."""
+    out = []
+    for d in capability_db.known_defects():
+        installed = installed_version(d.provider)
+        out.append({"id": d.id, "provider": d.provider, "versions": d.versions.text(), "fixed": d.versions.fixed,
+                    "backends": list(d.backends), "text": d.summary(), "sources": d.sources or [d.report],
+                    "installed": installed, "affected": installed is not None and d.versions.contains(installed)})
+    return out
+
+
+def summary_line(device: DeviceDesc, backends: list[dict[str, Any]]) -> str:
+    """What runs here, in one line (the first of ``info``)."""
+    usable = [b["backend"] for b in backends if b["usable_here"]]
+    if device.kind != "cpu":
+        return f"{device.name} ({device.arch}): {len(usable)} of {len(backends)} backends usable here: " + ", ".join(usable)
+    others = [name for name in usable if name != "reference"]
+    return ("CPU only: the PyTorch reference serves every entry point"
+            + (f" ({', '.join(others)} too)" if others else "") + "; GPU backends need CUDA")
+
+
 def machine_info() -> dict[str, Any]:
     import torch
 
@@ -358,11 +405,13 @@ def machine_info() -> dict[str, Any]:
 
     device = _this_device()
     cudnn = torch.backends.cudnn
+    backends = [backend_info(name, device) for name in REGISTRY]
     return {
+        "summary": summary_line(device, backends),
         "torch": torch.__version__, "cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
         "gpu": None if device.kind == "cpu" else device.name, "device": device_json(device),
         "cudnn": cudnn.version() if cudnn.is_available() else None,
-        "backends": [backend_info(name, device) for name in REGISTRY],
+        "backends": backends, "known_defects": known_defects_info(),
         "timing_table": measured.describe(device),
     }
 
@@ -373,6 +422,7 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _print_json(info)
         return 0
     dev = info["device"]
+    print(_wrapped(info["summary"]))
     print(f"torch {info['torch']}; CUDA available: {info['cuda_available']}"
           + (f" (CUDA {info['cuda']})" if info["cuda"] else ""))
     print(f"device: {dev['name']} ({dev['arch']}, {dev['family']})" + (f"; cuDNN {info['cudnn']}" if info["cudnn"] else ""))
@@ -381,6 +431,11 @@ def cmd_info(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for b in info["backends"]:
         for line in _info_lines(b):
             print(line)
+    print("known defects of vendor versions (capability_db/defects.json):")
+    for d in info["known_defects"]:
+        here = (f"{d['provider']} {d['installed']} installed: {'affected' if d['affected'] else 'not affected'}"
+                if d["installed"] else f"{d['provider']} not installed")
+        print(_wrapped(f"- {d['text']}; backends {', '.join(d['backends'])}; {here} [{d['sources'][0]}]", indent=2))
     return 0
 
 

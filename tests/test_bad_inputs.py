@@ -176,6 +176,88 @@ def test_bad_input(name, call, kw, exc, words):
     assert (out == SENTINEL).all() and (lse == SENTINEL).all()
 
 
+def numpy_of(c, t):
+    return t.numpy()
+
+
+def numpy_plan_arg(key):
+    def mutate(c, args, kw):
+        c[key] = c[key].numpy()
+    return mutate
+
+
+# (id, caller, kwargs, the argument's name, its shape): every tensor argument, one helper's message
+NUMPY_CASES = [
+    ("trtllm-query", trtllm, dict(mutate=setarg(0, numpy_of)), "query", (9, HQ, D)),
+    ("trtllm-kv-cache", trtllm, dict(mutate=setarg(1, numpy_of)), "kv_cache", (8, 2, P, HKV, D)),
+    ("trtllm-block-tables", trtllm, dict(mutate=setarg(3, numpy_of)), "block_tables", (3, 4)),
+    ("trtllm-seq-lens", trtllm, dict(mutate=setarg(4, numpy_of)), "seq_lens", (3,)),
+    ("trtllm-cum-seq-lens-q", trtllm, dict(mutate=setarg(10, numpy_of)), "cum_seq_lens_q", (4,)),
+    ("trtllm-out", trtllm, dict(mutate=setkw("out", numpy_of)), "out", (9, HQ, D)),
+    ("trtllm-sinks", trtllm, dict(mutate=setkw("sinks", lambda c, x: torch.zeros(HQ).numpy())), "sinks", (HQ,)),
+    ("xqa-query", xqa, dict(mutate=setarg(0, numpy_of)), "query", (3, HQ, D)),
+    ("xqa-seq-lens", xqa, dict(mutate=setarg(4, numpy_of)), "seq_lens", (3,)),
+    ("cudnn-q", cudnn, dict(mutate=setarg(0, numpy_of)), "q", (9, HQ, D)),
+    ("cudnn-k-cache", cudnn, dict(mutate=setarg(1, numpy_of)), "k_cache", (8, HKV, P, D)),
+    ("cudnn-v-cache", cudnn, dict(mutate=setarg(2, numpy_of)), "v_cache", (8, HKV, P, D)),
+    ("cudnn-lens-kv", cudnn, dict(mutate=setkw("actual_seq_lens_kv", numpy_of)), "actual_seq_lens_kv", (3, 1, 1, 1)),
+    ("paged-q", paged_run, dict(mutate=setarg(0, numpy_of)), "q", (9, HQ, D)),
+    ("paged-cache", paged_run, dict(mutate=setarg(1, numpy_of)), "paged_kv_cache", (8, 2, P, HKV, D)),
+    ("plan-qo-indptr", paged_plan, dict(mutate=numpy_plan_arg("qo")), "qo_indptr", (4,)),
+    ("plan-indices", paged_plan, dict(mutate=numpy_plan_arg("perm")), "paged_kv_indices", (8,)),
+    ("ragged-k", ragged_run, dict(mutate=setarg(1, numpy_of)), "k", (26, HKV, D)),
+    ("single-q", single, dict(mutate=setarg(0, numpy_of)), "q", (4, HQ, D)),
+    ("single-v", single, dict(mutate=setarg(2, numpy_of)), "v", (7, HKV, D)),
+    ("single-mask", single, dict(custom_mask=torch.ones(4, 7, dtype=torch.bool).numpy()), "custom_mask", (4, 7)),
+]
+
+
+@pytest.mark.parametrize("name, call, kw, arg, shape", NUMPY_CASES, ids=[c[0] for c in NUMPY_CASES])
+def test_a_numpy_array_is_named_by_its_type_and_shape_never_printed(name, call, kw, arg, shape):
+    """An array of another library is refused naming the argument, its type, shape and dtype and what
+    is allowed: one line, whatever the array's size (its repr would print every element)."""
+    out, lse = bufs()
+    with pytest.raises(TypeError) as info:
+        call(out, lse, **kw)
+    message = str(info.value)
+    assert message.startswith(f"{arg}=numpy.ndarray(shape={shape}, dtype="), message
+    assert "allowed a torch.Tensor" in message and "\n" not in message and len(message) < 200, message
+    assert (out == SENTINEL).all() and (lse == SENTINEL).all()
+
+
+def test_a_long_value_is_cut_in_an_error():
+    c = ragged(q_lens=(4,), kv_lens=(7,))
+    with pytest.raises(TypeError) as info:
+        dispatch.single_prefill_with_kv_cache(c["q"], c["k"], c["v"], sm_scale=list(range(1000)))
+    message = str(info.value)
+    assert message.startswith("sm_scale=[0, 1, 2,") and " ...]" in message and len(message) < 200, message
+
+
+@pytest.mark.parametrize("layout, given", [("HND", "NHD"), ("NHD", "HND")])
+def test_k_and_v_in_the_other_layout_are_named_by_kv_layout(layout, given):
+    """K/V shaped for one layout, passed with kv_layout naming the other: the error says which layout
+    read num_kv_heads from which shape, and the shape each layout expects."""
+    c = ragged(q_lens=(4,), kv_lens=(7,))
+    k, v = (c["k"], c["v"]) if given == "NHD" else (c["k"].transpose(0, 1), c["v"].transpose(0, 1))
+    with pytest.raises(ValueError) as info:
+        dispatch.single_prefill_with_kv_cache(c["q"], k, v, kv_layout=layout)
+    message = str(info.value)
+    expects = {"NHD": "(kv_len, num_kv_heads, head_dim)", "HND": "(num_kv_heads, kv_len, head_dim)"}
+    assert f"kv_layout={layout!r} expects: {expects[layout]}" in message, message
+    assert f"k.shape={tuple(k.shape)}" in message and f"{given!r}: {expects[given]}" in message
+
+
+def test_a_paged_cache_in_the_other_layout_is_named_by_kv_layout():
+    c = paged(layout="HND")  # (pages, 2, Hkv, P, D) read as NHD: P=4 pages of Hkv=2 rows, heads read as 16
+    args, kw = trtllm_args(c)
+    args[0] = args[0][:, :3]  # 3 query heads: never a multiple of the heads the layout reads
+    with pytest.raises(ValueError) as info:
+        dispatch.trtllm_batch_context_with_kv_cache(*args, **{**kw, "kv_layout": "NHD"})
+    message = str(info.value)
+    assert "kv_layout='NHD' expects: (pages, page_size, num_kv_heads, head_dim)" in message, message
+    assert f"kv_cache's K half of shape={(8, HKV, P, D)}" in message
+
+
 def test_at_least_35_kinds():
     assert len({c[0] for c in CASES}) >= 35
 

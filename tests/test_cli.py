@@ -77,7 +77,8 @@ def test_query_sm90_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
     assert data["candidates"][0]["backend"] == "trtllm-gen"  # the entry's own engine goes first
     assert "sm" in rejected_fields(data, "trtllm-gen")  # section 3: SM100/103/107 only
     sm_reason = [r for r in candidate(data, "trtllm-gen")["reasons"] if r["field"] == "sm"][0]
-    assert sm_reason["value"] == "sm_90" and sm_reason["source"]
+    assert sm_reason["value"] == 90 and sm_reason["source"]
+    assert sm_reason["text"].startswith("sm=90: allowed one of 100, 103, 107")  # one vocabulary: SM numbers
     # device-side lengths: cuDNN and native-triton (no host re-plan per call) before FlashInfer's
     # fa2/fa3, see priorities.json; the H200's fitted table (scaled) ranks those two
     assert data["chosen"] in ("cudnn", "native-triton")
@@ -220,7 +221,7 @@ def test_query_lists_every_backend_ranked_first(capsys, gpu, options):
     ranked = [c["ranked"] for c in data["candidates"]]
     assert ranked == sorted(ranked, reverse=True), "an unranked backend sits before a ranked one"
     device = capability_db.resolve_device(gpu)
-    listed = [e.backend for e in capability_db.candidates(device, data["problem"]["phase"], cli.DEFAULT_ENTRY)]
+    listed = [e.backend for e in capability_db.candidates(device, data["problem"]["phase"], data["problem"]["entry"])]
     # the accepted candidates trade places by measured time among their own slots; a rejected one keeps its place
     assert sorted(names[:len(listed)]) == sorted(listed) and all(ranked[:len(listed)]) and not any(ranked[len(listed):])
     for i, c in enumerate(data["candidates"][:len(listed)]):
@@ -302,7 +303,8 @@ def test_explain_on_this_machine_prints_the_decision(capsys):
     device = cli._this_device()
     assert rc == 0
     where = device.name if device.kind == "cpu" else f"{device.name} ({device.arch})"
-    assert out.splitlines()[0].endswith("accepts it)") and f"on {where}" in out and "CHOSEN" in out
+    summary = " ".join(out.split("\nproblem: ")[0].split())  # the decision's one line, wrapped to 100 columns
+    assert summary.endswith("accepts it)") and f"on {where}" in summary and "CHOSEN" in out
     if device.kind == "cpu":
         assert "CHOSEN   reference" in out
 
@@ -312,6 +314,26 @@ def test_explain_with_refused_backend_names_its_reasons(capsys):
     assert rc == 1
     assert "'xqa' (chosen by backend= argument) cannot serve" in out
     assert "device_kind='cpu'" in out and "backends that would accept it: reference" in out
+
+
+@pytest.mark.parametrize("options, entry", [
+    ([], "BatchPrefillWithPagedKVCacheWrapper"), (["--kv", "ragged"], "BatchPrefillWithRaggedKVCacheWrapper"),
+    (["--kv", "dense"], "single_prefill_with_kv_cache"),
+    (["--entry", "trtllm_batch_context_with_kv_cache"], "trtllm_batch_context_with_kv_cache")])
+def test_explain_names_the_entry_point_it_explains(capsys, options, entry):
+    """Without --entry, the FlashInfer call that takes the KV storage given; never a made-up name."""
+    rc, out, _ = run_cli(capsys, "explain", "--gpu", "cpu", *options)
+    assert rc == 0 and " ".join(out.split()).startswith(f"reference serves {entry} on cpu"), out
+    data = query(capsys, "cpu", *options)
+    assert data["problem"]["entry"] == entry
+
+
+def test_query_and_info_state_the_sm_in_one_vocabulary(capsys):
+    rc, out, _ = run_cli(capsys, "query", "--gpu", "h100", *BASE, *PAGED_PREFILL,
+                         "--entry", "trtllm_batch_context_with_kv_cache")
+    assert "sm=90: allowed one of 100, 103, 107" in out and "sm='sm_90'" not in out
+    reasons = cli.device_reasons("trtllm-gen", capability_db.resolve_device("h100"))
+    assert [str(r).split(" [")[0] for r in reasons] == ["sm=90: allowed one of 100, 103, 107"]
 
 
 def test_explain_unknown_backend_exits_2(capsys):
@@ -340,10 +362,65 @@ def test_info_json_lists_every_backend_with_reasons(capsys):
 
 def test_info_human_output_names_every_backend(capsys):
     rc, out, _ = run_cli(capsys, "info")
-    assert rc == 0 and out.startswith(f"torch {torch.__version__}")
+    assert rc == 0 and f"\ntorch {torch.__version__}; CUDA available: " in out
     for name in REGISTRY:
         assert f"  {name} " in out
     assert "timing table: " in out
+
+
+def test_info_on_the_cpu_starts_with_what_runs_here(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc, out, _ = run_cli(capsys, "info")
+    rc_json, data, _ = run_cli(capsys, "info", "--json")
+    summary = json.loads(data)["summary"]
+    assert rc == rc_json == 0 and out.startswith(summary.split(";")[0])
+    assert summary.startswith("CPU only: the PyTorch reference serves every entry point")
+    assert summary.endswith("; GPU backends need CUDA") and " ".join(out.split()).startswith(summary)
+
+
+def test_info_lists_every_known_defect_with_the_version_installed_here(capsys, monkeypatch):
+    """The README says info lists the known defects: on any machine, as data, each with the
+    provider's installed version and whether it is affected, or "not installed"."""
+    known = capability_db.known_defects()
+    assert known
+    rc, out, _ = run_cli(capsys, "info", "--json")
+    rows = json.loads(out)["known_defects"]
+    assert [d["id"] for d in rows] == [d.id for d in known]
+    rc, text, _ = run_cli(capsys, "info")
+    flat = " ".join(text.split())
+    assert "known defects of vendor versions (capability_db/defects.json):" in text
+    for d in rows:
+        here = f"{d['provider']} not installed" if d["installed"] is None else f"{d['provider']} {d['installed']} installed"
+        assert d["id"] in flat and here in flat, d["id"]
+    # a version at a defect's fix is not affected; any version of one that was never fixed is
+    for d in known:
+        version = d.versions.fixed or "999.0"
+        monkeypatch.setattr(cli, "installed_version", lambda module, version=version: version)
+        row = next(r for r in cli.known_defects_info() if r["id"] == d.id)
+        assert row["installed"] == version and row["affected"] == (d.versions.fixed is None), d.id
+        rc, text, _ = run_cli(capsys, "info")
+        said = "affected" if row["affected"] else "not affected"
+        assert f"{d.provider} {version} installed: {said}" in " ".join(text.split())
+
+
+def test_installed_versions_come_from_package_metadata():
+    assert cli.installed_version("torch") == torch.__version__
+    assert cli.installed_version("no_such_module_anywhere") is None
+
+
+def test_info_says_truly_how_to_get_triton(capsys, monkeypatch):
+    """torch's CPU builds bring no triton: the line names the extra, and which torch builds bring it."""
+    from backends.base import import_reason
+    from backends.native.triton_backend import NativeTritonBackend
+
+    missing = import_reason("triton", ModuleNotFoundError("No module named 'triton'"))
+    monkeypatch.setattr(NativeTritonBackend, "_available", (missing,))
+    rc, out, _ = run_cli(capsys, "info", "--json")
+    row = next(b for b in json.loads(out)["backends"] if b["backend"] == "native-triton")
+    assert not row["installed"] and "pip install 'attn-dispatch[triton]'" in row["install"]
+    assert "CUDA builds of torch" in row["install"] and "CPU builds do not" in row["install"]
+    rc, text, _ = run_cli(capsys, "info")
+    assert f"get it: {row['install']}" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("gpu, says", [
@@ -400,6 +477,26 @@ def test_human_output_fits_100_columns(capsys, argv):
     rc, out, _ = run_cli(capsys, *argv)
     too_long = [line for line in out.splitlines() if len(line) > 100]
     assert not too_long, too_long[0]
+
+
+def _runs_on_the_cpu(capsys, backend: str) -> bool:
+    """What query answers on the CPU (capability data and the adapter's extra checks): no device reason."""
+    from dispatch import router
+
+    router.clear_caches()  # decisions are cached per problem; TRITON_INTERPRET changed
+    return "device_kind" not in {r["field"] for r in candidate(query(capsys, "cpu"), backend)["reasons"]}
+
+
+@pytest.mark.parametrize("backend", capability_db.BACKEND_NAMES)
+def test_the_matrix_lists_the_cpu_for_a_backend_exactly_where_query_and_explain_accept_it(capsys, monkeypatch,
+                                                                                        backend):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a user's CPU: Triton's interpreter off
+    archs = render.matrix_row(capability_db.backend_caps(backend))["archs"]
+    kinds = archs.split(";")[0].split(", ")
+    assert (archs.startswith("any") or "CPU" in kinds) == _runs_on_the_cpu(capsys, backend), archs
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if _runs_on_the_cpu(capsys, backend) and "CPU" not in kinds and not archs.startswith("any"):
+        assert "CPU only under TRITON_INTERPRET=1" in archs  # the condition, as explain states it
 
 
 def test_matrix_json_rows_follow_the_data(capsys):
@@ -513,6 +610,15 @@ def test_probe_and_bench_hand_over_every_argument_to_their_modules(monkeypatch):
     assert calls == [("probe", ["--backends", "cudnn", "--json"]), ("bench", ["--quick", "--out", "/tmp/x"])]
 
 
+def test_probe_without_a_gpu_exits_1_saying_so(capsys, monkeypatch):
+    """2 means a bad option; a machine without a GPU is not one."""
+    from dispatch.lab import probe
+
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
+    assert cli.main(["probe"]) == 1
+    assert "probe needs a CUDA GPU; this machine has none" in capsys.readouterr().err
+
+
 # -- what a new user meets first: --version, JSON that parses, pipes, wrapped text ------------------
 def _attn_dispatch(*argv, pipe_to=None):
     """The command as a user runs it (a fresh interpreter), optionally piped into another command."""
@@ -543,8 +649,8 @@ def test_piping_into_head_ends_quietly(command):
 def test_probe_json_prints_only_json_even_without_a_gpu():
     done = _attn_dispatch("probe", "--json")
     data = json.loads(done.stdout)
-    if not torch.cuda.is_available():
-        assert done.returncode == 2 and data["error"] == "no CUDA device"
+    if not torch.cuda.is_available():  # 1: the machine lacks a GPU; 2 is kept for a bad option
+        assert done.returncode == 1 and data["error"] == "no CUDA device"
     done = _attn_dispatch("probe", "--list", "--json")
     assert done.returncode == 0 and {"case", "problem"} <= set(json.loads(done.stdout)[0])
 

@@ -46,26 +46,58 @@ def test_a_sweep_with_warm_workers_waits_for_them_and_records_the_wait(tmp_path,
     assert len(results) == 2 and all("backends" in r and r["warm_wait_s"] >= 0 for r in results)
 
 
-def test_a_worker_starts_no_call_while_the_sweep_times_a_problem(tmp_path):
-    import threading
+class FakeClock:
+    """``warm``'s clock: time passes only when the code under test sleeps, and ``on_sleep`` runs at
+    each sleep (the sweep's side of a test acts there), so a test asserts what happened in which
+    order, never how long a loaded machine took."""
+
+    def __init__(self, on_sleep=lambda clock: None):
+        self.now, self.sleeps, self.on_sleep = 0.0, 0, on_sleep
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+        self.on_sleep(self)
+
+
+def test_a_worker_starts_no_call_while_the_sweep_times_a_problem(tmp_path, monkeypatch):
+    import contextlib
+
     warmup = warm.Warmup.__new__(warm.Warmup)  # its folder only: no worker processes
     warmup.dir = tmp_path
-    returned = []
-    with warmup.timing():
-        worker = threading.Thread(target=lambda: returned.append(warm.wait_while_timing(tmp_path) or time.time()))
-        worker.start()
-        time.sleep(0.3)
-        assert not returned, "the worker went on while the sweep was timing"
-        ended = time.time()
-    worker.join(5)
-    assert returned and returned[0] >= ended and not (tmp_path / warm.TIMING_FLAG).exists()
-    t0 = time.time()
-    warm.wait_while_timing(tmp_path)  # no timing under way: no wait (the bound would be 900 s)
-    assert time.time() - t0 < 1.0
-    (tmp_path / warm.TIMING_FLAG).touch()  # a sweep that died mid-problem
-    t0 = time.time()
+    events = []
+    with contextlib.ExitStack() as sweep:
+        sweep.enter_context(warmup.timing())
+
+        def sweep_finishes_on_the_third_wait(clock):
+            events.append("worker waits")
+            if clock.sleeps == 3:
+                sweep.close()  # the sweep's timing ends: the flag goes
+                events.append("timing ended")
+        monkeypatch.setattr(warm, "time", FakeClock(sweep_finishes_on_the_third_wait))
+        warm.wait_while_timing(tmp_path)
+        events.append("worker goes on")
+    assert events == ["worker waits"] * 3 + ["timing ended", "worker goes on"]
+    assert not (tmp_path / warm.TIMING_FLAG).exists()
+
+
+def test_a_worker_waits_for_nothing_when_no_timing_is_under_way(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(warm, "time", clock)
+    warm.wait_while_timing(tmp_path)  # the bound would be 900 s
+    assert clock.sleeps == 0
+
+
+def test_a_worker_stops_waiting_for_a_sweep_that_died_mid_problem(tmp_path, monkeypatch):
+    (tmp_path / warm.TIMING_FLAG).touch()  # the flag of a sweep that never removed it
+    clock = FakeClock()
+    monkeypatch.setattr(warm, "time", clock)
     warm.wait_while_timing(tmp_path, most_s=0.2)
-    assert 0.2 <= time.time() - t0 < 2
+    assert clock.sleeps > 0 and 0.2 <= clock.now < 0.25  # the bound, in the clock's own time
+    assert (tmp_path / warm.TIMING_FLAG).exists()
 
 
 def _state(pid: int) -> str:

@@ -12,10 +12,12 @@ import argparse
 import math
 import sys
 
+# dispatch before torch: without NumPy (not a dependency) importing torch warns "Failed to initialize
+# NumPy", and dispatch imports torch with exactly that warning silenced
+import dispatch  # noqa: I001
+
 import torch
 import torch.nn.functional as F
-
-import dispatch
 
 HQ, HKV, D, PAGE = 8, 2, 64, 16
 

@@ -12,9 +12,9 @@ from typing import Any, Literal, Optional, Union, overload
 import torch
 
 from .. import ops, policy
-from ..checks import (Layout, OUT_DTYPES, PosMode, Scale, Spec, bad, check_scale, fold_scale, need_finite, need_heads,
-                      need_kv_dtype, need_query, need_soft_cap, need_tensor, need_window, out_dtype_of, uniform_indptr,
-                      unpack_bits)
+from ..checks import (Layout, OUT_DTYPES, PosMode, Scale, Spec, bad, check_scale, fold_scale, layout_read,
+                      need_finite, need_heads, need_kv_dtype, need_query, need_soft_cap, need_tensor, need_window,
+                      out_dtype_of, uniform_indptr, unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from . import _base as B
 from ._base import UNSET
@@ -211,7 +211,8 @@ class SinglePrefillSpec(Spec):
             raise bad("k.shape", tuple(self.k.shape), f"head_dim {q.shape[2]} = q.shape[2]")
         if self.v.dtype != self.k.dtype:
             raise bad("v.dtype", self.v.dtype, f"{dtype_name(self.k.dtype)}, the dtype of k")
-        need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads")
+        need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads",
+                   layout_read("k.shape", self.k.shape, self.kv_layout))
         if d.out_dtype not in OUT_DTYPES:
             raise bad("o_dtype", d.out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
         need_window(self.window_left)

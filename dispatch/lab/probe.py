@@ -297,10 +297,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.cases:
         wanted = set(args.cases.split(","))
         cases = [c for c in cases if c.name in wanted]
-    if not torch.cuda.is_available():
-        _say(args, "attn-dispatch probe: no CUDA device; the probe compares the data with a live GPU",
+    if not torch.cuda.is_available():  # 1, not 2: the options were fine, the machine lacks what they need
+        _say(args, "attn-dispatch probe: probe needs a CUDA GPU; this machine has none (--list shows the cases)",
              error="no CUDA device", summary={})
-        return 2
+        return 1
     try:
         backends = _selected_backends(args.backends)
     except ValueError as exc:  # names the option, the value and the valid options
