@@ -209,3 +209,21 @@ class DeviceDesc:
     @property
     def arch(self) -> str:
         return f"sm_{self.sm}" if self.kind == "cuda" else "cpu"
+
+
+def visible_pairs(q: int, kv: int, causal: bool, window_left: int) -> int:
+    """(query, key) pairs one request computes: query i sits at kv - q + i (bottom-right), sees keys up
+    to itself (causal) or to the last, from ``window_left`` before itself (inclusive) or the first.
+    A non-causal window sees every key after its start, not window_left + 1 keys per query."""
+    first = kv - q  # the first query's position
+    upto = _clamped_sum(first + 1, q) if causal else q * kv  # keys 0 .. its own (or the last) per query
+    before = _clamped_sum(first - window_left, q) if window_left >= 0 else 0  # keys before its window
+    return upto - before
+
+
+def _clamped_sum(a: int, n: int) -> int:
+    """sum of max(0, a + i) over i in [0, n)."""
+    top = a + n - 1
+    if top <= 0:
+        return 0
+    return n * a + n * (n - 1) // 2 if a >= 0 else top * (top + 1) // 2

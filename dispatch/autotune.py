@@ -33,7 +33,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 import capability_db
-from capability_db.measured import ANCHORS
+from capability_db.choice_table import ANCHORS
 
 from . import policy
 

@@ -1,84 +1,47 @@
-"""The measured choice: order the accepted candidates by their expected time.
+"""The measured choice: order the accepted candidates by their expected time, read from a table.
 
-Called by ``router.evaluate`` once per (problem, device) — the decision is cached, so none of
-this is on the per-call path. Evidence, best first, for each accepted backend:
+Called by ``router.decide`` once per (problem, size class, device): the decision is cached, so none
+of this is on the per-call path, and what it does is a lookup. Evidence, best first:
 
-1. autotune (opt-in, ``dispatch.autotune``): times measured on this machine for the bucket;
-2. the GPU's timing table (capability_db/measured/<gpu>.json): a row whose static facts match
-   the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
-   sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
-   linear in ``measured.features``, plus boosted trees on those fits' errors; cross-validated on
-   the H200's sweeps A-N, 77% within 3% of the fastest, 79% among the backends a graph captures,
-   tools/results/crossval-h200-sweeps-a-to-n-800-trees.md; the nearest row alone reached 53% on A-D and the
-   grid, crossval-h200-session4-choice-a-to-d-and-grid.md); else (a table
-   without a fit) the nearest row, scaled to the wanted sizes by the cost model's ratio;
-3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
-   launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
-   efficiencies measured on this GPU (a default where it has none); divided by the share of SMs
-   a query-tiled kernel keeps busy (``occupancy``: few queries over many keys on cuDNN or fa3).
+1. autotune (``dispatch.autotune``, opt-in): times measured on this machine for the bucket;
+2. the GPU's choice table (capability_db/tables/<gpu>.json, ``capability_db.choice_table``): each
+   backend's expected GPU time at the size class, compiled ahead of time from the fit of every call
+   timed on that GPU (its own table, or its SM's scaled to its bandwidth and compute);
+3. neither (the CPU, an SM nobody measured, one candidate): the priority list alone.
 
 **What a call costs.** An eager call costs the backend's GPU time *and* its host path (the Python,
-planning and launch work before the call returns: 10x the kernel on small problems for some
-paths); a call captured in a CUDA graph replays its kernels alone. So a backend's expected time
-is GPU time + host time for an eager call, GPU time alone when the problem declares a CUDA graph
-(``cuda_graph``: the wrapper's ``use_cuda_graph``, cuDNN's ``is_cuda_graph_compatible``) or the
-decision is made during capture (``capturing``: part of the router's decision key). Host time,
-best first: the table's (backend, entry point) figure (``TimingTable.host_us``, from ``bench
---host-cost`` or the bench rows' median), the median of the matching rows' ``host_us``, else
-``DEFAULT_HOST_US`` (tables written before host times existed keep working).
+planning and launch work before the call returns: 10x the kernel on small problems for some paths);
+a call captured in a CUDA graph replays its kernels alone. So a backend's expected time is GPU time +
+host time for an eager call, GPU time alone when the problem declares a CUDA graph (``cuda_graph``)
+or the decision is made during capture (``capturing``: part of the router's decision key). Host
+time: the table's measured figure for (backend, entry point), else ``DEFAULT_HOST_US``.
 
-The entry point's own list (priorities.json ``entry_first``) stays ahead of the family's list
-where no row measured through this entry point timed two candidates: its reasons are about the
-entry's calling convention (device-side lengths, which FlashInfer's fa2/fa3 re-plan on the host
-every call), which rows measured through other entry points do not carry. Where the fit served
-the estimates (it knows the entry point), one tier: a backend that plans per call through this
-entry (capability data ``plans_per_call``) is estimated at its kernel's fitted GPU time plus its
-host path there, the plan and its sync included. Estimates order the candidates within each tier.
-
-With sizes (the problem's size class) the estimates are made at the class's middle
-(``class_middle``: 3/4 of each power of two, where the autotune times it too), not at its top, which
-would judge every call of the class at its largest (cross-validated on the H200's A-Q: 1799 of 2211
-within 3% against 1781 of 2208; tools/results/size-class-middle-s18.md).
-
-Without sizes (the router's problem key holds none) a backend's score is the geometric mean,
-over the matching rows' sizes (or the phase's anchor sizes), of its estimate over the best
-estimate there. Scores within TIE of the best keep the static priority order; no timing table
-(the CPU, an unmeasured GPU): the priority order alone.
+A size class is judged at its middle (``class_middle``); without sizes at the phase's anchor sizes.
+Estimates within ``TIE`` of the fastest keep the priority order; a backend the table leaves out at
+that point (slower there than the ones it keeps) goes after those it has, in priority order.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
 import capability_db
-from capability_db.measured import (ANCHORS, QUERY_TILE, SMS, Efficiency, TimingRow, TimingTable, features, gpu_peaks,
-                                    Sizes, table_for, work)
+from capability_db.choice_table import ANCHORS, ChoiceTable, Sizes, table_for
 
 from . import autotune
-from .problem import AttentionProblem, DeviceDesc, class_middle
+from .problem import AttentionProblem, DeviceDesc
 
 TIE = 0.03  # estimates within 3% are a tie: the priority list decides
-PREFILL_BANDWIDTH = 0.9  # share of peak bandwidth any backend streams on prefill-shaped work
-DEFAULT_EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.3, launch_us=10.0, source="default (not measured)")
-SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch_us=200.0,
-                                           source="default: PyTorch reference, unfused")}
-
 
 # Host microseconds per eager call of each backend's path where the table has no measured figure:
-# rough figures of the H100/H200 host-cost runs (tools/results/host-cost-h100*.md; issue 20's
-# H200 sweep), a 2024 server CPU, warm calls of a repeated shape: whole calls through dispatch of
-# 18-32 us on fa2 and xqa, 54 us on cuDNN (host-cost-h100.md); native-triton's launcher costs
-# 7.5-13 us per launch (native-h100-r12.md), like the vendors' once its plan is kept per call key;
+# warm calls of a repeated shape on an H100/H200 host (docs/benchmarks.md, host cost per call);
 # the unfused PyTorch reference far more.
 DEFAULT_HOST_US = {"fa2": 25.0, "fa3": 35.0, "xqa": 25.0, "trtllm-gen": 30.0, "cudnn": 50.0, "torch-flash": 30.0,
                    "native-triton": 25.0, "reference": 500.0}
 UNKNOWN_HOST_US = 40.0  # a backend missing from DEFAULT_HOST_US
-
 
 _CUDA = torch.cuda.is_available()  # a CPU-only torch cannot even ask (a described GPU: never capturing)
 
@@ -98,28 +61,13 @@ def with_properties(desc: DeviceDesc, props: Any) -> DeviceDesc:
                                peak_tb_per_s=bandwidth)
 
 
-def host_us(table: TimingTable, rows: list[TimingRow], backend: str, entry: str) -> tuple[float, str]:
-    """(host us per eager call of ``backend`` on ``entry``, where the figure comes from)."""
-    measured = table.host_us.get(backend, {})
-    if entry in measured:
-        return measured[entry], "measured"
-    seen = [r.host_us[backend] for r in rows if backend in r.host_us and r.bucket.entry == entry] or \
-        [r.host_us[backend] for r in rows if backend in r.host_us]
-    if seen:
-        return statistics.median(seen), "measured rows"
-    if measured:
-        return statistics.median(measured.values()), "measured on other entry points"
-    return DEFAULT_HOST_US.get(backend, UNKNOWN_HOST_US), "default"
-
-
 @dataclass(frozen=True)
 class Estimate:
     backend: str
     ms: float  # expected ms per call at the sizes it was estimated for: GPU time (+ host time, eager)
-    basis: str  # "autotune" | "measured" | "fitted" | "measured, scaled" | "model"
+    basis: str  # "autotune" | "table"
     sizes: Sizes
     source: str
-    note: str = ""  # how a row at other sizes became this estimate
     host_us: Optional[float] = None  # the host time counted in ms (None: not counted, a CUDA graph)
     host_source: str = ""
 
@@ -127,7 +75,7 @@ class Estimate:
         """The estimate without its source (explain prints the sources once, not per candidate)."""
         b, q, kv = self.sizes
         gpu = self.ms - (self.host_us or 0.0) / 1e3
-        text = f"{self.basis}: {gpu:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
+        text = f"{self.basis}: {gpu:.4g} ms at batch {b} x q {q} x kv {kv}"
         if self.host_us is not None:  # an eager call: what its host path adds
             text += f" + host {self.host_us:.3g} us ({self.host_source}) = {self.ms:.4g} ms"
         return text
@@ -142,145 +90,18 @@ class Estimate:
 @dataclass(frozen=True)
 class Ranking:
     order: list[str]  # accepted backends, fastest expected first
-    estimates: dict[str, Estimate]  # the evidence behind each place (at the problem's sizes)
+    estimates: dict[str, Estimate]  # the evidence behind each place
     basis: str  # one line for explain()
-    scores: dict[str, float] = field(default_factory=dict)  # what the order sorts (time / fastest's)
-    points: int = 1  # sizes the scores are a geometric mean over
+    scores: dict[str, float] = field(default_factory=dict)  # time / the fastest's
+    points: int = 1  # kept for explain's layout: one grid point per decision
 
 
-def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:
-    e = table.efficiency.get(backend) or SLOW_EFFICIENCY.get(backend) or DEFAULT_EFFICIENCY
-    moved, flops = work(problem, sizes)
-    if sizes[1] == 1:  # decode-shaped: the K/V read is the time (its efficiency was measured on such rows)
-        seconds = moved / (e.bandwidth * table.peak_tb_per_s * 1e12)
-    else:  # a backend's decode efficiency says nothing of its bandwidth on prefill tiles
-        seconds = max(moved / (PREFILL_BANDWIDTH * table.peak_tb_per_s * 1e12),
-                      flops / (e.compute * table.peak_tflops * 1e12))
-    return e.launch_us / 1e3 + seconds * 1e3 / occupancy(table, backend, problem, sizes)
-
-
-DEFAULT_SMS = SMS  # an H100 / H200 SXM, where the table names a GPU of unknown SM count
-
-
-def occupancy(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:
-    """The share of the SMs one call keeps busy (the efficiencies were measured on calls that fill
-    the GPU): 1 for a kernel that splits a request's keys over blocks; for one that runs a block per
-    (request, query head, tile of queries) (capability data ``parallelism``), those blocks over the
-    SMs. A few queries over many keys on such a kernel leave most SMs idle (H200: single prefill
-    1 x 91 x 70435 on 4 heads took cuDNN 1.75 ms against fa2's 0.136)."""
-    try:
-        parallelism = capability_db.backend_caps(backend).parallelism
-    except ValueError:  # a backend the data does not know (a test's fake): no term
-        return 1.0
-    if parallelism != "query_tiles":
-        return 1.0
-    peaks = gpu_peaks(table.gpu)
-    b, q, _ = sizes
-    return min(1.0, b * problem.num_qo_heads * math.ceil(q / QUERY_TILE) / (peaks.sms if peaks else DEFAULT_SMS))
-
-
-def _sizes(row: TimingRow) -> Sizes:
-    return (row.bucket.batch, row.bucket.q_len, row.bucket.kv_len)
-
-
-def _distance(a: Sizes, b: Sizes) -> float:
-    return sum(abs(math.log2(x) - math.log2(y)) for x, y in zip(a, b))
-
-
-def _as_measured(row: TimingRow, problem: AttentionProblem) -> AttentionProblem:
-    """The problem with the row's head counts (where the row recorded them): what the row timed."""
-    kv_heads = row.bucket.num_kv_heads
-    if not kv_heads or kv_heads == problem.num_kv_heads:
-        return problem
-    return dataclasses.replace(problem, num_kv_heads=kv_heads, num_qo_heads=kv_heads * row.bucket.gqa_group)
-
-
-def _apart(row: TimingRow, problem: AttentionProblem, sizes: Sizes) -> float:
-    """How far the row is from the problem at ``sizes``: log2 steps of batch, queries, keys and
-    KV heads (the heads count as the batch does: both multiply the blocks and the bytes)."""
-    kv_heads = row.bucket.num_kv_heads or problem.num_kv_heads
-    return _distance(_sizes(row), sizes) + abs(math.log2(kv_heads) - math.log2(problem.num_kv_heads))
-
-
-def _timed(row: TimingRow, backend: str, entry: str) -> bool:
-    """Whether the row timed ``backend`` on a path it takes through ``entry``: a backend that plans
-    again on every call through some entry points (capability data ``plans_per_call``) is timed
-    there with host syncs in its GPU time, comparable with that entry point's rows alone."""
-    if backend not in row.ms:
-        return False
-    per_call = plans_per_call(backend)
-    return row.bucket.entry == entry or (row.bucket.entry not in per_call and entry not in per_call)
-
-
-def shared_row(rows: list[TimingRow], accepted: list[str], problem: AttentionProblem,
-               sizes: Sizes) -> Optional[TimingRow]:
-    """The complete row (``TimingRow.complete``) nearest ``sizes`` that timed at least two of the
-    candidates (more of them breaking ties): the one place where they were measured side by side."""
-    def timed(r: TimingRow) -> int:
-        return sum(_timed(r, n, problem.entry) for n in accepted)
-    shared = [r for r in rows if r.complete and timed(r) >= 2]
-    return min(shared, key=lambda r: (_apart(r, problem, sizes), -timed(r)), default=None)
-
-
-def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: AttentionProblem,
-             sizes: Sizes, where: str, anchor: Optional[TimingRow] = None,
-             fitted_here: Optional[dict[str, float]] = None) -> Estimate:
-    """The backend's expected ms at ``sizes``: a row measured there; else the table's fit of the
-    backend's times (``TimingTable.fitted``); else the nearest row scaled by the model (``anchor``,
-    the shared row, when it timed this backend: candidates compared where they were measured side
-    by side, not each at its own nearest row); else the cost model. ``fitted_here``: the table's
-    ``fitted_times`` at ``sizes``, when the caller has them. A backend that plans on every call
-    through this entry point is never estimated from its rows there: their times hold its host path
-    (``_timed``), which the eager estimate adds as its host time (``host_us``)."""
-    per_call = problem.entry in plans_per_call(backend)
-    measured = [r for r in rows if _timed(r, backend, problem.entry) and not per_call]
-    there = [r for r in measured if _apart(r, problem, sizes) == 0]
-    if there:
-        return Estimate(backend, there[0].ms[backend], "measured", sizes, there[0].source)
-    fits = fitted_times(table, problem, sizes) if fitted_here is None else fitted_here
-    fitted = fits.get(backend)
-    if fitted is not None:
-        placed = ("; placed among the others by the pairwise model of time ratios"
-                  if table.fitted.pair_trees and len(fits) > 1 else "")
-        return Estimate(backend, fitted, "fitted", sizes, table.fitted.source,
-                        f"fit of {table.fitted.rows[backend]} timed problems{placed}")
-    if measured:
-        near = anchor if anchor is not None and _timed(anchor, backend, problem.entry) else min(
-            measured, key=lambda r: _apart(r, problem, sizes))
-        timed = _as_measured(near, problem)
-        scale = model_ms(table, backend, problem, sizes) / model_ms(table, backend, timed, _sizes(near))
-        b, q, kv = _sizes(near)
-        heads = "" if timed is problem else f", {timed.num_qo_heads}/{timed.num_kv_heads} heads"
-        return Estimate(backend, near.ms[backend] * scale, "measured, scaled", sizes, near.source,
-                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv}{heads} times the model's ratio")
-    how = f"its efficiency on the {where}" if backend in table.efficiency else "a default efficiency"
-    return Estimate(backend, model_ms(table, backend, problem, sizes), "model", sizes, f"cost model at {how}")
-
-
-def fitted_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> Optional[float]:
-    """The table's fitted GPU ms of the backend, or None (``fitted_times``)."""
-    return fitted_times(table, problem, sizes).get(backend)
-
-
-def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes,
-                 eager: bool = False) -> dict[str, float]:
-    """The table's fitted GPU ms of each backend it fitted, estimated together (the pairwise model
-    places them: ``FittedTimes.log2_ms_among``); none where the fit never saw the entry point. A
-    backend that plans again on every call through this entry point, which a graph never captures
-    there, is estimated for an ``eager`` call only: its kernel's time as the fit of its other entry
-    points gives it (the same kernels; its host path, the plan and its sync, is its host time's). The
-    pairwise model's places depend on which backends it places, so a graph's choice places only
-    those a graph may capture. On a scaled table, scaled as its rows are."""
-    if table.fitted is None:
-        return {}
-    among = [n for n in table.fitted.coef if eager or problem.entry not in plans_per_call(n)]
-    ratio = table.bandwidth_ratio if sizes[1] == 1 else table.compute_ratio
-    out = {}
-    for backend, log2_ms in table.fitted.log2_ms_among(among, features(problem, sizes)).items():
-        ms = 2.0 ** log2_ms
-        floor = min(ms, table.efficiency[backend].launch_us / 1e3) if backend in table.efficiency else 0.0
-        out[backend] = floor + (ms - floor) / ratio
-    return out
+def host_us(table: Optional[ChoiceTable], backend: str, entry: str) -> tuple[float, str]:
+    """(host us per eager call of ``backend`` on ``entry``, where the figure comes from)."""
+    measured = table.host_us(backend, entry) if table is not None else None
+    if measured is not None:
+        return measured, "measured"
+    return DEFAULT_HOST_US.get(backend, UNKNOWN_HOST_US), "default"
 
 
 def plans_per_call(backend: str) -> list[str]:
@@ -299,36 +120,22 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         return _autotuned(problem, device, accepted, tuned)
     table = table_for(device) if len(accepted) > 1 else None
     if table is None:
-        why = "one candidate" if len(accepted) <= 1 else f"no timing table for {device.name} (sm {device.sm})"
+        why = "one candidate" if len(accepted) <= 1 else f"no choice table for {device.name} (sm {device.sm})"
         return Ranking(list(accepted), {}, f"priority list ({why})")
-    where = f"{table.gpu} (capability_db/measured" + (f"; {table.scaling})" if table.scaling else ")")
-    rows = table.rows_for(problem)
-    # a size class is judged at its middle, where the autotune times it too (at its top, as its largest call)
-    points = ([class_middle(sizes)] if sizes else sorted({_sizes(r) for r in rows})
-              or [ANCHORS.get(problem.phase, ANCHORS["prefill"])])
-    anchors = [shared_row(rows, accepted, problem, pt) if sizes else None for pt in points]
+    wanted = sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])
+    gpu_ms, point = table.gpu_ms(problem, wanted)
     graph = problem.cuda_graph or capturing(device)
-    hosts = {n: host_us(table, rows, n, problem.entry) for n in accepted}
-    fits = [fitted_times(table, problem, pt, eager=not graph) for pt in points]
-    per_point = [{n: _counted(estimate(table, rows, n, problem, pt, where, anchor, fit), hosts[n], graph)
-                  for n in accepted} for pt, anchor, fit in zip(points, anchors, fits)]
-    scores = {n: math.exp(sum(math.log(ests[n].ms / min(e.ms for e in ests.values())) for ests in per_point)
-                          / len(per_point)) for n in accepted}
-    if anchors[0] is not None:  # not timed at the shared row: after those that were (a far row or the
-        for n in accepted:      # cost model alone is no evidence against a side-by-side measurement)
-            if not _timed(anchors[0], n, problem.entry) and per_point[0][n].basis != "fitted":
-                scores[n] += UNMEASURED_BEHIND
-    shown = min(per_point, key=lambda ests: _distance(ests[accepted[0]].sizes, ANCHORS.get(problem.phase, (1, 1, 1))))
-    fitted = any(e.basis == "fitted" for ests in per_point for e in ests.values())
-    basis = (f"measured time ({len(rows)} matching rows of {where}" + ("; the fit of its times elsewhere)" if fitted
-                                                                        else ")") if rows
-             else f"fitted time ({where}: no row matches this problem's facts)" if fitted
-             else f"cost model ({where}: no row matches this problem's facts)")
+    ests = {}
+    for n in accepted:
+        if n in gpu_ms:
+            est = Estimate(n, gpu_ms[n], "table", point, table.source)
+            ests[n] = est if graph else est.with_host(*host_us(table, n, problem.entry))
+    where = (f"the size class {_class_text(sizes)} read at {' x '.join(map(str, point))}" if sizes
+             else f"the phase's anchor sizes, read at {' x '.join(map(str, point))}")
+    basis = (f"expected time ({table.source}; {where})" if ests
+             else f"priority list (no table entry for this problem in {table.source})")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
-    if sizes:
-        basis += f"; at {' x '.join(map(str, points[0]))}, the middle of the size class {_class_text(sizes)}"
-    return _ordered(accepted, shown, scores, basis, _entry_tier(problem, device, rows, accepted, fitted),
-                    len(per_point))
+    return _ordered(accepted, ests, basis)
 
 
 def _class_text(sizes: Sizes) -> str:
@@ -338,69 +145,34 @@ def _class_text(sizes: Sizes) -> str:
 
 def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
                tuned: dict[str, "autotune.Timed"]) -> Ranking:
-    """The GPU times measured on this machine, side by side, plus (an eager call) each backend's
-    host time timed with them (else its host path on this entry point from the table). Only the
-    backends that plan per call through this entry point go behind: the timing ran a kept plan,
-    which their calls here do not. A backend whose timing failed goes last."""
+    """The GPU times measured on this machine, side by side, plus (an eager call) each backend's host
+    time timed with them (else the table's for its path on this entry point). A backend whose timing
+    failed goes last."""
     table = table_for(device)
     graph = problem.cuda_graph or capturing(device)
-    rows = table.rows_for(problem) if table is not None and not graph else []
     ests = {}
     for n, t in tuned.items():
         est = Estimate(n, t.ms, "autotune", t.sizes, autotune.describe_cache())
         if not graph and t.host_us is not None:
             est = est.with_host(t.host_us, "autotune")
         elif not graph and table is not None:
-            est = est.with_host(*host_us(table, rows, n, problem.entry))
+            est = est.with_host(*host_us(table, n, problem.entry))
         ests[n] = est
-    timed = [n for n in accepted if n in ests]
-    tier = {n for n in timed if problem.entry not in plans_per_call(n)} if device.kind == "cuda" else set()
     counted = table is not None or any(t.host_us is not None for t in tuned.values())
     basis = "autotune (timed on this machine)" + ("; GPU time only (CUDA graph)" if graph
                                                   else "; GPU time + host time per eager call" if counted else "")
-    ranking = _ordered(timed, ests, {n: e.ms for n, e in ests.items()}, basis, tier)
-    ranking.order.extend(n for n in accepted if n not in ests)
-    return ranking
+    return _ordered(accepted, ests, basis)
 
 
-def _counted(est: Estimate, host: tuple[float, str], graph: bool) -> Estimate:
-    """The estimate of what the call costs: GPU time, plus the host path for an eager call."""
-    return est if graph else est.with_host(*host)
+def _ordered(accepted: list[str], ests: dict[str, Estimate], basis: str) -> Ranking:
+    """Estimated backends fastest first (those within TIE of the best in priority order), then the
+    ones without an estimate in priority order."""
+    timed = [n for n in accepted if n in ests]
+    if not timed:
+        return Ranking(list(accepted), {}, basis)
+    best = min(ests[n].ms for n in timed)
+    near = [n for n in timed if ests[n].ms <= best * (1 + TIE)]
+    order = near + sorted((n for n in timed if n not in near), key=lambda n: (ests[n].ms, timed.index(n)))
+    order += [n for n in accepted if n not in ests]
+    return Ranking(order, ests, basis, {n: ests[n].ms / best for n in timed})
 
-
-UNMEASURED_BEHIND = 1e6  # added to a score: behind every candidate of the shared row, order kept
-
-
-def _entry_tier(problem: AttentionProblem, device: DeviceDesc, rows: Optional[list[TimingRow]] = None,
-                accepted: Optional[list[str]] = None, fitted: bool = False) -> set[str]:
-    """The backends ahead on this entry point. Where the table's fit served the estimates (it was
-    fitted through every entry point), every backend: one that plans per call here (``plans_per_call``)
-    is estimated at its kernel's fitted time plus its host path, the plan and its sync included (it
-    went behind every other until session 23: H100, cudnn 2 x 13684 x 13684 d256, fa3 at 28.9 ms a call
-    against the 85.4 of the cuDNN it took; NOTES-h200-sweeps.md). Else the entry
-    point's own list (ahead of the family's list on a GPU), unless rows measured through this
-    entry point timed two of the candidates side by side: those times carry the entry's calling
-    convention (its host path included), which the list stands in for where nothing was measured."""
-    if device.kind != "cuda":
-        return set()
-    if fitted and accepted:
-        return set(accepted)
-    if rows and accepted and any(r.bucket.entry == problem.entry and sum(n in r.ms for n in accepted) >= 2
-                                 for r in rows):
-        return set()
-    return {e.backend for e in capability_db.priorities().entry_first.get(problem.entry, [])}
-
-
-def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, float], basis: str,
-             first_tier: set[str], points: int = 1) -> Ranking:
-    """The entry's own tier, then the rest; within each, fastest first, scores within TIE of the
-    tier's best in the priority order."""
-    order: list[str] = []
-    for tier in ([n for n in accepted if n in first_tier], [n for n in accepted if n not in first_tier]):
-        if not tier:
-            continue
-        best = min(scores[n] for n in tier)
-        near = [n for n in tier if scores[n] <= best * (1 + TIE)]
-        order += near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
-    best = min(scores.values(), default=1.0)
-    return Ranking(order, ests, basis, {n: scores[n] / best for n in order}, points)

@@ -401,7 +401,7 @@ def summary_line(device: DeviceDesc, backends: list[dict[str, Any]]) -> str:
 def machine_info() -> dict[str, Any]:
     import torch
 
-    from capability_db import measured
+    from capability_db import choice_table
 
     device = _this_device()
     cudnn = torch.backends.cudnn
@@ -412,7 +412,7 @@ def machine_info() -> dict[str, Any]:
         "gpu": None if device.kind == "cpu" else device.name, "device": device_json(device),
         "cudnn": cudnn.version() if cudnn.is_available() else None,
         "backends": backends, "known_defects": known_defects_info(),
-        "timing_table": measured.describe(device),
+        "timing_table": choice_table.describe(device),
     }
 
 

@@ -124,10 +124,10 @@ def environment(device: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - a missing package is a fact of the run
             env[module] = f"not installed ({type(exc).__name__})"
     if device == "cuda":  # what auto's column ranked by (an H100 ranks by the H200's table, scaled)
-        from capability_db import measured
+        from capability_db import choice_table
 
         from .. import router
-        env["timing_table"] = measured.describe(router.live_device(torch.empty(0, device="cuda")))
+        env["timing_table"] = choice_table.describe(router.live_device(torch.empty(0, device="cuda")))
     if autotune.enabled():  # ATTN_DISPATCH_AUTOTUNE=1: auto's column is what timing on this machine chose
         env["autotune"] = f"on ({autotune.describe_cache()})"
     return env

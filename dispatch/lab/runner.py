@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 import backends
-from capability_db.measured import visible_pairs
+from capability_db.vocabulary import visible_pairs
 
 from .. import policy, router
 from .. import timing

@@ -46,11 +46,11 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from .vocabulary import NAME_DTYPES, AttentionProblem, DeviceDesc
+from capability_db.choice_table import GPU_PEAKS, GpuPeaks, gpu_key, gpu_peaks  # noqa: F401 (re-exported)
+from capability_db.vocabulary import NAME_DTYPES, AttentionProblem, DeviceDesc, visible_pairs
 
-MEASURED_DIR = Path(__file__).resolve().parent / "measured"
-# (batch, q_len, kv_len) a phase is judged at when the sizes are not known (the anchor workloads)
-ANCHORS = {"decode": (64, 1, 4096), "prefill": (8, 2048, 2048), "spec_decode": (64, 4, 4096)}
+MEASURED_DIR = Path(__file__).resolve().parent / "data"
+from capability_db.choice_table import ANCHORS  # noqa: E402,F401 (the fit judges at the same anchors)
 
 
 class Bucket(BaseModel):
@@ -120,27 +120,6 @@ def work(problem: AttentionProblem, sizes: Sizes) -> tuple[float, float]:
     moved = b * (keys * problem.num_kv_heads * dims * kv_elem + q * problem.num_qo_heads * dims * q_elem)
     pairs = visible_pairs(q, kv, problem.causal, w)
     return float(moved), 2.0 * problem.num_qo_heads * dims * b * max(pairs, q)
-
-
-def visible_pairs(q: int, kv: int, causal: bool, window_left: int) -> int:
-    """(query, key) pairs one request computes: query i sits at kv - q + i (bottom-right), sees keys up
-    to itself (causal) or to the last, from ``window_left`` before itself (inclusive) or the first.
-    Before session 21 the window counted as window_left + 1 keys a query whether causal or not: a
-    non-causal window sees every key after its start, and the H200's sweeps held 56 such prefills whose
-    work that undercounted by a median 1.7x, up to 224x (a 14x low estimate, 63% regret on the H100's
-    paged 63 x 8144 x 8144, window 82; tools/results/NOTES-h200-sweeps.md, session 21)."""
-    first = kv - q  # the first query's position
-    upto = _clamped_sum(first + 1, q) if causal else q * kv  # keys 0 .. its own (or the last) per query
-    before = _clamped_sum(first - window_left, q) if window_left >= 0 else 0  # keys before its window
-    return upto - before
-
-
-def _clamped_sum(a: int, n: int) -> int:
-    """sum of max(0, a + i) over i in [0, n)."""
-    top = a + n - 1
-    if top <= 0:
-        return 0
-    return n * a + n * (n - 1) // 2 if a >= 0 else top * (top + 1) // 2
 
 
 QUERY_TILE = 128  # queries per block of a query-tiled kernel (cuDNN's and FlashInfer fa3's prefill tiles)
@@ -388,44 +367,6 @@ class TimingTable(BaseModel):
         key = static_key_of(problem)
         rows = [r for r in self.rows if r.bucket.static_key() == key]
         return sorted(rows, key=lambda r: r.bucket.entry != problem.entry)
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuPeaks:
-    key: str  # the table file's stem: measured/<key>.json
-    tb_per_s: float  # peak HBM bandwidth
-    tflops: float  # dense bf16 tensor-core TFLOP/s
-    sms: int
-
-
-# Known GPUs by name (NVIDIA datasheets; SXM parts unless named): the first pattern found in the
-# upper-cased name wins, so the more specific names come first (GH200 before H200 before H20).
-GPU_PEAKS: tuple[tuple[str, GpuPeaks], ...] = (
-    (r"GH200", GpuPeaks("gh200", 4.0, 989.0, 132)),
-    (r"H200", GpuPeaks("h200", 4.8, 989.0, 132)),
-    (r"H100.*PCIE", GpuPeaks("h100-pcie", 2.0, 756.0, 114)),
-    (r"H100.*NVL", GpuPeaks("h100-nvl", 3.9, 835.0, 132)),
-    (r"H100", GpuPeaks("h100", 3.35, 989.0, 132)),
-    (r"H800", GpuPeaks("h800", 3.35, 989.0, 132)),
-    (r"H20\b", GpuPeaks("h20", 4.0, 148.0, 78)),
-    (r"B200", GpuPeaks("b200", 8.0, 2250.0, 148)),
-    (r"A100.*PCIE", GpuPeaks("a100-pcie", 1.94, 312.0, 108)),
-    (r"A100", GpuPeaks("a100", 2.04, 312.0, 108)),
-    (r"L40S", GpuPeaks("l40s", 0.864, 362.0, 142)),
-    (r"L4\b", GpuPeaks("l4", 0.3, 121.0, 58)),
-)
-
-
-def gpu_peaks(name: str) -> Optional[GpuPeaks]:
-    """The known peaks of a GPU by its name ("NVIDIA H200", "h100", ...), or None."""
-    upper = name.upper()
-    return next((peaks for pattern, peaks in GPU_PEAKS if re.search(pattern, upper)), None)
-
-
-def gpu_key(name: str) -> str:
-    """The table key of a GPU name ("NVIDIA H100 80GB HBM3" -> "h100"), or "" when unknown."""
-    peaks = gpu_peaks(name)
-    return peaks.key if peaks else ""
 
 
 def device_peaks(device: DeviceDesc) -> tuple[float, float, str]:

@@ -1,0 +1,223 @@
+"""The router's choice tables (``tables/<gpu>.json``): compiled ahead of time, looked up at decision time.
+
+A table maps a problem's static key and size bucket to each backend's expected GPU ms there. It is
+compiled outside the package (``python -m tools.tables.compile``) from the fit of every call timed on
+that GPU; the router only reads it: no model is evaluated and nothing is timed on the request path.
+
+* **Key**: entry point, phase (a speculative decode reads the prefill key), head dim (64, 128 or 256,
+  the nearest), causal (prefill), and the GQA group for decode (1, 4 or 8, the nearest).
+* **Sizes**: a grid of powers of four, batch x q x kv. A call's size class is read at its middle
+  (``class_middle``), its batch counted in units of ``REFERENCE_KV_HEADS`` KV heads (heads multiply
+  the work as the batch does), and each size taken at the nearest grid point (in log2).
+* **Other facts** (fp8 KV, a window, a soft cap, sinks, LSE) multiply a backend's time by its factor
+  for that fact on that entry point.
+* **Host time**: microseconds per eager call of each backend's path on each entry point, measured.
+* **Another GPU of the same SM** borrows its SM's table, scaled: a decode's GPU time above the
+  backend's launch floor by the ratio of peak bandwidth, a prefill's by the ratio of peak compute.
+
+Only backends within a few times the fastest are kept at a point: one missing there is slower.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Optional
+
+from .vocabulary import AttentionProblem, DeviceDesc, class_middle
+
+TABLES_DIR = Path(__file__).resolve().parent / "tables"
+BATCHES = [1, 4, 16, 64, 256]
+Q_LENS = [1, 4, 16, 64, 256, 1024, 4096, 16384]
+KV_LENS = [64, 256, 1024, 4096, 16384, 65536]
+HEAD_DIMS = (64, 128, 256)
+GROUPS = (1, 4, 8)
+REFERENCE_KV_HEADS = 8
+FLAGS = ("fp8_kv", "window", "soft_cap", "sinks", "lse")
+# (batch, q_len, kv_len) a phase is judged at when the sizes are not known (the anchor workloads)
+ANCHORS = {"decode": (64, 1, 4096), "prefill": (8, 2048, 2048), "spec_decode": (64, 4, 4096)}
+Sizes = tuple[int, int, int]
+
+
+def nearest(grid, x: float) -> int:
+    """The grid value nearest ``x`` in log2 (the smaller on a tie)."""
+    return min(grid, key=lambda g: (abs(math.log2(g) - math.log2(max(x, 1))), g))
+
+
+def key_phase(problem: AttentionProblem) -> str:
+    return "decode" if problem.phase == "decode" else "prefill"
+
+
+def key_of(problem: AttentionProblem) -> str:
+    """The table key of a problem: entry|phase|d<head dim>|causal or full|g<group>."""
+    phase = key_phase(problem)
+    causal = "causal" if problem.causal and phase == "prefill" else "full"
+    group = nearest(GROUPS, problem.gqa_group) if phase == "decode" else 4
+    return f"{problem.entry}|{phase}|d{nearest(HEAD_DIMS, problem.head_dim_qk)}|{causal}|g{group}"
+
+
+def representative(entry: str, phase: str, storage: str, head_dim: int, causal: bool, group: int) -> AttentionProblem:
+    """The problem a key's grid is compiled for: bf16, NHD, pages of 16, ``REFERENCE_KV_HEADS`` KV heads."""
+    return AttentionProblem(entry=entry, phase=phase, kv_storage=storage, kv_layout="NHD",
+                            num_qo_heads=REFERENCE_KV_HEADS * group, num_kv_heads=REFERENCE_KV_HEADS,
+                            head_dim_qk=head_dim, head_dim_vo=head_dim, q_dtype="bfloat16", kv_dtype="bfloat16",
+                            out_dtype="bfloat16", page_size=16 if storage == "paged" else 0, causal=causal)
+
+
+def grid_points(problem: AttentionProblem) -> list[Sizes]:
+    """The grid a key is compiled on: one request for single prefill; q = 1 for decode; q <= kv."""
+    batches = [1] if problem.entry == "single_prefill_with_kv_cache" else BATCHES
+    q_lens = [1] if key_phase(problem) == "decode" else Q_LENS[1:]
+    return [(b, q, kv) for b in batches for q in q_lens for kv in KV_LENS if q <= kv]
+
+
+def grid_point(problem: AttentionProblem, sizes: Sizes) -> Sizes:
+    """The grid point a size class reads: its middle, the batch in reference KV heads, q <= kv."""
+    b, q, kv = class_middle(tuple(sizes))
+    batch = 1 if problem.entry == "single_prefill_with_kv_cache" else nearest(
+        BATCHES, b * problem.num_kv_heads / REFERENCE_KV_HEADS)
+    kv_point = nearest(KV_LENS, kv)
+    q_point = 1 if key_phase(problem) == "decode" else min(nearest(Q_LENS[1:], q), kv_point if kv_point >= 4 else 4)
+    return batch, q_point, max(kv_point, nearest(KV_LENS, q_point))
+
+
+def flags_of(problem: AttentionProblem) -> list[str]:
+    on = {"fp8_kv": problem.kv_fp8, "window": problem.window_left >= 0, "soft_cap": problem.logits_soft_cap > 0,
+          "sinks": problem.has_sinks, "lse": problem.return_lse}
+    return [f for f in FLAGS if on[f]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceTable:
+    gpu: str
+    sm: int
+    data: dict = dataclasses.field(repr=False, compare=False)
+    bandwidth_ratio: float = 1.0  # this GPU's peak bandwidth / the table's GPU's (1: its own table)
+    compute_ratio: float = 1.0
+    scaling: str = ""  # "" for a GPU's own table; else how it was scaled to this GPU (explain shows it)
+
+    @property
+    def source(self) -> str:
+        return f"capability_db/tables/{self.gpu}.json" + (f" ({self.scaling})" if self.scaling else "")
+
+    def gpu_ms(self, problem: AttentionProblem, sizes: Sizes) -> tuple[dict[str, float], Sizes]:
+        """(backend -> expected GPU ms of the class ``sizes``, the grid point read); {} without a key."""
+        cells = self.data["keys"].get(key_of(problem))
+        if cells is None:
+            return {}, tuple(sizes)
+        point = grid_point(problem, sizes)
+        words = cells.get(",".join(map(str, point)), "").split()
+        factors = self.data["factors"].get(f"{problem.entry}|{key_phase(problem)}", {})
+        ratio = self.bandwidth_ratio if key_phase(problem) == "decode" else self.compute_ratio
+        out = {}
+        for index, text in zip(words[::2], words[1::2]):
+            name, ms = self.data["backends"][int(index)], float(text)
+            for flag in flags_of(problem):
+                ms *= factors.get(flag, {}).get(name, 1.0)
+            floor = min(ms, self.data["launch_us"].get(name, 0.0) / 1e3)
+            out[name] = floor + (ms - floor) / ratio
+        return out, point
+
+    def host_us(self, backend: str, entry: str) -> Optional[float]:
+        """Host us per eager call of the backend's path on the entry point (measured), or None."""
+        return self.data["host_us"].get(backend, {}).get(entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuPeaks:
+    key: str  # the table file's stem: tables/<key>.json
+    tb_per_s: float  # peak HBM bandwidth
+    tflops: float  # dense bf16 tensor-core TFLOP/s
+    sms: int
+
+
+# Known GPUs by name (NVIDIA datasheets; SXM parts unless named): the first pattern found in the
+# upper-cased name wins, so the more specific names come first (GH200 before H200 before H20).
+GPU_PEAKS: tuple[tuple[str, GpuPeaks], ...] = (
+    (r"GH200", GpuPeaks("gh200", 4.0, 989.0, 132)),
+    (r"H200", GpuPeaks("h200", 4.8, 989.0, 132)),
+    (r"H100.*PCIE", GpuPeaks("h100-pcie", 2.0, 756.0, 114)),
+    (r"H100.*NVL", GpuPeaks("h100-nvl", 3.9, 835.0, 132)),
+    (r"H100", GpuPeaks("h100", 3.35, 989.0, 132)),
+    (r"H800", GpuPeaks("h800", 3.35, 989.0, 132)),
+    (r"H20\b", GpuPeaks("h20", 4.0, 148.0, 78)),
+    (r"B200", GpuPeaks("b200", 8.0, 2250.0, 148)),
+    (r"A100.*PCIE", GpuPeaks("a100-pcie", 1.94, 312.0, 108)),
+    (r"A100", GpuPeaks("a100", 2.04, 312.0, 108)),
+    (r"L40S", GpuPeaks("l40s", 0.864, 362.0, 142)),
+    (r"L4\b", GpuPeaks("l4", 0.3, 121.0, 58)),
+)
+
+
+def gpu_peaks(name: str) -> Optional[GpuPeaks]:
+    """The known peaks of a GPU by its name ("NVIDIA H200", "h100", ...), or None."""
+    upper = name.upper()
+    return next((peaks for pattern, peaks in GPU_PEAKS if re.search(pattern, upper)), None)
+
+
+def gpu_key(name: str) -> str:
+    """The table key of a GPU name ("NVIDIA H100 80GB HBM3" -> "h100"), or "" when unknown."""
+    peaks = gpu_peaks(name)
+    return peaks.key if peaks else ""
+
+
+def device_peaks(device: DeviceDesc) -> tuple[float, float]:
+    """(TB/s, TFLOP/s) of a device: its description's, else the known GPU's by name; 0 where unknown."""
+    known = gpu_peaks(device.name)
+    return (device.peak_tb_per_s or (known.tb_per_s if known else 0.0),
+            device.peak_tflops or (known.tflops if known else 0.0))
+
+
+@functools.lru_cache(maxsize=None)
+def load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # a broken data file must say which file
+        raise RuntimeError(f"capability_db: tables/{path.name} is unreadable: {exc}") from exc
+
+
+def _sm_of(path: Path) -> int:
+    return int(load(path).get("sm", -1))
+
+
+@functools.lru_cache(maxsize=None)
+def table_for(device: DeviceDesc) -> Optional[ChoiceTable]:
+    """The device's own table (by GPU name), else its SM's first table scaled to its peaks; None on
+    the CPU or where no table holds its SM."""
+    if device.kind != "cuda":
+        return None
+    paths = [p for p in sorted(TABLES_DIR.glob("*.json")) if _sm_of(p) == device.sm]
+    key = gpu_key(device.name)
+    own = next((p for p in paths if key and p.stem == key), None)
+    if own is not None:
+        return ChoiceTable(own.stem, device.sm, load(own))
+    if not paths:
+        return None
+    data = load(paths[0])
+    bw, fl = device_peaks(device)
+    if not fl and device.sm_count:  # compute follows the SM count at the same clocks
+        known = gpu_peaks(data["gpu"])
+        fl = data["peak_tflops"] * device.sm_count / known.sms if known else 0.0
+    bw_ratio, fl_ratio = (bw / data["peak_tb_per_s"] if bw else 1.0), (fl / data["peak_tflops"] if fl else 1.0)
+    how = (f"{paths[0].stem} table scaled to {device.name} (bandwidth x{bw_ratio:.2f}, compute x{fl_ratio:.2f})"
+           if bw or fl else f"{paths[0].stem} table unscaled: no peak figures for {device.name}")
+    return ChoiceTable(paths[0].stem, device.sm, data, bw_ratio, fl_ratio, how)
+
+
+def forget() -> None:
+    """Drop every table read so far (a tool that writes new tables)."""
+    load.cache_clear()
+    table_for.cache_clear()
+
+
+def describe(device: DeviceDesc) -> str:
+    """Which table the automatic choice ranks by on ``device`` (``info`` and bench runs say it)."""
+    table = table_for(device)
+    if table is None:
+        return ("none: the priority list decides (no GPU)" if device.kind != "cuda" else
+                f"none for sm_{device.sm}: the priority list decides")
+    how = table.scaling or "this GPU's own"
+    return f"tables/{table.gpu}.json ({len(table.data['keys'])} keys); {how}"
