@@ -236,6 +236,11 @@ class FlashInferPrefill(Provider):
         # only; run() reads the scale, the tensors and the mask of each call.
         return problem.kv_storage == "dense"
 
+    def plans_before_run(self, problem) -> bool:
+        # a batch plan reads the index tensors, dtypes, device and scale; one request plans its op
+        # from the tensors of the call
+        return problem.kv_storage != "dense"
+
     def plan(self, problem, batch) -> FiState:
         if problem.kv_storage == "dense":  # one request: FlashInfer's single-request kernel, no batch plan
             op = self._single_op(problem, batch)
@@ -255,7 +260,8 @@ class FlashInferPrefill(Provider):
         if problem.kv_storage != "paged":
             return (batch.qo_indptr, batch.kv_indptr, problem.num_qo_heads, problem.num_kv_heads,
                     problem.head_dim_qk)
-        indptr, indices, last = _vendor.paged_csr(batch.block_table, batch.kv_lens, problem.page_size)
+        csr = batch.extras.get("paged_csr")  # the caller's page lists, kept by the wrapper's plan
+        indptr, indices, last = csr or _vendor.paged_csr(batch.block_table, batch.kv_lens, problem.page_size)
         kwargs["seq_lens"] = batch.kv_lens
         return (batch.qo_indptr, indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
                 problem.head_dim_qk, problem.page_size)

@@ -57,6 +57,10 @@ class Provider:
     def plan_reusable(self, problem) -> bool:
         return False
 
+    def plans_before_run(self, problem) -> bool:
+        """Backend.plans_before_run for this provider."""
+        return False
+
     def run(self, problem, state: Any, batch) -> None:
         raise NotImplementedError
 
@@ -115,6 +119,12 @@ class MultiProviderBackend(Backend):
     def plan_reusable(self, problem) -> bool:
         try:
             return self.choose(problem).plan_reusable(problem)
+        except BackendRejected:
+            return False
+
+    def plans_before_run(self, problem) -> bool:
+        try:
+            return self.choose(problem).plans_before_run(problem)
         except BackendRejected:
             return False
 

@@ -77,6 +77,13 @@ class Backend:
         that write caller memory."""
         return None
 
+    def plans_before_run(self, problem: "AttentionProblem") -> bool:
+        """True when ``plan`` reads from the batch only what a wrapper's plan() already knows (index
+        tensors, sizes, dtypes, the device, the softmax scale), never the data or strides of q, k, v
+        or out: the wrappers then plan this backend in their plan(), where FlashInfer plans, and the
+        first run only launches. The base: False (it plans on the first run, with the real tensors)."""
+        return False
+
     def plan_reusable(self, problem: "AttentionProblem") -> bool:
         """True when ``plan`` reads from the batch nothing but what a call key proves (dtypes,
         devices, head counts and dims): the entry points then keep one plan per call key instead

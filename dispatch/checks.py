@@ -141,13 +141,17 @@ def host_ints(t: torch.Tensor) -> list[int]:
 
 
 def block_table_from_pages(kv_indptr: list[int], kv_indices: torch.Tensor, device) -> torch.Tensor:
-    """FlashInfer's (indptr, indices) page lists -> (B, max_pages) int32 block table."""
-    counts = [b - a for a, b in zip(kv_indptr[:-1], kv_indptr[1:])]
-    batch = len(counts)
-    table = torch.zeros(batch, max(max(counts, default=0), 1), dtype=torch.int32)
-    ids = kv_indices.reshape(-1)[: kv_indptr[-1]].to("cpu", torch.int32)
-    for b, (start, count) in enumerate(zip(kv_indptr[:-1], counts)):
-        table[b, :count] = ids[start - kv_indptr[0]: start - kv_indptr[0] + count]
+    """FlashInfer's (indptr, indices) page lists -> (B, max_pages) int32 block table: one scatter on
+    the host (the ids are read there once per plan), one copy to ``device``."""
+    start = kv_indptr[0]
+    counts = torch.tensor([b - a for a, b in zip(kv_indptr[:-1], kv_indptr[1:])], dtype=torch.int64)
+    table = torch.zeros(len(counts), max(int(counts.max()) if len(counts) else 0, 1), dtype=torch.int32)
+    total = kv_indptr[-1] - start
+    if total:
+        ids = kv_indices.reshape(-1)[:total].to("cpu", torch.int32)
+        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        firsts = torch.tensor(kv_indptr[:-1], dtype=torch.int64) - start
+        table[rows, torch.arange(total) - firsts[rows]] = ids
     return table.to(device)
 
 

@@ -83,22 +83,26 @@ def _calls():
         return lambda q: (lambda res: res[0] if isinstance(res, tuple) else res)(fn(q, *args[1:], **kw))
 
     one = dict(r, q_lens=r["q_lens"][:1], kv_lens=r["kv_lens"][:1])
+    # built on demand: a wrapper plans its backend in plan(), which the counts include
     return {
-        "single": (single, one, (r["q_lens"][0],) + tuple(r["q"].shape[1:]), False),
-        "paged_run": (wrapper_run(paged_wrapper, c, lambda w, q: w.run(q, c["cache"])), c, tuple(c["q"].shape), False),
-        "ragged_run": (wrapper_run(ragged_wrapper, r, lambda w, q: w.run(q, r["k"], r["v"])), r, tuple(r["q"].shape),
-                       False),
-        "cudnn": (entry(cudnn_args, dispatch.cudnn_batch_prefill_with_kv_cache, c), c, tuple(c["q"].shape), False),
-        "trtllm": (entry(trtllm_args, dispatch.trtllm_batch_context_with_kv_cache, c), c, tuple(c["q"].shape), False),
-        "xqa": (entry(xqa_args, dispatch.xqa_batch_decode_with_kv_cache, c), c,
-                (len(c["kv_lens"]),) + tuple(c["q"].shape[1:]), True),
+        "single": lambda: (single, one, (r["q_lens"][0],) + tuple(r["q"].shape[1:]), False),
+        "paged_run": lambda: (wrapper_run(paged_wrapper, c, lambda w, q: w.run(q, c["cache"])), c,
+                              tuple(c["q"].shape), False),
+        "ragged_run": lambda: (wrapper_run(ragged_wrapper, r, lambda w, q: w.run(q, r["k"], r["v"])), r,
+                               tuple(r["q"].shape), False),
+        "cudnn": lambda: (entry(cudnn_args, dispatch.cudnn_batch_prefill_with_kv_cache, c), c, tuple(c["q"].shape),
+                          False),
+        "trtllm": lambda: (entry(trtllm_args, dispatch.trtllm_batch_context_with_kv_cache, c), c,
+                           tuple(c["q"].shape), False),
+        "xqa": lambda: (entry(xqa_args, dispatch.xqa_batch_decode_with_kv_cache, c), c,
+                        (len(c["kv_lens"]),) + tuple(c["q"].shape[1:]), True),
     }
 
 
 @pytest.mark.parametrize("entry", ["single", "paged_run", "ragged_run", "cudnn", "trtllm", "xqa"])
 def test_native_plans_once_and_launches_repeats(gpu_like, counted, entry):
     with dispatch.use_backend("native-triton"):  # the wrappers choose at plan()
-        call, case, shape, one_row = _calls()[entry]
+        call, case, shape, one_row = _calls()[entry]()
         dtype = case["q"].dtype
         for i in range(3):
             q = torch.randn(shape, dtype=dtype, device=DEVICE)

@@ -89,6 +89,9 @@ class ReferenceBackend(Backend):
     def plan_reusable(self, problem) -> bool:
         return True  # the problem and its ALiBi slopes
 
+    def plans_before_run(self, problem) -> bool:
+        return True
+
     def plan(self, problem, batch) -> ReferencePlan:
         alibi = ops.alibi_slopes(problem.num_qo_heads) if problem.pos_encoding == "ALIBI" else None
         return ReferencePlan(problem=problem, alibi=alibi)

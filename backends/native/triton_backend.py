@@ -126,6 +126,9 @@ class NativeTritonBackend(Backend):
         plan.facts, plan.overrides = plan_facts(batch), (num_splits, config, fixup)
         return plan
 
+    def plans_before_run(self, problem: AttentionProblem) -> bool:
+        return True  # plan_facts: sizes and the device
+
     def plan_reusable(self, problem: AttentionProblem) -> bool:
         # A plan reads from the batch only its plan_facts (sizes, device) and records them; run and
         # launcher serve a batch of other facts with the plan of its own facts (plan_for), so the
@@ -660,7 +663,9 @@ def _fused_merge_splits(cfg: TileConfig, splits: int) -> int:
     MAX_FUSED_MERGE_SPLITS, a prefill tile, or a config that asks for the merge kernel."""
     if not 2 <= splits <= MAX_FUSED_MERGE_SPLITS or not cfg.fused_merge or cfg.block_m > MAX_FUSED_MERGE_ROWS:
         return 0
-    return max(2, _pow2(splits))
+    # one tile for every split count: the count changes with the batch every step, and a tile per
+    # count would compile a kernel variant on the request path
+    return MAX_FUSED_MERGE_SPLITS
 
 
 def rope_frequencies(problem: AttentionProblem, block_half: int) -> torch.Tensor:
@@ -687,7 +692,9 @@ def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
     if plan.num_splits > 1:
         part_strides = (*plan.part_o.stride()[:3], *plan.part_lse.stride()[:2])
     if plan.num_splits > 1 and not plan.constexprs["MERGE_BLOCK_S"]:
-        merge_consts = (p.head_dim_vo, plan.constexprs["BLOCK_DV"], max(2, _pow2(plan.num_splits)), p.has_sinks)
+        # one tile of MAX_SPLITS partials, masked, whatever the split count: the count changes with the
+        # batch every step, and a tile per count would compile a merge variant on the request path
+        merge_consts = (p.head_dim_vo, plan.constexprs["BLOCK_DV"], MAX_SPLITS, p.has_sinks)
         plan.merge = KernelLaunch(tk._merge_splits, (plan.total_q_capacity, p.num_qo_heads), merge_consts,
                                   dict(num_warps=4), device, direct)
     plan.fixed_ints = ((p.window_left, plan.kv_chunk, p.num_kv_heads), part_strides)

@@ -383,7 +383,10 @@ def _logits_bounded(Q, K, KvIndptr, BlockTable, tok, h, row_ok, pos, b, kvh, sca
     return tl.max(unbounded.to(tl.int32), 0) == 0
 
 
-@triton.jit
+# Integers that change with the batch every step (its size, the block table's width, the split
+# scratch's strides, the split count) are not specialized on (== 1, divisible by 16): a new value
+# would otherwise compile a kernel variant on the request path.
+@triton.jit(do_not_specialize=["kv_chunk", "stride_bt", "stride_ps", "stride_ls"])
 def _attn_fwd(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
     QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
@@ -613,7 +616,7 @@ def _merge_if_last(PartO, PartLse, SplitCount, Out, Lse, Sinks, out_scale, group
         tl.store(SplitCount + group, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_ps", "stride_ls"])  # see _attn_fwd
 def _merge_splits(
     PartO, PartLse, Out, Lse, Sinks, out_scale, num_splits,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,

@@ -238,7 +238,8 @@ def _kv_descriptors(K, V, KvIndptr, batch_size, num_kv_heads, stride_kt, stride_
     return k_desc, v_desc
 
 
-@triton.jit
+# Integers that change with the batch every step are not specialized on (see triton_kernels._attn_fwd).
+@triton.jit(do_not_specialize=["m_blocks", "batch_size", "stride_bt", "stride_ps", "stride_ls"])
 def _attn_fwd_plain(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
     QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,

@@ -231,6 +231,12 @@ class Proof:
             self._decisions[key] = decision
         return decision
 
+    def keep(self, planned: router.Planned) -> router.Planned:
+        """Keep a plan made before the first call (a wrapper's plan()) for its decision's key."""
+        d = planned.decision
+        self._planned[(d.explicit, d.strict, d.chosen)] = planned
+        return planned
+
     def keeps(self, planned: router.Planned) -> bool:
         """Whether ``planned`` is the plan kept for its (explicit, strict, chosen) key."""
         d = planned.decision

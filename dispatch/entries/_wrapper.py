@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 
 from .. import autotune, checks, ops, policy, router
+from backends import get_backend
 from backends._device import BoundedCache
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
                       cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
@@ -59,6 +60,9 @@ class Setup:
     page_size: int = 0
     max_page_id: int = -1
     block_table: Optional[torch.Tensor] = None
+    # the caller's page lists as FlashInfer's plan takes them (indptr from 0, ids, last page lengths):
+    # our copies on the device, so a vendor planned from them needs no conversion back from the table
+    paged_csr: Optional[tuple] = None
     kv_indptr: Optional[torch.Tensor] = None
     total_kv: int = 0
     device: Any = None  # the workspace's: where the plan lives and every run must be
@@ -132,6 +136,7 @@ class PrefillWrapper:
         if self._use_cuda_graph:  # room for the lengths a captured graph will replay (native's splits)
             max_kv = max(max_kv, spec.max_sequence_kv or 0)
             custom, storage = graph_owned(custom, storage, spec.max_sequence_kv)
+            storage.pop("paged_csr", None)  # a captured graph reads the table it was planned with
         plan = Setup(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
@@ -153,15 +158,34 @@ class PrefillWrapper:
         self._extras = {"static_indices": True}
         if self._storage == "paged":
             self._extras["pages_used"] = self._plan.max_page_id + 1
+        if self._plan.paged_csr is not None:
+            self._extras["paged_csr"] = self._plan.paged_csr
         # The plan's call cache: its runs' lanes and proofs, one proof (decisions, backend plan) per
         # variant of the plan's problem (sinks, an LSE, a window, forward()'s options); dropped with the plan.
         self._variants = BoundedCache(maxsize=64)
         self._calls = B.Calls(BoundedCache(maxsize=64, refresh=False), BoundedCache(maxsize=64),
                               {"planned": self._plan}, self._variants, type(self).__name__)
-        # Decide now (refusals show at plan time); the chosen vendor plans on the first run, with
-        # the real tensors: a plan made on placeholders would bake their strides (cuDNN refuses them).
+        # Decide now (refusals show at plan time) and plan the chosen backend now where its plan reads
+        # only what plan() knows, as FlashInfer's plan() does; one whose plan reads the run's tensors
+        # (cuDNN bakes their strides) plans on the first run.
         decision = router.decide(problem, self._device_desc(), self._explicit)
         self._last = router.Planned(decision, decision.chosen, None)
+        if get_backend(decision.chosen).plans_before_run(problem):
+            self._last = self._calls.proof(problem).keep(router.plan(decision, self._plan_batch()))
+
+    def _plan_batch(self) -> AttentionBatch:
+        """The batch a backend plans from in plan(): the plan's index tensors and sizes, and
+        stand-ins for q, k, v and out of the planned dtypes and shapes that hold no memory."""
+        p = self._plan
+
+        def stand_in(shape, dtype):
+            return torch.empty(1, dtype=dtype, device=p.device).expand(*shape)
+        kv_shape = (1, p.page_size, p.hkv, p.dqk) if self._storage == "paged" else (p.total_kv, p.hkv, p.dqk)
+        q, out = stand_in((p.total_q, p.hq, p.dqk), p.q_dtype), stand_in((p.total_q, p.hq, p.dvo), p.out_dtype)
+        return AttentionBatch(q, stand_in(kv_shape, p.kv_dtype), stand_in(kv_shape[:-1] + (p.dvo,), p.kv_dtype),
+                              p.qo_indptr, p.kv_lens, out, p.batch_size, p.max_q, p.max_kv, p.sm_scale,
+                              kv_indptr=p.kv_indptr, block_table=p.block_table, custom_mask=p.custom_mask,
+                              mask_indptr=p.mask_indptr, extras=self._extras)
 
     def _plan_mask(self, spec, q_lens, kv_lens) -> Optional[torch.Tensor]:
         sizes = [a * b for a, b in zip(q_lens, kv_lens)]

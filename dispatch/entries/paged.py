@@ -78,9 +78,18 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             table = block_tables.to(self._device)
         else:
             table = block_table_from_pages(d.kv_indptr, paged_kv_indices, self._device)
-        self._finish_plan(spec, d, block_table=table, page_size=page_size, max_page_id=d.max_page_id)
+        self._finish_plan(spec, d, block_table=table, page_size=page_size, max_page_id=d.max_page_id,
+                          paged_csr=None if d.cudnn else self._page_lists(d, paged_kv_indices, paged_kv_last_page_len))
 
     begin_forward = plan
+
+    def _page_lists(self, d, indices: torch.Tensor, last_page_len: torch.Tensor) -> tuple:
+        """Our device copies of the caller's page lists (indptr from 0, the ids it covers, last
+        page lengths): what a FlashInfer plan reads, without converting the block table back."""
+        start, dev = d.kv_indptr[0], self._device
+        indptr = torch.tensor([n - start for n in d.kv_indptr], dtype=torch.int32).to(dev, non_blocking=True)
+        ids = indices.reshape(-1)[: d.kv_indptr[-1] - start].to(dev, torch.int32, copy=True)
+        return indptr, ids, last_page_len.reshape(-1).to(dev, torch.int32, copy=True)
 
     def _kv_shape(self) -> tuple:
         p = self._plan
