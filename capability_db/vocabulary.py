@@ -201,7 +201,7 @@ class DeviceDesc:
     family: str = "cpu"  # ampere | ada | hopper | blackwell | blackwell_consumer | cpu
     fp8: bool = False
     # What the live GPU's properties say (0 = unknown: the known-GPU table by name decides);
-    # a GPU without a timing table of its own borrows its SM's, scaled by these (capability_db/measured.py).
+    # a GPU without a choice table of its own borrows its SM's, scaled by these (capability_db/choice_table.py).
     sm_count: int = 0
     peak_tb_per_s: float = 0.0  # HBM bandwidth: 2 x memory clock x bus width, where torch reports them
     peak_tflops: float = 0.0

@@ -1,5 +1,5 @@
-"""Ranking from measurements: the H100 timing table, the cost model, ties, the entry's own tier,
-one ranking per decision (never per call), and the opt-in online autotune with its cache file."""
+"""Ranking from measurements: the GPU's choice table, ties, backends the table leaves out, one
+ranking per decision (never per call), and the opt-in online autotune with its cache file."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import capability_db
-from capability_db import measured
+from _tables import synthetic_table, use_table
+from capability_db import choice_table
+from capability_db.choice_table import grid_point, key_of
 import dispatch
 from dispatch import autotune, choice, router
 from dispatch.lab.vendors import make_problem
@@ -33,60 +35,43 @@ def decode_problem(**kw):
                         num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, device_type="cuda", **kw)
 
 
-def with_rows(monkeypatch, ms: dict[str, float]):
-    """The H100 grid table (rows, no fit) with one decode row at the anchor sizes carrying ``ms``."""
-    real = h100_grid_table()
+def with_times(monkeypatch, ms: dict[str, float], host_us: dict | None = None):
+    """The decode problem, ranked by a synthetic table with GPU ``ms`` per backend at every size."""
     p = decode_problem()
-    bucket = measured.Bucket(entry=p.entry, phase="decode", batch=64, q_len=1, kv_len=4096, gqa_group=4,
-                             head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=False)
-    table = real.model_copy(update={"rows": [measured.TimingRow(bucket=bucket, ms=ms, source="test row")]})
-    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    use_table(monkeypatch, synthetic_table(p, ms, host_us))
     return p
 
 
-def h100_grid_table() -> measured.TimingTable:
-    """The H100's own table (68-problem grid, no fitted times): the base of the synthetic tables
-    here, whose rows and cost model the tests replace. An H100 ranks by the H200's fitted table,
-    scaled (measured.table_path)."""
-    return measured.load_table(measured.MEASURED_DIR / "h100.json")
+def test_a_gpu_ranks_by_its_own_compiled_table_and_the_cpu_has_none():
+    t = choice_table.table_for(H100)
+    assert (t.gpu, t.sm, t.scaling) == ("h100", 90, "") and {"fa2", "fa3", "cudnn", "xqa"} <= set(t.data["backends"])
+    assert choice_table.table_for(capability_db.CPU_DEVICE) is None
 
 
-def test_h100_table_loads_and_the_cpu_has_none():
-    t = h100_grid_table()
-    assert t is not None and t.sm == 90 and t.rows and {"fa2", "fa3", "cudnn", "xqa"} <= set(t.efficiency)
-    assert t.fitted is None and measured.table_for(H100).gpu == "NVIDIA H200"
-    assert measured.table_for(capability_db.CPU_DEVICE) is None
-
-
-def test_the_fastest_measured_candidate_is_chosen_and_explained(monkeypatch):
-    p = with_rows(monkeypatch, {"fa2": 0.40, "xqa": 0.20, "cudnn": 0.41, "native-triton": 0.30})
+def test_the_fastest_candidate_is_chosen_and_explained(monkeypatch):
+    p = with_times(monkeypatch, {"fa2": 0.40, "xqa": 0.20, "cudnn": 0.41, "native-triton": 0.30})
     d = router.decide(p, H100, live=False)
     assert d.chosen == "xqa" and d.accepted()[:2] == ["xqa", "native-triton"]
-    text = d.explain().replace("\n", " ").replace("  ", " ")
-    assert "measured: 0.2 ms at batch 64 x q 1 x kv 4096" in text
-    assert text.count("test row") == 1  # the estimates' source, once
-    assert d.ranking.startswith("measured time (1 matching rows")
+    text = " ".join(d.explain().split())
+    assert "table: 0.2 ms at batch 64 x q 1 x kv 4096" in text
+    assert text.count("capability_db/tables/h100.json") == 2  # the ranking's line and the estimates' source, once
+    assert d.ranking.startswith("expected time (capability_db/tables/h100.json; the phase's anchor sizes")
 
 
 def test_a_tie_keeps_the_priority_order(monkeypatch):
-    p = with_rows(monkeypatch, {"fa2": 0.400, "xqa": 0.395, "cudnn": 0.5, "native-triton": 0.6})
+    p = with_times(monkeypatch, {"fa2": 0.400, "xqa": 0.395, "cudnn": 0.5, "native-triton": 0.6})
     assert router.decide(p, H100, live=False).chosen == "fa2"  # 1.3% apart: the priority list decides
 
 
-def test_unmeasured_backends_get_the_cost_model(monkeypatch):
-    p = with_rows(monkeypatch, {"fa2": 0.40})
+def test_backends_the_table_leaves_out_go_after_those_it_has_in_priority_order(monkeypatch):
+    """A table keeps only the backends within a few times the fastest at a point: one missing there
+    is slower than those it has."""
+    p = with_times(monkeypatch, {"cudnn": 0.40, "native-triton": 0.30})
     d = router.decide(p, H100, live=False)
     est = {c.backend: c.estimate for c in d.candidates if c.accepted and c.ranked}
-    assert est["fa2"].startswith("measured") and est["xqa"].startswith("model") and est["reference"].startswith("model")
-    assert d.accepted()[-1] == "reference"  # the model knows the reference is slow
-
-
-def test_the_entrys_own_list_stays_ahead(monkeypatch):
-    with_rows(monkeypatch, {"xqa": 0.3, "native-triton": 0.5, "cudnn": 0.6, "fa2": 0.1})
-    p = dataclasses.replace(decode_problem(), entry="xqa_batch_decode_with_kv_cache")
-    d = router.decide(p, H100, live=False)
-    # fa2 is faster on the row, but this entry's lengths live on the device (fa2 re-plans per call)
-    assert d.accepted()[:4] == ["xqa", "native-triton", "cudnn", "fa2"]
+    assert est["native-triton"].startswith("table") and est["cudnn"].startswith("table")
+    assert not est["fa2"] and not est["xqa"] and not est["reference"]
+    assert d.accepted() == ["native-triton", "cudnn", "fa2", "xqa", "reference"]
 
 
 def test_ranking_happens_once_per_decision(monkeypatch):
@@ -151,10 +136,12 @@ def test_autotune_times_order_the_candidates(monkeypatch):
 
 
 def _tuned_table(monkeypatch, gpu_ms: dict[str, float], host: dict[str, float]):
-    """Autotune returns ``gpu_ms``; the H100 grid table (no rows) holds ``host`` us per call on every entry."""
-    real = h100_grid_table()
-    table = real.model_copy(update={"rows": [], "host_us": {n: {e: us for e in measured_entries()} for n, us in host.items()}})
-    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    """Autotune returns ``gpu_ms``; the table (whose GPU times say the opposite) holds ``host`` us per
+    call on every entry."""
+    opposite = {n: 1.0 / ms for n, ms in gpu_ms.items() if ms}
+    table = synthetic_table(decode_problem(), opposite or {"fa2": 1.0},
+                            {n: {e: us for e in measured_entries()} for n, us in host.items()})
+    use_table(monkeypatch, table)
     autotune.autotune(True)
     monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: gpu_ms.get(n) for n in names})
 
@@ -184,13 +171,15 @@ def test_autotune_counts_its_own_host_times_over_the_tables(monkeypatch):
     assert autotune._entry(0.25, (1, 1, 1)) == autotune.Timed(0.25, (1, 1, 1), None)
 
 
-def test_autotune_times_outrank_the_entry_points_own_list_but_not_a_per_call_plan(monkeypatch):
-    """On the cuDNN entry point cuDNN leads its list; a faster native-triton timed here goes first,
-    and fa2 (which plans on every call through this entry point) stays behind however fast."""
+def test_autotune_times_outrank_the_priority_list_and_the_table(monkeypatch):
+    """On the cuDNN entry point cuDNN leads its list; the faster ones timed here go first, by the times
+    timed (the table, which says the opposite, is not read for GPU times)."""
     _tuned_table(monkeypatch, {"cudnn": 0.030, "native-triton": 0.020, "fa2": 0.005},
                  {"cudnn": 5.0, "native-triton": 5.0, "fa2": 5.0})
     p = dataclasses.replace(decode_problem(), entry="cudnn_batch_prefill_with_kv_cache")
-    assert choice.rank(p, H100, ["cudnn", "fa2", "native-triton"], (8, 1, 1024)).order == ["native-triton", "cudnn", "fa2"]
+    r = choice.rank(p, H100, ["cudnn", "fa2", "native-triton"], (8, 1, 1024))
+    assert r.order == ["fa2", "native-triton", "cudnn"] and r.basis.startswith("autotune")
+    assert r.estimates["cudnn"].describe().startswith("autotune: 0.03 ms")
 
 
 def test_a_backend_whose_autotune_failed_goes_last(monkeypatch):
@@ -220,44 +209,22 @@ def test_reference_serving_a_cuda_problem_warns_once_with_the_others_reasons(cap
     assert len(warnings) == 1 and "slow PyTorch reference" in warnings[0] and "head_dim" in warnings[0]
 
 
-def test_the_problems_size_class_picks_the_row_measured_at_that_size(monkeypatch):
+def test_the_problems_size_class_reads_the_tables_point_for_those_sizes(monkeypatch):
     """A problem carries its size class (dispatch sets it from the call or the plan): the choice
-    follows the row measured at those sizes, not one order for every size of the problem."""
-    real = h100_grid_table()
+    follows the table at those sizes, not one order for every size of the problem."""
     p = make_problem(entry="BatchPrefillWithPagedKVCacheWrapper", phase="prefill", num_qo_heads=32, num_kv_heads=8,
                      head_dim_qk=128, head_dim_vo=128, device_type="cuda", causal=True)
-
-    def row(batch, q_len, kv_len, ms):
-        bucket = measured.Bucket(entry=p.entry, phase="prefill", batch=batch, q_len=q_len, kv_len=kv_len, gqa_group=4,
-                                 head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=True)
-        return measured.TimingRow(bucket=bucket, ms=ms, source="test row")
-
-    table = real.model_copy(update={"rows": [row(64, 16, 2048, {"fa2": 0.2, "fa3": 0.7, "cudnn": 0.6, "native-triton": 0.9}),
-                                             row(8, 2048, 2048, {"fa2": 0.85, "fa3": 0.59, "cudnn": 0.62, "native-triton": 1.0})]})
-    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
+    table = synthetic_table(p, {"fa2": 0.85, "fa3": 0.59, "cudnn": 0.62, "native-triton": 1.0})
+    names = table.data["backends"]
+    short_point = ",".join(map(str, grid_point(p, (64, 16, 2048))))
+    assert short_point != ",".join(map(str, grid_point(p, (8, 2048, 2048))))
+    short_ms = {"fa2": 0.2, "fa3": 0.7, "cudnn": 0.6, "native-triton": 0.9}
+    table.data["keys"][key_of(p)][short_point] = " ".join(f"{names.index(n)} {ms}" for n, ms in short_ms.items())
+    use_table(monkeypatch, table)
     short = router.decide(dataclasses.replace(p, sizes=(64, 16, 2048)), H100, live=False)
     long = router.decide(dataclasses.replace(p, sizes=(8, 2048, 2048)), H100, live=False)
     assert short.accepted()[0] == "fa2" and long.accepted()[0] == "fa3"
-
-
-def test_candidates_are_compared_at_the_row_that_timed_them_side_by_side(monkeypatch):
-    """A candidate timed only far away (its time scaled down by the model) does not jump ahead of
-    those timed side by side nearest the call's sizes (seen on the H100: torch-flash, timed at
-    kv 8192 only, was scaled to 2 us at kv 64 and chosen for a tiny single prefill)."""
-    real = h100_grid_table()
-    p = make_problem(entry="single_prefill_with_kv_cache", phase="decode", kv_storage="dense", page_size=0,
-                     num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128, device_type="cuda")
-
-    def row(kv_len, ms):
-        bucket = measured.Bucket(entry=p.entry, phase="decode", batch=1, q_len=1, kv_len=kv_len, gqa_group=4,
-                                 head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16", causal=False)
-        return measured.TimingRow(bucket=bucket, ms=ms, source="test row")
-
-    table = real.model_copy(update={"rows": [row(1024, {"fa2": 0.008, "native-triton": 0.018, "cudnn": 0.025}),
-                                             row(8192, {"torch-flash": 0.032, "fa2": 0.022})]})
-    monkeypatch.setattr(choice, "table_for", lambda device: table if device.kind == "cuda" else None)
-    d = router.decide(dataclasses.replace(p, sizes=(1, 1, 64)), H100, live=False)
-    assert d.accepted()[0] == "fa2" and d.accepted().index("torch-flash") > d.accepted().index("cudnn")
+    assert f"read at {short_point.replace(',', ' x ')}" in short.ranking
 
 
 def test_switching_autotune_forgets_the_entry_points_call_plans():

@@ -520,9 +520,10 @@ def test_a_sweep_with_the_opt_in_autotune_says_so(tmp_path, monkeypatch):
 
 
 def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):
-    """The environment of a run on a GPU names the timing table in force: an H100's auto column
-    ranks by the H200's table, scaled (no GPU here: its name, capability and description are faked)."""
+    """The environment of a run on a GPU names the choice table in force: an H100's auto column
+    ranks by the H100's own compiled table (no GPU here: its name, capability and description are faked)."""
     import capability_db
+    from capability_db import choice_table
     from dispatch import router
     from dispatch.lab import bench
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
@@ -530,5 +531,6 @@ def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):
     monkeypatch.setattr(router, "live_device", lambda tensor: capability_db.resolve_device("h100"))
     monkeypatch.setattr(bench.torch, "empty", lambda *a, **k: None)
     env = bench.environment("cuda")
-    assert env["timing_table"].startswith("measured/h200.json (") and "scaled to this GPU (h100" in env["timing_table"]
+    assert env["timing_table"] == choice_table.describe(capability_db.resolve_device("h100"))
+    assert env["timing_table"].startswith("tables/h100.json (") and env["timing_table"].endswith("; this GPU's own")
     assert "timing_table" not in bench.environment("cpu")

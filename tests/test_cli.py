@@ -63,7 +63,7 @@ PAGED_DECODE = ["--phase", "decode", "--kv", "paged", "--page-size", "16"]
 def test_query_sm90_paged_prefill_ranks_by_the_calls_sizes(capsys, gpu):
     # Long prompts: fa3 (section 6: sm_90, bf16, d128, causal); a few query tokens per request
     # (chunked decode): fa2, measured 3.4x faster than fa3 on the H100's grid; every sm_90 GPU ranks
-    # by the H200's fitted table (capability_db/measured/h200.json), scaled to it.
+    # by a compiled choice table (capability_db/tables/<gpu>.json): its own, else its SM's scaled to it.
     data = query(capsys, gpu, *PAGED_PREFILL, "--sizes", "8", "2048", "2048")
     assert data["device"]["arch"] == "sm_90" and data["device"]["family"] == "hopper"
     assert data["chosen"] == "fa3"
@@ -424,15 +424,27 @@ def test_info_says_truly_how_to_get_triton(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("gpu, says", [
-    ("h200", "measured/h200.json ({h200} rows, fitted); this GPU's own"),
-    ("h100", "measured/h200.json ({h200} rows, fitted); h200 table scaled to this GPU (h100: bandwidth x0.70, "
-             "compute x1.00); its own h100 table has no fitted times ({h100} rows)"),
-    ("a100", "none for sm_80: the cost model and the priority list decide"),
+    ("h200", "tables/h200.json ({h200} keys); this GPU's own"),
+    ("h100", "tables/h100.json ({h100} keys); this GPU's own"),
+    ("a100", "none for sm_80: the priority list decides"),
     ("cpu", "none: the priority list decides (no GPU)")])
-def test_info_names_the_timing_table_the_choice_ranks_by(gpu, says):
-    from capability_db import measured
-    rows = {key: len(measured.load_table(measured.MEASURED_DIR / f"{key}.json").rows) for key in ("h100", "h200")}
-    assert measured.describe(capability_db.resolve_device(gpu)) == says.format(**rows)
+def test_info_names_the_choice_table_the_choice_ranks_by(gpu, says):
+    from capability_db import choice_table
+    keys = {key: len(json.loads((choice_table.TABLES_DIR / f"{key}.json").read_text())["keys"])
+            for key in ("h100", "h200")}
+    assert choice_table.describe(capability_db.resolve_device(gpu)) == says.format(**keys)
+
+
+def test_info_names_the_table_a_gpu_without_its_own_borrows_and_how_it_is_scaled():
+    from capability_db import choice_table
+    gh200 = capability_db.device_for_capability(9, 0, "NVIDIA GH200 480GB")
+    borrowed = choice_table.table_for(gh200)
+    ratio = 4.0 / borrowed.data["peak_tb_per_s"]
+    assert choice_table.describe(gh200) == (
+        f"tables/{borrowed.gpu}.json ({len(borrowed.data['keys'])} keys); {borrowed.gpu} table scaled to "
+        f"NVIDIA GH200 480GB (bandwidth x{ratio:.2f}, compute x1.00)")
+    unscaled = choice_table.describe(capability_db.resolve_device("sm_90"))
+    assert unscaled.endswith("; " + borrowed.gpu + " table unscaled: no peak figures for sm_90")
 
 
 def test_info_says_how_to_get_every_backend_that_is_not_installed(capsys):

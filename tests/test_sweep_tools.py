@@ -1,5 +1,6 @@
-"""The sweep's tools: warm-up workers (dispatch/lab/warm.py), the call-cost regret (runner.call_cost)
-and the cost model's occupancy term for query-tiled kernels (choice.occupancy)."""
+"""The sweep's tools: warm-up workers (dispatch/lab/warm.py), the call-cost regret (runner.call_cost),
+the replay of the router's choice against measured times (tools/lab/replay.py) and the tools that
+read sweeps."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,14 +17,10 @@ from types import SimpleNamespace
 
 import capability_db
 import pytest
-from capability_db import measured
-from dispatch import choice, router
+from dispatch import router
 from dispatch.lab import bench, runner, warm
 from dispatch.lab.problems import PAGED, SINGLE, BenchProblem
-from dispatch.lab.vendors import make_problem
 from tools.lab import table
-
-H200 = capability_db.resolve_device("h200")
 
 
 def test_a_small_copy_keeps_what_selects_a_module():
@@ -138,38 +135,6 @@ def test_call_cost_ranks_gpu_and_host_time_together():
     assert s["cost_fastest"] == "native-triton"  # 35 us against fa2's 50
     assert abs(s["cost_regret"] - (0.050 / 0.035 - 1)) < 1e-9
     assert abs(s["cost_auto_over_flashinfer"] - 0.050 / 0.035) < 1e-9
-
-
-def test_query_tiled_kernels_pay_for_idle_sms_and_split_kv_kernels_do_not():
-    assert capability_db.backend_caps("cudnn").parallelism == "query_tiles"
-    assert capability_db.backend_caps("fa2").parallelism == "split_kv"
-    table = measured.table_for(H200)
-    problem = make_problem(entry=SINGLE, kv_storage="dense", num_qo_heads=4, num_kv_heads=4, head_dim_qk=256,
-                           head_dim_vo=256, device_type="cuda")
-    few, full = (1, 91, 70435), (8, 2048, 2048)
-    assert choice.occupancy(table, "cudnn", problem, few) == 4 / 132  # 1 request x 4 heads x 1 tile
-    assert choice.occupancy(table, "cudnn", problem, full) == 1.0
-    assert choice.occupancy(table, "fa2", problem, few) == 1.0
-    assert choice.occupancy(table, "not-a-backend", problem, few) == 1.0
-    ratio = choice.model_ms(table, "cudnn", problem, few) / choice.model_ms(table, "fa2", problem, few)
-    assert ratio > 10  # measured on the H200: 1.75 ms against 0.136 (tools/results/NOTES-h200-sweeps.md)
-
-
-def test_a_row_missing_a_backend_for_a_run_failure_is_no_evidence_against_it():
-    from tools.lab.table import harness_failed
-    built_failed = {"backends": [{"backend": "fa2", "status": "ok"},
-                                 {"backend": "fa3", "status": "error", "note": "RuntimeError: Ninja build failed."}]}
-    declared = {"backends": [{"backend": "fa2", "status": "ok"},
-                             {"backend": "fa3", "status": "refused", "note": "has_sinks=True: allowed one of False"}]}
-    assert harness_failed(built_failed) and not harness_failed(declared)
-    bucket = measured.Bucket(entry="e", phase="prefill", batch=8, q_len=2048, kv_len=2048, gqa_group=4,
-                             head_dim_qk=128, head_dim_vo=128, q_dtype="bfloat16", kv_dtype="bfloat16",
-                             causal=True, window=False, soft_cap=False, sinks=False)
-    rows = [measured.TimingRow(bucket=bucket, ms={"fa2": 1.0, "cudnn": 1.2}, source="a", complete=False)]
-    problem = make_problem(entry="e", num_qo_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_vo=128)
-    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], problem, (8, 2048, 2048)) is None
-    rows.append(rows[0].model_copy(update={"complete": True}))
-    assert choice.shared_row(rows, ["fa3", "fa2", "cudnn"], problem, (8, 2048, 2048)) is rows[1]
 
 
 def test_replay_judges_the_graph_choice_by_gpu_time_and_the_eager_choice_by_call_cost():
@@ -411,35 +376,6 @@ def test_judge_repeat_scores_the_first_runs_fastest_by_the_second_runs_times(tmp
     same = tool.figures(first, first)
     assert same["gpu"]["within_3pct"] == same["cost"]["within_3pct"] == 1
     assert "| call cost (an eager call's) | 1 | 0 (0%)" in tool.markdown(["a", "b"], fig, "host: x")
-
-
-def test_gpu_correction_holds_out_one_seed_at_a_time():
-    """tools/gpu_correction.py ``seed`` mode: each seed's problems are judged by a correction learned
-    from the other seeds' (the seed read from the file each problem came from, merged files included)."""
-    spec = importlib.util.spec_from_file_location("gpu_correction", Path("tools/gpu_correction.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    rows = [{"name": f"p{i}", table.FROM: name} for i, name in enumerate([
-        "bench-random-150-seed-11-h100.json", "bench-random-150-seed-22-h100-from-5.json",
-        "bench-random-150-seed-11-h100-from-37.json + bench-random-150-seed-11-h100-from-48.json"])]
-    pairs = tool.splits(rows, "seed")
-    assert [[r["name"] for r in test] for _, test in pairs] == [["p0", "p2"], ["p1"]]
-    assert [[r["name"] for r in train] for train, _ in pairs] == [["p1"], ["p0", "p2"]]
-    assert sorted(len(test) for _, test in tool.splits(rows * 4, "kfold")) == [2, 2, 2, 3, 3]
-
-
-def test_gpu_correction_replays_the_graph_and_the_eager_choice_through_its_patch():
-    """tools/gpu_correction.py ``replayed``: its patch of ``choice.fitted_times`` takes what the ranking
-    passes (an eager call's ``eager`` too); with no correction it replays the choice unchanged."""
-    from tools.lab import replay
-    spec = importlib.util.spec_from_file_location("gpu_correction", Path("tools/gpu_correction.py"))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    results = json.loads(Path("tools/results/bench-random-150-seed-1161395444-h100-from-20.json").read_text())
-    test = [r for r in results["results"] if "backends" in r][:6]
-    plain = replay.replay({**results, "results": test})
-    corrected = tool.replayed(results, test, lambda backend, problem, values: 0.0)
-    assert [(r["chosen"], r["eager_chosen"]) for r in corrected] == [(r["chosen"], r["eager_chosen"]) for r in plain]
 
 
 def _tool(name: str):

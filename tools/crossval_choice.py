@@ -1,7 +1,8 @@
 """How the choice does on problems its timing table never saw: K-fold cross-validation over bench
 sweeps (no GPU). The measured problems of the given JSONs are split into K folds; for each fold a
-timing table is built from the other folds (tools/lab/table.py) and the router's choice
-for the fold's problems is replayed against their measured times (tools/lab/replay.py).
+timing table is built from the other folds (tools/lab/table.py) and the router's choice, ranked
+by that table's fit (``tools.tables.estimate.ranking_by_the_fit``: what its compiled table would
+follow), is replayed for the fold's problems against their measured times (tools/lab/replay.py).
 Prints the regret figures, by GPU time and by call cost (GPU + host per eager call), and writes
 DIR/crossval-<stem>.json and .md.
 
@@ -19,13 +20,12 @@ import random
 import statistics
 import tempfile
 from pathlib import Path
-from unittest import mock
 
-from capability_db import measured
-from dispatch import router
 from dispatch.lab.report import regret_figures
 from tools.lab import replay, table
 from tools.lab.figures import ratio_figures
+from tools.tables import measured
+from tools.tables.estimate import ranking_by_the_fit
 
 
 def folds(results: dict, k: int) -> list[dict]:
@@ -41,13 +41,8 @@ def replay_fold(train: list[dict], test: dict, source: str, host_now: bool = Fal
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{measured.gpu_key(trained.gpu)}.json"
         path.write_text(trained.model_dump_json())
-        with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
-            measured.forget()  # every cache of a table, or a fold is judged by another fold's table
-            router.clear_caches()
-            out = replay.replay(test, trained.host_us if host_now else None)
-    measured.forget()
-    router.clear_caches()
-    return out
+        with ranking_by_the_fit(Path(tmp)):  # every cache dropped: no fold judged by another's table
+            return replay.replay(test, trained.host_us if host_now else None)
 
 
 def learning_curve(parts: list[dict], source: str, shares: list[float], draws: int) -> list[dict]:

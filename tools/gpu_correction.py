@@ -1,12 +1,14 @@
 """Would a correction learned from one GPU's own sweeps improve the table it ranks by (another GPU's,
-scaled)? The H100 ranks by the H200's fitted table scaled to it (capability_db/measured.py). Here a
+scaled)? The fit of the H200's timing table, scaled to the H100, is what the H100's choice table is
+compiled from (tools/tables/measured.py, tools/tables/compile.py). Here a
 correction of that table's fitted GPU times, log2(measured / estimated), is learned from part of the
 GPU's sweeps and the choice replayed on the rest: 5 folds (``kfold``), or one seed held out at a time
 (``seed``). The corrections (``KINDS``): ``none`` (the table as it is), ``median`` (one factor per
 backend), ``median-phase`` (per backend and decode/prefill), ``median-entry`` (per backend, phase and
 entry point), ``trees-s``/``trees-m`` (boosted trees, 100 of depth 3 / 300 of depth 4, over the fit's
 features and the backend; scikit-learn, the bench extra). An experiment, not part of the
-choice: it patches ``choice.fitted_times`` while it replays.
+choice: the router ranks by the fit while it replays (``ranking_by_the_fit``), its
+``estimate.fitted_times`` patched.
 
     python -m tools.gpu_correction FILES.txt kfold none median trees-s > OUT.md
 """
@@ -20,14 +22,14 @@ from pathlib import Path
 from typing import Callable
 from unittest import mock
 
-from capability_db import measured
-from capability_db.measured import features
-from dispatch import choice, router
 from dispatch.lab.report import regret_figures
 from tools.lab import replay, table
 from tools.lab.figures import ratio_figures
+from tools.tables import estimate, measured
+from tools.tables.estimate import ranking_by_the_fit
+from tools.tables.measured import features
 
-TABLE = measured.MEASURED_DIR / "h200.json"  # the table the H100 ranks by, scaled
+TABLE = measured.MEASURED_DIR / "h200.json"  # the fit the H100's choice table is compiled from, scaled
 TREES = {"trees-s": (100, 3), "trees-m": (300, 4)}  # trees, depth
 KEYS = {"median": lambda name, problem: (name,),
         "median-phase": lambda name, problem: (name, problem.phase),
@@ -48,9 +50,9 @@ def residuals(rows: list[dict], scaled: measured.TimingTable) -> list[tuple[str,
         for b in r["backends"]:
             if b["backend"] in table.NOT_BACKENDS or b.get("status") != "ok" or not b.get("eager_ms"):
                 continue
-            estimate = choice.fitted_ms(scaled, b["backend"], problem, sizes)
-            if estimate is not None:
-                out.append((b["backend"], problem, values, math.log2(b["eager_ms"] / estimate)))
+            expected = estimate.fitted_ms(scaled, b["backend"], problem, sizes)
+            if expected is not None:
+                out.append((b["backend"], problem, values, math.log2(b["eager_ms"] / expected)))
     return out
 
 
@@ -78,18 +80,16 @@ def learn(kind: str, train: list[dict], scaled: measured.TimingTable) -> Correct
 
 
 def replayed(results: dict, test: list[dict], correction: Correction) -> list[dict]:
-    """The choice for ``test``'s problems with the scaled table's fitted times corrected."""
-    fitted_times = choice.fitted_times
+    """The choice for ``test``'s problems ranked by the fit (of the timing tables in force), its
+    fitted times corrected."""
+    fitted_times = estimate.fitted_times
 
     def corrected(tbl, problem, sizes, eager=False):
         values = features(problem, sizes)
         return {b: ms * 2 ** correction(b, problem, values)
                 for b, ms in fitted_times(tbl, problem, sizes, eager).items()}
-    with mock.patch.object(choice, "fitted_times", corrected):
-        router.clear_caches()
-        out = replay.replay({**results, "results": test})
-    router.clear_caches()
-    return out
+    with mock.patch.object(estimate, "fitted_times", corrected), ranking_by_the_fit():
+        return replay.replay({**results, "results": test})
 
 
 def splits(rows: list[dict], mode: str) -> list[tuple[list[dict], list[dict]]]:
@@ -123,17 +123,13 @@ def main() -> int:
     rows = [r for r in results["results"] if "backends" in r]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / TABLE.name).symlink_to(TABLE.resolve())
-        with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
-            measured.forget()
-            router.clear_caches()
+        with ranking_by_the_fit(Path(tmp)):
             scaled = measured.table_for(table.sweep_device(results["environment"]))
             print(f"Sources: {source}; the table: {scaled.scaling}; mode {args.mode}\n")
             for kind in args.kinds:
                 out = [r for train, test in splits(rows, args.mode)
                        for r in replayed(results, test, learn(kind, train, scaled))]
                 print(line(f"{args.mode}:{kind}", out), flush=True)
-    measured.forget()
-    router.clear_caches()
     return 0
 
 

@@ -1,6 +1,6 @@
 """How one GPU's times relate to another's on the same problems: per phase and backend, the p10,
 median and p90 of (time on A) / (time on B) over the problems both bench sets timed. It checks the
-scaling a borrowed table gets (capability_db.measured.TimingTable.scaled_to: decode by the ratio of
+scaling a borrowed table gets (capability_db.choice_table.table_for: decode by the ratio of
 peak bandwidth, the rest by compute). Prints Markdown; --out writes it too.
 
     python -m tools.gpu_ratio --a BENCH-ON-A.json [...] --b BENCH-ON-B.json [...]

@@ -1,11 +1,12 @@
 """Which table should a GPU rank by? The choice for one GPU's measured problems replayed under each
-of several timing tables, each table put alone in the measured folder (so the router takes it,
-scaled to the GPU where it is another GPU's: capability_db.measured.table_for). Prints and writes
+of several timing tables, each table put alone in the timing tables' folder and the router ranking
+by its fit (``tools.tables.estimate.ranking_by_the_fit``; the table scaled to the GPU where it is
+another GPU's: tools.tables.measured.table_for). Prints and writes
 DIR/<stem>.md and .json: per table, within 3% of the fastest (the CUDA-graph choice by GPU time,
 the eager choice by call cost) and auto / FlashInfer's own call, over all problems, per random seed
 and off the ``xqa`` entry point; then each problem's choices and every miss with its cause.
 
-    python -m tools.table_choice --tables capability_db/measured/h100.json capability_db/measured/h200.json \\
+    python -m tools.table_choice --tables tools/tables/data/h100.json tools/tables/data/h200.json \\
         --bench BENCH.json [BENCH.json ...] --out DIR --stem NAME
 """
 from __future__ import annotations
@@ -14,29 +15,23 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
-from unittest import mock
 
-from capability_db import measured
-from dispatch import router
 from dispatch.lab.problems import XQA
 from dispatch.lab.report import regret_figures
 from tools.lab import replay, table
 from tools.lab.figures import ratio_figures
+from tools.tables import measured
+from tools.tables.estimate import ranking_by_the_fit
 
 
 def replay_under(results: dict, table_file: Path) -> tuple[list[dict], str]:
     """The replayed rows with ``table_file`` the only table, and how the router took it."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / table_file.name).symlink_to(table_file.resolve())
-        with mock.patch.object(measured, "MEASURED_DIR", Path(tmp)):
-            measured.forget()
-            router.clear_caches()
+        with ranking_by_the_fit(Path(tmp)):
             rows = replay.replay(results)
             used = measured.table_for(table.sweep_device(results["environment"]))
-            how = used.scaling or f"{used.key} table, unscaled (the GPU's own)"
-    measured.forget()
-    router.clear_caches()
-    return rows, how
+            return rows, used.scaling or f"{used.key} table, unscaled (the GPU's own)"
 
 
 def figures(rows: list[dict]) -> dict:

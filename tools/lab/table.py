@@ -1,4 +1,4 @@
-"""Bench results -> the router's timing table (capability_db/measured/<gpu>.json).
+"""Bench results -> the timing table of one GPU (tools/tables/data/<gpu>.json), what the choice tables compile from.
 
 Every problem's backends that agreed with the oracle become one row (bucket + GPU ms per backend
 + host us per eager call per backend, where the bench measured it); each backend's efficiency
@@ -7,8 +7,9 @@ its rows) and launch floor (its fastest call) feed the cost model of buckets nob
 The table's host time per (backend, entry point) is the median of its rows' (host-cost matrix
 JSONs, ``python -m tools.lab.host_cost --matrix``, given beside the bench JSONs take precedence:
 their figures are measured on purpose, per entry x backend x size). Peaks come from
-capability_db.measured.GPU_PEAKS (vendor datasheets) by GPU name; the file is measured/<gpu key>.json
-(an H200 run: h200.json). The fit needs scikit-learn for its trees (without it, linear only).
+capability_db.choice_table.GPU_PEAKS (vendor datasheets) by GPU name; the file is tools/tables/data/<gpu key>.json
+(an H200 run: h200.json). The fit needs scikit-learn for its trees (without it, linear only). The router
+reads none of this: ``python -m tools.tables.compile`` turns the fit into its tables (capability_db/tables).
 
     python -m tools.lab.table BENCH.json [BENCH.json ...] [--out FILE]
 """
@@ -26,12 +27,12 @@ from typing import Optional
 import torch
 
 import capability_db
-from capability_db.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
-                                    Tree, features, gpu_key, gpu_peaks, pair_row)
-from dispatch.choice import plans_per_call
 from dispatch.lab.problems import (CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem, entry_of,
                                    problem_of)
 from dispatch.problem import DeviceDesc
+from tools.tables.estimate import plans_per_call
+from tools.tables.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
+                                   Tree, features, gpu_key, gpu_peaks, pair_row)
 
 __all__ = ["BenchProblem", "CUDNN", "RAGGED", "SINGLE", "SINGLE_LSE", "TRTLLM", "XQA", "entry_of", "problem_of"]
 
@@ -61,14 +62,14 @@ def peaks(gpu: str) -> tuple[float, float]:
     known = gpu_peaks(gpu)
     if known is None:
         raise ValueError(f"no peak figures for GPU {gpu!r}; known: {', '.join(p.key for _, p in GPU_PEAKS)} "
-                         "(capability_db/measured.py GPU_PEAKS)")
+                         "(capability_db/choice_table.py GPU_PEAKS)")
     return known.tb_per_s, known.tflops
 
 
 def harness_failed(result: dict) -> bool:
     """A side-by-side row with a candidate missing for a failure, not a declared limit: a backend
     that raised, or a vendor that failed while planning (a JIT build, say). The choice reads a
-    backend absent from a complete row as one that could not serve it (choice.UNMEASURED_BEHIND);
+    backend absent from a complete row as one that could not serve it (estimate.UNMEASURED_BEHIND);
     such a row is kept with ``complete=False`` and never used that way (fa3's modules failing to
     build on a fresh machine, say)."""
     return any(b["status"] == "error" or (b["status"] == "refused" and "at plan time" in b.get("note", ""))
@@ -349,7 +350,7 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
 
 def write_from_results(results_paths, out: Optional[Path] = None) -> Path:
     """The timing table of one GPU's bench JSONs (``merged``), written to ``out`` (default:
-    capability_db/measured/<gpu key>.json of the package this imports)."""
+    tools/tables/data/<gpu key>.json)."""
     paths = [results_paths] if isinstance(results_paths, (str, Path)) else list(results_paths)
     table = build_table(*merged(paths))
     out = out or MEASURED_DIR / f"{gpu_key(table.gpu) or table.gpu.split()[-1].lower()}.json"
@@ -363,7 +364,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("bench", nargs="+", type=Path, metavar="JSON",
                         help="bench JSONs of one GPU (and host-cost matrix JSONs of it)")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
-                        help="where to write the table (default: capability_db/measured/<gpu>.json)")
+                        help="where to write the table (default: tools/tables/data/<gpu>.json)")
     args = parser.parse_args(argv)
     try:
         path = write_from_results(args.bench, args.out)

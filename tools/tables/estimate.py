@@ -1,10 +1,11 @@
 """The fit's ranking: order the accepted candidates by their expected time (what the tables compile).
 
-Called by ``router.evaluate`` once per (problem, device) — the decision is cached, so none of
-this is on the per-call path. Evidence, best first, for each accepted backend:
+The router does not call it: its tables are compiled from the fit (``tools.tables.compile``), and
+the tools that judge a fit before it is compiled replay the router through it (``ranking_by_the_fit``).
+Evidence, best first, for each accepted backend:
 
-1. autotune (opt-in, ``dispatch.autotune``): times measured on this machine for the bucket;
-2. the GPU's timing table (capability_db/measured/<gpu>.json): a row whose static facts match
+1. (the router's own ranking only: autotune times measured on this machine for the bucket);
+2. the GPU's timing table (tools/tables/data/<gpu>.json): a row whose static facts match
    the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
    sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
    linear in ``measured.features``, plus boosted trees on those fits' errors; cross-validated on
@@ -47,15 +48,19 @@ estimate there. Scores within TIE of the best keep the static priority order; no
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterator, Optional
+from unittest import mock
 
 import torch
 
 import capability_db
+from . import measured
 from .measured import (ANCHORS, QUERY_TILE, SMS, Efficiency, TimingRow, TimingTable, features, gpu_peaks,
                                     Sizes, table_for, work)
 
@@ -297,7 +302,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     if table is None:
         why = "one candidate" if len(accepted) <= 1 else f"no timing table for {device.name} (sm {device.sm})"
         return Ranking(list(accepted), {}, f"priority list ({why})")
-    where = f"{table.gpu} (capability_db/measured" + (f"; {table.scaling})" if table.scaling else ")")
+    where = f"{table.gpu} (tools/tables/data" + (f"; {table.scaling})" if table.scaling else ")")
     rows = table.rows_for(problem)
     # a size class is judged at its middle, where the autotune times it too (at its top, as its largest call)
     points = ([class_middle(sizes)] if sizes else sorted({_sizes(r) for r in rows})
@@ -373,3 +378,21 @@ def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, f
         order += near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
     best = min(scores.values(), default=1.0)
     return Ranking(order, ests, basis, {n: scores[n] / best for n in order}, points)
+
+
+@contextlib.contextmanager
+def ranking_by_the_fit(measured_dir: Optional[Path] = None) -> Iterator[None]:
+    """Within: the router ranks by the fit (``rank``, over the timing tables of ``measured_dir``;
+    default tools/tables/data) instead of its compiled tables: what a replay judges of a fit not
+    compiled yet (a cross-validation fold, one GPU's table against another's). Every table and
+    decision cached so far is dropped on the way in and on the way out."""
+    from dispatch import choice, router
+    with mock.patch.object(choice, "rank", rank), \
+            mock.patch.object(measured, "MEASURED_DIR", measured_dir or measured.MEASURED_DIR):
+        measured.forget()
+        router.clear_caches()
+        try:
+            yield
+        finally:
+            measured.forget()
+            router.clear_caches()

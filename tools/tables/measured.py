@@ -1,11 +1,11 @@
-"""Measured timings per GPU (``measured/<gpu>.json``): what the router ranks accepted backends by.
+"""Measured timings per GPU (tools/tables/data/<gpu>.json) and their fit: what the choice tables compile.
 
 A table holds rows of measurements (one problem: its bucket, and the ms per call of every
 backend measured there) plus, for the cost model of buckets nobody measured, the GPU's peak
 bandwidth and compute and each backend's measured efficiency per phase (achieved / peak) and
-launch cost. ``attn-dispatch bench --to-table`` writes one from a bench run; the first H100
-table was built from tools/results/*-h100.json. Loaded lazily (first decision on a GPU of
-that SM), validated by pydantic; this module imports nothing of dispatch.
+launch cost. ``python -m tools.lab.table`` writes one from bench runs; ``python -m tools.tables.compile``
+compiles the router's tables (capability_db/tables/<gpu>.json) from its fit. Loaded lazily,
+validated by pydantic; this module imports nothing of dispatch.
 
 A bucket's static facts (``Bucket.static_key``: phase, GQA group, head dims, dtypes, causal,
 window / soft cap / sinks on or off) must equal the problem's for a row to apply; its sizes
@@ -243,7 +243,7 @@ def _depth(t: Tree) -> int:
 
 class FittedTimes(BaseModel):
     """Per backend, log2 of its GPU ms per call as a linear function of ``features`` (ridge
-    regression over every timed problem of the table's runs, ``bench --to-table``), plus, where
+    regression over every timed problem of the table's runs, ``tools.lab.table``), plus, where
     the table was built from enough problems, one boosted-tree correction of those linear fits'
     errors shared by every backend (the backend a 0/1 feature ``backend <name>``): the bends a
     linear fit misses (H200 sweeps A-H, 5-fold cross-validation: within 3% of the fastest on 76%
@@ -421,7 +421,7 @@ def load_table(path: Path) -> TimingTable:
     try:
         return TimingTable.model_validate(json.loads(path.read_text()))
     except Exception as exc:  # a broken data file must say which file
-        raise RuntimeError(f"capability_db: measured/{path.name} is invalid: {exc}") from exc
+        raise RuntimeError(f"tools/tables/data/{path.name} is invalid: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=None)
@@ -447,7 +447,7 @@ def table_for(device: DeviceDesc) -> Optional[TimingTable]:
         fl = table.peak_tflops * device.sm_count / known.sms
     if not bw and not fl:
         return table.model_copy(update={"scaling": f"{table.key} table unscaled: no peak figures for "
-                                                   f"{name} (capability_db/measured.py GPU_PEAKS){why}"})
+                                                   f"{name} (capability_db/choice_table.py GPU_PEAKS){why}"})
     scaled = table.scaled_to(bw or table.peak_tb_per_s, fl or table.peak_tflops, name)
     return scaled.model_copy(update={"scaling": scaled.scaling + why}) if why else scaled
 
@@ -459,6 +459,6 @@ def describe(device: DeviceDesc) -> str:
     if table is None:
         return ("none: the priority list decides (no GPU)" if device.kind != "cuda" else
                 f"none for sm_{device.sm}: the cost model and the priority list decide")
-    what = f"measured/{table.key}.json ({len(table.rows)} rows" + (", fitted)" if table.fitted else ", no fit)")
+    what = f"tools/tables/data/{table.key}.json ({len(table.rows)} rows" + (", fitted)" if table.fitted else ", no fit)")
     how = table.scaling or "this GPU's own"
     return f"{what}; {how}"

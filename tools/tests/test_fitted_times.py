@@ -1,5 +1,5 @@
-"""The timing table's fit (tools/lab/table.py fit_times, capability_db/measured.py FittedTimes):
-what the choice expects where no row was measured at the problem's sizes, and the cross-validation
+"""The timing table's fit (tools/lab/table.py fit_times, tools/tables/measured.py FittedTimes):
+what the choice tables are compiled from where no row was measured at the problem's sizes, and the cross-validation
 that judges it (tools/crossval_choice.py) on problems its table never saw. The boosted trees are
 fitted with few, shallow trees on a few hundred synthetic samples (``SMALL``): what is checked is
 what they learn and how the table keeps them, not the settings the tables ship with."""
@@ -15,11 +15,11 @@ from unittest import mock
 
 import capability_db
 import pytest
-from capability_db import measured
-from dispatch import choice, router
+from dispatch import router
 from dispatch.lab.problems import CUDNN, PAGED
 from tools import crossval_choice, gpu_ratio, table_choice
 from tools.lab import table
+from tools.tables import estimate, measured
 
 H200 = capability_db.resolve_device("h200")
 ENVIRONMENT = {"gpu": "NVIDIA H200", "capability": "sm_90"}
@@ -65,13 +65,13 @@ def test_the_fit_leaves_out_a_backends_times_where_it_plans_per_call():
     assert fit.rows == {"fa2": len(results) - through_cudnn, "native-triton": len(results)}
     tab = table.build_table({"environment": ENVIRONMENT, "results": results}, "synthetic")
     on_cudnn = table.problem_of(table.BenchProblem(entry=CUDNN, batch=8, q_len=1, kv_len=4096))
-    assert choice.fitted_ms(tab, "fa2", on_cudnn, (8, 1, 4096)) is None  # never captured there
-    assert choice.fitted_ms(tab, "native-triton", on_cudnn, (8, 1, 4096)) is not None
+    assert estimate.fitted_ms(tab, "fa2", on_cudnn, (8, 1, 4096)) is None  # never captured there
+    assert estimate.fitted_ms(tab, "native-triton", on_cudnn, (8, 1, 4096)) is not None
     # an eager call: its kernel's time as the fit of its other entry points gives it (the rows through
     # cuDNN's entry took 10x: the host path they hold is its host time's, which the eager choice adds)
     on_paged = table.problem_of(table.BenchProblem(entry=PAGED, batch=8, q_len=1, kv_len=4096))
-    kernel = choice.fitted_ms(tab, "fa2", on_paged, (8, 1, 4096))
-    eager = choice.fitted_times(tab, on_cudnn, (8, 1, 4096), eager=True)
+    kernel = estimate.fitted_ms(tab, "fa2", on_paged, (8, 1, 4096))
+    eager = estimate.fitted_times(tab, on_cudnn, (8, 1, 4096), eager=True)
     assert eager["fa2"] == pytest.approx(kernel, rel=0.3)
 
 
@@ -99,8 +99,8 @@ def test_the_choice_takes_the_fit_over_the_entry_points_list():
             for i, ((b, kv), t) in enumerate(zip(sizes, times))]
     tab = table.build_table({"environment": ENVIRONMENT, "results": rows}, "synthetic")
     problem = table.problem_of(table.BenchProblem(entry=CUDNN, batch=4, q_len=1, kv_len=35000))
-    with mock.patch.object(choice, "table_for", return_value=tab):
-        ranking = choice.rank(problem, H200, ["cudnn", "native-triton"], problem.sizes)
+    with mock.patch.object(estimate, "table_for", return_value=tab):
+        ranking = estimate.rank(problem, H200, ["cudnn", "native-triton"], problem.sizes)
     assert ranking.order[0] == "native-triton"
     assert ranking.estimates["native-triton"].basis == "fitted"
 
@@ -298,13 +298,13 @@ def test_the_pairwise_trees_sum_to_what_scikit_learn_predicts():
 
 
 def test_the_choice_ranks_by_the_pairwise_estimates():
-    """``choice.fitted_times`` (what the ranking reads) places the backends by the pairwise model."""
+    """``estimate.fitted_times`` (what the fit's ranking reads) places the backends by the pairwise model."""
     tab = table.build_table({"environment": ENVIRONMENT, "results": shared_noise(12, 150)}, "synthetic", SMALL)
     problem = table.problem_of(table.BenchProblem(entry=PAGED, batch=12, q_len=1, kv_len=20000))
-    times = choice.fitted_times(tab, problem, (12, 1, 20000))
+    times = estimate.fitted_times(tab, problem, (12, 1, 20000))
     assert times["native-triton"] / times["fa2"] == pytest.approx(1.3, rel=0.02)
-    assert choice.fitted_ms(tab, "fa2", problem, (12, 1, 20000)) == times["fa2"]
-    said = choice.estimate(tab, [], "fa2", problem, (12, 1, 20000), "the test's table")
+    assert estimate.fitted_ms(tab, "fa2", problem, (12, 1, 20000)) == times["fa2"]
+    said = estimate.estimate(tab, [], "fa2", problem, (12, 1, 20000), "the test's table")
     assert said.basis == "fitted" and said.ms == times["fa2"] and "pairwise model" in said.note
 
 
@@ -381,14 +381,14 @@ def test_an_eager_call_takes_a_backend_that_plans_per_call_where_its_kernel_and_
     for an eager call estimated at its kernel's fitted time plus the plan's host time. It wins a long
     decode, where its kernel saves more than the plan costs, and loses a short one."""
     tab = table.build_table({"environment": ENVIRONMENT, "results": per_call_plans(5)}, "synthetic")
-    monkeypatch.setattr(choice, "table_for", lambda device: tab if device.kind == "cuda" else None)
+    monkeypatch.setattr(estimate, "table_for", lambda device: tab if device.kind == "cuda" else None)
     assert 800 < tab.host_us["fa2"][CUDNN] < 900  # the plan's, the least of the rows through the entry
     long_decode, short_decode = (64, 1, 60000), (1, 1, 512)
     for sizes, first in ((long_decode, "fa2"), (short_decode, "native-triton")):
         problem = table.problem_of(table.BenchProblem(entry=CUDNN, batch=sizes[0], q_len=1, kv_len=sizes[2]))
-        eager = choice.rank(problem, H200, ["native-triton", "fa2"], problem.sizes)
+        eager = estimate.rank(problem, H200, ["native-triton", "fa2"], problem.sizes)
         assert eager.order[0] == first, (sizes, eager.order)
         assert eager.estimates["fa2"].host_us == tab.host_us["fa2"][CUDNN]
     # a graph's choice never places it (a graph cannot capture it there): the others keep their places
-    assert set(choice.fitted_times(tab, problem, long_decode)) == {"native-triton"}
-    assert set(choice.fitted_times(tab, problem, long_decode, eager=True)) == {"native-triton", "fa2"}
+    assert set(estimate.fitted_times(tab, problem, long_decode)) == {"native-triton"}
+    assert set(estimate.fitted_times(tab, problem, long_decode, eager=True)) == {"native-triton", "fa2"}
