@@ -1,10 +1,10 @@
-"""How far the choice table's estimates are from one GPU's measured times: per backend, phase and basis
-(``table``; ``autotune`` where it is on), the median of measured / estimated GPU ms and the geometric mean
-of each estimate's error, over the problems of the bench files given (one GPU's). The estimates are
-the router's for a call in a CUDA graph (GPU time alone), on the GPU the files name, with the table
-that GPU ranks by (``capability_db.choice_table.table_for``: the GPU's own, else its SM's scaled). A uniform factor leaves the
-order of backends as it is; the spread between backends' medians, and the error of one estimate,
-do not.
+"""How far the choice table's estimates are from one GPU's measured times: per backend, phase and
+basis (``table``; ``autotune`` where it is on), the median of measured / estimated GPU ms and the
+geometric mean of each estimate's error, over the problems of the bench files given (one GPU's).
+The estimates are the router's for a call in a CUDA graph (GPU time alone), on the GPU the files
+name, with the table that GPU ranks by (``capability_db.choice_table.table_for``: the GPU's own,
+else its SM's scaled). A uniform factor leaves the order of backends as it is; the spread between
+backends' medians, and the error of one estimate, do not.
 
     python -m tools.estimate_error BENCH.json [BENCH.json ...] --out DIR --stem NAME
 """

@@ -459,6 +459,7 @@ def describe(device: DeviceDesc) -> str:
     if table is None:
         return ("none: the priority list decides (no GPU)" if device.kind != "cuda" else
                 f"none for sm_{device.sm}: the cost model and the priority list decide")
-    what = f"tools/tables/data/{table.key}.json ({len(table.rows)} rows" + (", fitted)" if table.fitted else ", no fit)")
+    fitted = ", fitted)" if table.fitted else ", no fit)"
+    what = f"tools/tables/data/{table.key}.json ({len(table.rows)} rows{fitted}"
     how = table.scaling or "this GPU's own"
     return f"{what}; {how}"

@@ -1,8 +1,8 @@
 """The timing table's fit (tools/lab/table.py fit_times, tools/tables/measured.py FittedTimes):
-what the choice tables are compiled from where no row was measured at the problem's sizes, and the cross-validation
-that judges it (tools/crossval_choice.py) on problems its table never saw. The boosted trees are
-fitted with few, shallow trees on a few hundred synthetic samples (``SMALL``): what is checked is
-what they learn and how the table keeps them, not the settings the tables ship with."""
+what the choice tables are compiled from where no row was measured at the problem's sizes, and the
+cross-validation that judges it (tools/crossval_choice.py) on problems its table never saw. The
+boosted trees are fitted with few, shallow trees on a few hundred synthetic samples (``SMALL``): what
+is checked is what they learn and how the table keeps them, not the settings the tables ship with."""
 from __future__ import annotations
 
 import dataclasses

@@ -96,7 +96,8 @@ def test_an_h200_run_writes_h200_json_with_gpu_and_host_times(tmp_path, monkeypa
         {"entry": PAGED, "backend": "flashinfer", "size": "tiny", "host_us": 9.0}]}
     (tmp_path / "bench.json").write_text(json.dumps(run))
     (tmp_path / "host.json").write_text(json.dumps(host))
-    assert table.MEASURED_DIR == measured.MEASURED_DIR and measured.MEASURED_DIR.parts[-3:] == ("tools", "tables", "data")
+    assert table.MEASURED_DIR == measured.MEASURED_DIR
+    assert measured.MEASURED_DIR.parts[-3:] == ("tools", "tables", "data")
     monkeypatch.setattr(table, "MEASURED_DIR", tmp_path / "data")
     path = table.write_from_results([tmp_path / "bench.json", tmp_path / "host.json"])
     assert path == tmp_path / "data" / "h200.json"
