@@ -170,16 +170,16 @@ def test_replay_names_the_estimate_that_ranked_a_miss():
     from types import SimpleNamespace
 
     from tools.lab import replay
-    estimate = lambda ms: SimpleNamespace(ms=ms, basis="fitted")  # noqa: E731
-    decision = SimpleNamespace(chosen="fa2", ranking="fitted time", candidates=[
+    estimate = lambda ms: SimpleNamespace(ms=ms, basis="table")  # noqa: E731
+    decision = SimpleNamespace(chosen="fa2", ranking="expected time", candidates=[
         SimpleNamespace(backend="fa2", accepted=True, ranked=True, evidence=estimate(0.10), reasons=[], why=""),
         SimpleNamespace(backend="native-triton", accepted=True, ranked=True, evidence=estimate(0.50), reasons=[],
                         why="")])
     cause = replay.miss_cause(decision, {"fa2": 0.12, "native-triton": 0.10}, "native-triton")
-    assert "native-triton's estimate (fitted) off by 0.20x" in cause
+    assert "native-triton's estimate (table) off by 0.20x" in cause
     rows = [{"chosen": "fa2", "fastest": "native-triton", "cause": cause}, {"chosen": "fa2", "fastest": "fa2",
                                                                             "cause": ""}]
-    assert replay.cause_kinds(rows) == [("the fastest's estimate too high (fitted)", 1)]
+    assert replay.cause_kinds(rows) == [("the fastest's estimate too high (table)", 1)]
     decision.candidates[1].evidence = estimate(0.099)
     assert replay.miss_cause(decision, {"fa2": 0.12, "native-triton": 0.10}, "native-triton").startswith(
         "ranked fa2 first though it expected it 1.01x")
@@ -274,7 +274,7 @@ def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_can
     from tools.lab import replay
     rows = [{"regret": 0.0, "cause": ""}, {"regret": 0.5, "cause": "xqa not chosen automatically: known defect d"},
             {"regret": 0.2, "cause": "fa2 not a candidate: cuda_graph=True"},
-            {"regret": 0.2, "cause": "expected ...: fa2's estimate (fitted) off by 2x"}]
+            {"regret": 0.2, "cause": "expected ...: fa2's estimate (table) off by 2x"}]
     text = replay._servable_text(rows)
     assert "(2 left out" in text and "within 3% on 1 of 2 (50%)" in text and "more than 10% over on 1" in text
 
