@@ -221,8 +221,13 @@ def graph_key(problem, batch) -> GraphKey:
     size = (lambda n: max(int(n), 1)) if problem.entry == CUDNN_ENTRY else bucket
     if paged:
         kv = tuple((tuple(_pool_view(t).shape), tuple(_pool_view(t).stride())) for t in (batch.k, batch.v))
-        s_kv = min(size(batch.max_kv_len), batch.block_table.shape[1] * problem.page_size)
+        # the page table's width in buckets too, but on the cuDNN entry (FlashInfer's graph: its table is
+        # ceil(max_sequence_kv / page_size) wide, fixed by the engine): an engine's table grows with its
+        # longest request, and a graph per width would be built on the request path; a narrower table is
+        # padded (table_of)
         width = int(batch.block_table.shape[1])
+        width = width if problem.entry == CUDNN_ENTRY else bucket(width)
+        s_kv = min(size(batch.max_kv_len), width * problem.page_size)
     else:
         kv = tuple(tuple(t.stride()[:2]) for t in (batch.k, batch.v))
         s_kv, width = size(batch.max_kv_len), 0
@@ -378,6 +383,17 @@ def build_graph(cudnn, key: GraphKey, handle, modes: Optional[list] = None) -> A
 # (cudnn-frontend 1.32 cudnn/_pygraph.py, Graph._normalize: "The backend reads only the pointer";
 # a dense buffer covering the declared bytes is re-described as the declaration). So metadata
 # buffers go flat, as they are when already int32 and contiguous: no reshape, no copy, no launch.
+def table_of(key: GraphKey, table: torch.Tensor) -> torch.Tensor:
+    """The block table as the graph reads it: int32, ``key.table_width`` columns (a narrower one
+    padded with page 0; the columns past a request's pages are never read)."""
+    table = _int32(table)
+    if table.shape[1] == key.table_width:
+        return table
+    padded = table.new_zeros(table.shape[0], key.table_width)
+    padded[:, : table.shape[1]] = table
+    return padded
+
+
 def _int32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous int32 (itself when it is: no op dispatched)."""
     if t.dtype is torch.int32 and t.is_contiguous():
@@ -439,7 +455,7 @@ def call_inputs(key: GraphKey, batch) -> dict:
     if derived:  # read only when needed: the cuDNN entry's indptr is divided out of the offsets on read
         inputs.update(_strided_offsets(batch.qo_indptr, derived))
     if key.kv_storage == "paged":
-        inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = _int32(batch.block_table)
+        inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = table_of(key, batch.block_table)
     else:
         inputs.update(_strided_offsets(batch.kv_indptr, {UID_OFF_K: key.k_layout[0], UID_OFF_V: key.v_layout[0]}))
     if key.has_sinks:
@@ -545,8 +561,7 @@ def _index_binders(plan: CudnnPlan, batch) -> list:
         derived[UID_OFF_STATS] = key.lse_strides[0]
     binders += _offset_binders(qo, derived)
     if key.kv_storage == "paged":
-        binders.append(((UID_TABLE_K, UID_TABLE_V), _as_read(batch.block_table, torch.int32,
-                                                             operator.attrgetter("block_table"))))
+        binders.append(((UID_TABLE_K, UID_TABLE_V), lambda b: table_of(key, b.block_table)))
     else:
         kv = _as_read(batch.kv_indptr, torch.int32, operator.attrgetter("kv_indptr"))
         binders += _offset_binders(kv, {UID_OFF_K: key.k_layout[0], UID_OFF_V: key.v_layout[0]})

@@ -334,9 +334,11 @@ def test_declared_graph_offsets_tables_and_buckets(fake):
     assert plan.inputs[adapter.UID_OFF_STATS].reshape(-1).tolist() == [t * H for t in batch.qo_indptr.tolist()]
     assert g.stats.dim == (3, H, 64, 1)
     table = plan.inputs[adapter.UID_TABLE_K]  # read through its declaration: (B, 1, width, 1), row-major
-    assert fake.graphs[-1].declared[adapter.UID_TABLE_K].dim == (3, 1, batch.block_table.shape[1], 1)
-    assert table.dtype == torch.int32 and table.is_contiguous() and torch.equal(table.reshape(3, -1), batch.block_table)
-    assert g.sdpa_kwargs["paged_attention_max_seq_len_kv"] == min(128, batch.block_table.shape[1] * 16)
+    width = batch.block_table.shape[1]  # 5 pages: the graph's table is 16 wide (its bucket), padded
+    assert fake.graphs[-1].declared[adapter.UID_TABLE_K].dim == (3, 1, 16, 1)
+    assert table.dtype == torch.int32 and table.is_contiguous() and table.shape == (3, 16)
+    assert torch.equal(table[:, :width], batch.block_table) and not table[:, width:].any()
+    assert g.sdpa_kwargs["paged_attention_max_seq_len_kv"] == min(128, 16 * 16)
     assert g.sdpa_kwargs["use_causal_mask_bottom_right"] is True and g.sdpa_kwargs["use_padding_mask"] is True
 
 

@@ -75,6 +75,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..entries._base import last_decision
 from . import cases as lab
 from .oracle import attention_fp64, band, relative_error
 
@@ -305,7 +306,18 @@ def table_inputs(step: Step, pools: Pools, cfg: Config) -> dict:
     return dict(q=pools.q[:sum(step.q_lens)], qo=qo, table=table, seq=seq, batch=b, max_q=max(step.q_lens),
                 max_kv=max(step.kv_lens), kv_indptr=lab.indptr([len(r.pages) for r in step.requests], dev),
                 caches=pools.caches, lens_q4=ints(step.q_lens, dev).view(b, 1, 1, 1), lens_kv4=seq.view(b, 1, 1, 1),
-                offsets=qo * row, hnd=[(c[:, 0].transpose(1, 2), c[:, 1].transpose(1, 2)) for c in pools.caches])
+                offsets=qo * row, hnd=[(c[:, 0].transpose(1, 2), c[:, 1].transpose(1, 2)) for c in pools.caches],
+                cudnn_table=_fixed_width(table, -(-(cfg.bounds.context_q[1] + cfg.bounds.context_prefix[1]) // cfg.page)))
+
+
+def _fixed_width(table: torch.Tensor, width: int) -> torch.Tensor:
+    """The block table ``width`` pages wide, as FlashInfer's cuDNN call needs it: ceil(max_sequence_kv /
+    page_size), fixed by the engine (its columns past a request's pages are never read)."""
+    if table.shape[1] >= width:
+        return table[:, :width].contiguous()
+    fixed = table.new_zeros(table.shape[0], width)
+    fixed[:, : table.shape[1]] = table
+    return fixed
 
 
 def request_kv(step: Step, x: dict, b: int, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -392,7 +404,7 @@ def cudnn_side(api: SimpleNamespace, cfg: Config) -> Callable[[dict, dict], Any]
     maxima = dict(max_token_per_sequence=b.context_q[1], max_sequence_kv=b.context_q[1] + b.context_prefix[1])
 
     def step(x: dict, parts: dict) -> Any:
-        lens = dict(actual_seq_lens_q=x["lens_q4"], actual_seq_lens_kv=x["lens_kv4"], block_tables=x["table"],
+        lens = dict(actual_seq_lens_q=x["lens_q4"], actual_seq_lens_kv=x["lens_kv4"], block_tables=x["cudnn_table"],
                     batch_offsets_q=x["offsets"], batch_offsets_o=x["offsets"])
         return per_layer(lambda kv: fn(x["q"], kv[0], kv[1], cfg.scale, ws, **maxima, **lens, causal=True,
                                        return_lse=False)[0], x["hnd"], parts)
@@ -470,6 +482,7 @@ class Side:
     step: Optional[Callable[[dict, dict], Any]]
     error: Optional[str] = None  # "not run: ...", or the failure that stopped it
     times: dict[str, Times] = field(default_factory=lambda: {p: Times() for p in PHASES})
+    served: dict[str, int] = field(default_factory=dict)  # ours: timed steps per backend that served the last call
 
 
 def one_line(exc: BaseException) -> str:
@@ -519,6 +532,10 @@ def run_pass(steps: list[Step], build: Callable[[Step], dict], sides: list[Side]
                 print(f"  {side.name}: {side.error}", file=sys.stderr, flush=True)
                 continue
             t = side.times[phase]
+            if side.name == "ours" and phase == "timed":
+                served = last_decision()
+                name = (served.ran or served.chosen) if served is not None else "unknown"
+                side.served[name] = side.served.get(name, 0) + 1
             t.host.append(host)
             if gpu is not None:
                 t.gpu.append(gpu)
@@ -591,6 +608,7 @@ def side_result(side: Side) -> dict:
     return {"steps": len(timed.host), "host_ms": summary(timed.host), "gpu_ms": summary(timed.gpu),
             "parts_ms": {part: summary(ms) for part, ms in timed.parts.items()},
             "first_step_host_ms": round(first, 4), "warmup_host_ms": summary(warm.host), "error": side.error,
+            "served_by": dict(side.served),
             "per_step_host_ms": [round(t, 4) for t in timed.host],
             "per_step_gpu_ms": [round(t, 4) for t in timed.gpu]}
 
@@ -700,7 +718,9 @@ def side_lines(side_name: str, side: dict) -> list[str]:
     warm = side["warmup_host_ms"]
     line = (f"- {side_name}: first step {_ms(side['first_step_host_ms'])} ms host"
             + (f", warm-up pass p50 {_ms(warm['p50'])} / max {_ms(warm['max'])}" if warm else "")
-            + (f"; {parts} (ms)" if parts else ""))
+            + (f"; {parts} (ms)" if parts else "")
+            + (f"; served by {', '.join(f'{b} ({n} steps)' for b, n in side['served_by'].items())}"
+               if side.get("served_by") else ""))
     return [line] + ([f"- {side_name} stopped: {side['error']}"] if side["error"] else [])
 
 
