@@ -16,6 +16,8 @@ bakes sm_scale into its plan; ours is a per-call value).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -179,7 +181,9 @@ class FlashInferPrefill(Provider):
     # -- plan ------------------------------------------------------------------------------
     def _wrapper(self, problem, device, paged: bool):
         device = device_key(device)
-        key = (problem, device, paged)
+        # one wrapper per problem whatever its size class: a new FlashInfer wrapper allocates its int
+        # workspace and a pinned host buffer (milliseconds), and a serving loop meets a new class often
+        key = (dataclasses.replace(problem, sizes=()), device, paged)
         w = self._wrappers.get(key)
         if w is None:
             prefill = self.loaded().module

@@ -142,7 +142,8 @@ def host_ints(t: torch.Tensor) -> list[int]:
 
 def block_table_from_pages(kv_indptr: list[int], kv_indices: torch.Tensor, device) -> torch.Tensor:
     """FlashInfer's (indptr, indices) page lists -> (B, max_pages) int32 block table: one scatter on
-    the host (the ids are read there once per plan), one copy to ``device``."""
+    the host (``kv_indices``: the ids from ``kv_indptr[0]`` on, best already on the host), one copy
+    to ``device``."""
     start = kv_indptr[0]
     counts = torch.tensor([b - a for a, b in zip(kv_indptr[:-1], kv_indptr[1:])], dtype=torch.int64)
     table = torch.zeros(len(counts), max(int(counts.max()) if len(counts) else 0, 1), dtype=torch.int32)

@@ -135,8 +135,33 @@ def test_interpreter_and_unknown_launchers_always_take_tritons_path(fake_stream)
 def test_variants_per_launch_are_bounded(fake_stream):
     kernel, launch, q, idx = _launch_and_args()
     for i in range(_launch.MAX_VARIANTS + 3):
-        launch((q,), (8, i + 2), ())
+        launch((q,), (8,), (i,))  # a per-call constexpr: a variant each
     assert len(launch._variants) == _launch.MAX_VARIANTS
+
+
+def test_an_integer_of_the_same_specialization_launches_directly(fake_stream):
+    """A new value that Triton specializes alike (not 1, as divisible by 16, 32-bit) reuses the
+    compiled variant: a serving loop's sizes change every step."""
+    kernel, launch, q, idx = _launch_and_args()
+    launch((q,), (8, 32, 3), ())
+    for ints in ((24, 48, 5), (8, 2 ** 20, 7)):
+        launch((q,), ints, ())
+    assert len(kernel.triton_calls) == 1 and [c[-5:-2] for c in kernel.compiled.direct_calls] == [
+        (24, 48, 5), (8, 2 ** 20, 7)]
+    for ints in ((1, 32, 3), (8, 33, 3), (8, 32, 2 ** 31)):  # == 1, not divisible by 16, 64-bit
+        launch((q,), ints, ())
+    assert len(kernel.triton_calls) == 4
+
+
+def test_plans_of_one_kernel_and_constexprs_share_its_compiled_variants(fake_stream):
+    """A new plan (a new batch) launches what an earlier plan's launch compiled."""
+    kernel, first, q, idx = _launch_and_args()
+    first((q,), (8,), ())
+    later = KernelLaunch(kernel, (9, 2), ("C1", 7), {"num_warps": 4}, torch.device("cuda", 3), direct=True)
+    later((q,), (24,), ())
+    other = KernelLaunch(kernel, (9, 2), ("C1", 8), {"num_warps": 4}, torch.device("cuda", 3), direct=True)
+    other((q,), (24,), ())  # other constexprs: its own variant
+    assert len(kernel.triton_calls) == 2 and kernel.compiled.direct_calls[0][:3] == (9, 2, 1)
 
 
 # -- repeat: the launch behind NativeTritonBackend.launcher -----------------------------------------

@@ -8,9 +8,11 @@ grid and the constexprs; per call only pointers, strides and the kinds of the sc
 So the first call with a given *specialization* goes through ``kernel[grid]`` (Triton compiles or
 finds the right variant and returns its ``CompiledKernel``), and later calls with the same
 specialization call that kernel's launcher directly. The specialization is what Triton 3.6 keys its
-variants on: each pointer's dtype and 16-byte alignment, each integer's exact value (covering its
-"== 1" and "divisible by 16" properties), which arguments are None, and the per-call constexprs. An
-unseen key, or a launch hook (a profiler such as proton), always takes ``kernel[grid]``.
+variants on: each pointer's dtype and 16-byte alignment, each integer's "== 1", "divisible by 16" and
+32-bit properties (its value is an argument of the launch), which arguments are None, and the
+per-call constexprs. The compiled variants are shared by every plan of the same kernel, constexprs
+and options, so a plan made for a new batch launches directly. An unseen key, or a launch hook (a
+profiler such as proton), always takes ``kernel[grid]``.
 
 Arguments are given in the kernel's parameter order in three groups: ``head`` (pointers, None or
 floats), ``ints``, then the plan's constexprs (held here) and the call's ``flags`` (constexprs chosen
@@ -24,7 +26,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-MAX_VARIANTS = 8  # specializations kept per launch (a plan sees one or two in practice)
+from backends._device import BoundedCache
+
+MAX_VARIANTS = 32  # specializations kept per kernel and constexprs (a serving loop sees a few)
+# compiled variants per (kernel, constexprs, launch options, device): shared by every plan of those, so
+# a plan made for a new batch (every step of a serving loop) launches the kernels compiled before
+_COMPILED = BoundedCache(maxsize=256)
 
 
 def interpreting() -> bool:
@@ -52,6 +59,8 @@ def _values_and_key(head: tuple, ints: tuple, flags: tuple) -> tuple[list, tuple
     """The launcher's values of ``head`` (tensors as addresses) and the key of Triton's specialization:
     each tensor's dtype and whether its address is 16-byte aligned, None-ness, the ints, the flags."""
     values, kinds = [], []
+    # an integer as Triton specializes it: == 1, divisible by 16, 32-bit (its value is a launch argument)
+    ints_key = tuple((n == 1, n % 16 == 0, -2 ** 31 <= n < 2 ** 31) for n in ints)
     for x in head:
         if x is None or type(x) is float:
             values.append(x)
@@ -60,7 +69,7 @@ def _values_and_key(head: tuple, ints: tuple, flags: tuple) -> tuple[list, tuple
             ptr = x.data_ptr()
             values.append(ptr)  # an int skips the launcher's data_ptr() and pointer query
             kinds.append((x.dtype, not ptr & 15))
-    return values, (tuple(kinds), ints, flags)
+    return values, (tuple(kinds), ints_key, flags)
 
 
 def _bare_launch(launcher: Any) -> Optional[tuple]:
@@ -109,7 +118,9 @@ class KernelLaunch:
         self.options = options
         self.direct = direct  # False: the interpreter, or a Triton whose launcher differs
         self.device_index = device.index if device.type == "cuda" else None
-        self._variants: dict = {}
+        key = (kernel, constexprs, tuple(sorted(options.items())), self.device_index)
+        variants = _COMPILED.get(key)
+        self._variants: dict = _COMPILED.put(key, {}) if variants is None else variants
 
     def __call__(self, head: tuple, ints: tuple, flags: tuple, grid: Optional[tuple] = None) -> None:
         grid = self.grid if grid is None else grid

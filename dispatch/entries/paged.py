@@ -77,7 +77,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         if d.cudnn:
             table = block_tables.to(self._device)
         else:
-            table = block_table_from_pages(d.kv_indptr, paged_kv_indices, self._device)
+            table = block_table_from_pages(d.kv_indptr, d.page_ids, self._device)
         self._finish_plan(spec, d, block_table=table, page_size=page_size, max_page_id=d.max_page_id,
                           paged_csr=None if d.cudnn else self._page_lists(d, paged_kv_indices, paged_kv_last_page_len))
 
@@ -202,10 +202,12 @@ class PagedPlanSpec(PlanSpecBase):
             if n and not 1 <= l <= self.page_size:
                 raise bad(f"paged_kv_last_page_len[{b}]", l, f"in [1, page_size={self.page_size}]")
         d.kv_lens = [(n - 1) * self.page_size + l if n else 0 for n, l in zip(counts, last)]
-        ids = self.paged_kv_indices.reshape(-1)[: d.kv_indptr[-1] - d.kv_indptr[0]]
-        d.max_page_id = int(ids.max()) if ids.numel() else -1
-        if ids.numel() and int(ids.min()) < 0:
-            raise bad("paged_kv_indices", int(ids.min()), "page ids >= 0")
+        # the ids the plan covers, read to the host once (one copy: their range and the block table)
+        d.page_ids = self.paged_kv_indices.reshape(-1)[: d.kv_indptr[-1] - d.kv_indptr[0]].to("cpu", torch.int32)
+        low, d.max_page_id = (d.page_ids.aminmax() if d.page_ids.numel() else (0, -1))
+        d.max_page_id = int(d.max_page_id)
+        if int(low) < 0:
+            raise bad("paged_kv_indices", int(low), "page ids >= 0")
         return d
 
     def _cudnn_lengths(self, d):
