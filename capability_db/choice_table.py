@@ -7,8 +7,8 @@ that GPU; the router only reads it: no model is evaluated and nothing is timed o
 * **Key**: entry point, phase (a speculative decode reads the prefill key), head dim (64, 128 or 256,
   the nearest), causal (prefill), and the GQA group for decode (1, 4 or 8, the nearest).
 * **Sizes**: a grid of powers of four, batch x q x kv. A call's size class is read at its middle
-  (``class_middle``), its batch counted in units of ``REFERENCE_KV_HEADS`` KV heads (heads multiply
-  the work as the batch does), and each size taken at the nearest grid point (in log2).
+  (``class_middle``), its batch in the grid's units (``reference_batch``: heads multiply the work as
+  the batch does), and interpolated between the grid points around it (trilinear in log2 sizes).
 * **Other facts** (fp8 KV, a window, a soft cap, sinks, LSE) multiply a backend's time by its factor
   for that fact on that entry point.
 * **Host time**: microseconds per eager call of each backend's path on each entry point, measured.
@@ -74,14 +74,47 @@ def grid_points(problem: AttentionProblem) -> list[Sizes]:
     return [(b, q, kv) for b in batches for q in q_lens for kv in KV_LENS if q <= kv]
 
 
-def grid_point(problem: AttentionProblem, sizes: Sizes) -> Sizes:
-    """The grid point a size class reads: its middle, the batch in reference KV heads, q <= kv."""
-    b, q, kv = class_middle(tuple(sizes))
-    batch = 1 if problem.entry == "single_prefill_with_kv_cache" else nearest(
-        BATCHES, b * problem.num_kv_heads / REFERENCE_KV_HEADS)
-    kv_point = nearest(KV_LENS, kv)
-    q_point = 1 if key_phase(problem) == "decode" else min(nearest(Q_LENS[1:], q), kv_point if kv_point >= 4 else 4)
-    return batch, q_point, max(kv_point, nearest(KV_LENS, q_point))
+def reference_batch(problem: AttentionProblem, batch: float) -> float:
+    """The batch in the grid's units: a decode's in ``REFERENCE_KV_HEADS`` KV heads (its group is in
+    the key), a prefill's in the reference's query heads (its work follows them); one request for
+    single prefill."""
+    if problem.entry == "single_prefill_with_kv_cache":
+        return 1.0
+    if key_phase(problem) == "decode":
+        return batch * problem.num_kv_heads / REFERENCE_KV_HEADS
+    return batch * problem.num_qo_heads / (REFERENCE_KV_HEADS * 4)
+
+
+def point_of(problem: AttentionProblem, sizes: Sizes, of_class: bool = True) -> tuple[float, float, float]:
+    """Where sizes are read: a size class at its middle (``of_class``), the batch in the grid's units,
+    q <= kv."""
+    b, q, kv = class_middle(tuple(sizes)) if of_class else sizes
+    q = 1 if key_phase(problem) == "decode" else min(max(q, Q_LENS[1]), max(kv, Q_LENS[1]))
+    return reference_batch(problem, b), q, max(kv, q)
+
+
+def _bracket(grid: list, x: float) -> list[tuple[int, float]]:
+    """The grid values around ``x`` with their weights (linear in log2, clamped to the grid)."""
+    if len(grid) == 1 or x <= grid[0]:
+        return [(grid[0], 1.0)]
+    if x >= grid[-1]:
+        return [(grid[-1], 1.0)]
+    hi = next(i for i, g in enumerate(grid) if g >= x)
+    lo, up = grid[hi - 1], grid[hi]
+    t = (math.log2(x) - math.log2(lo)) / (math.log2(up) - math.log2(lo))
+    return [(lo, 1.0 - t), (up, t)] if 0.0 < t < 1.0 else [(up if t >= 1.0 else lo, 1.0)]
+
+
+def corners(problem: AttentionProblem, point: tuple[float, float, float]) -> list[tuple[Sizes, float]]:
+    """The grid points around ``point`` with their weights (trilinear in log2 sizes); those off the
+    grid (q > kv) are left out and the rest weigh for them."""
+    b, q, kv = point
+    batches = [1] if problem.entry == "single_prefill_with_kv_cache" else BATCHES
+    q_lens = [1] if key_phase(problem) == "decode" else Q_LENS[1:]
+    found = [((gb, gq, gk), wb * wq * wk) for gb, wb in _bracket(batches, b) for gq, wq in _bracket(q_lens, q)
+             for gk, wk in _bracket(KV_LENS, kv) if gq <= gk and wb * wq * wk > 0]
+    total = sum(w for _, w in found)
+    return [(c, w / total) for c, w in found]
 
 
 def flags_of(problem: AttentionProblem) -> list[str]:
@@ -103,23 +136,38 @@ class ChoiceTable:
     def source(self) -> str:
         return f"capability_db/tables/{self.gpu}.json" + (f" ({self.scaling})" if self.scaling else "")
 
-    def gpu_ms(self, problem: AttentionProblem, sizes: Sizes) -> tuple[dict[str, float], Sizes]:
-        """(backend -> expected GPU ms of the class ``sizes``, the grid point read); {} without a key."""
+    def gpu_ms(self, problem: AttentionProblem, sizes: Sizes, of_class: bool = True) -> tuple[dict[str, float], Sizes]:
+        """(backend -> expected GPU ms of the class ``sizes``, the point read, rounded); {} without a
+        key. Between grid points, log2 ms is interpolated (trilinear in log2 sizes); at a corner that
+        left a backend out, it counts as ``keep_within`` times that corner's fastest."""
         cells = self.data["keys"].get(key_of(problem))
+        point = point_of(problem, sizes, of_class)
+        shown = tuple(max(1, round(n)) for n in point)
         if cells is None:
-            return {}, tuple(sizes)
-        point = grid_point(problem, sizes)
-        words = cells.get(",".join(map(str, point)), "").split()
+            return {}, shown
+        logs: dict[str, float] = {}
+        for corner, weight in corners(problem, point):
+            times = self._cell(cells, corner)
+            if not times:
+                continue
+            slowest = math.log2(min(times.values()) * self.data.get("keep_within", 2.5))
+            for name in set(times) | set(logs):
+                logs[name] = logs.get(name, 0.0) + weight * (math.log2(times[name]) if name in times else slowest)
+        seen = {name for corner, _ in corners(problem, point) for name in self._cell(cells, corner)}
+        return {name: self._adjusted(problem, name, 2.0 ** v) for name, v in logs.items() if name in seen}, shown
+
+    def _cell(self, cells: dict, corner: Sizes) -> dict[str, float]:
+        words = cells.get(",".join(map(str, corner)), "").split()
+        return {self.data["backends"][int(i)]: float(t) for i, t in zip(words[::2], words[1::2])}
+
+    def _adjusted(self, problem: AttentionProblem, name: str, ms: float) -> float:
+        """The problem's other facts' factors, then this GPU's scaling above the launch floor."""
         factors = self.data["factors"].get(f"{problem.entry}|{key_phase(problem)}", {})
+        for flag in flags_of(problem):
+            ms *= factors.get(flag, {}).get(name, 1.0)
         ratio = self.bandwidth_ratio if key_phase(problem) == "decode" else self.compute_ratio
-        out = {}
-        for index, text in zip(words[::2], words[1::2]):
-            name, ms = self.data["backends"][int(index)], float(text)
-            for flag in flags_of(problem):
-                ms *= factors.get(flag, {}).get(name, 1.0)
-            floor = min(ms, self.data["launch_us"].get(name, 0.0) / 1e3)
-            out[name] = floor + (ms - floor) / ratio
-        return out, point
+        floor = min(ms, self.data["launch_us"].get(name, 0.0) / 1e3)
+        return floor + (ms - floor) / ratio
 
     def host_us(self, backend: str, entry: str) -> Optional[float]:
         """Host us per eager call of the backend's path on the entry point (measured), or None."""
@@ -194,6 +242,8 @@ def table_for(device: DeviceDesc) -> Optional[ChoiceTable]:
     own = next((p for p in paths if key and p.stem == key), None)
     if own is not None:
         return ChoiceTable(own.stem, device.sm, load(own))
+    # borrow a table compiled for the GPU its fit was measured on (another was scaled once already)
+    paths.sort(key=lambda p: load(p).get("measured_on") != p.stem)
     if not paths:
         return None
     data = load(paths[0])

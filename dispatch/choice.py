@@ -123,7 +123,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         why = "one candidate" if len(accepted) <= 1 else f"no choice table for {device.name} (sm {device.sm})"
         return Ranking(list(accepted), {}, f"priority list ({why})")
     wanted = sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])
-    gpu_ms, point = table.gpu_ms(problem, wanted)
+    gpu_ms, point = table.gpu_ms(problem, wanted, of_class=bool(sizes))
     graph = problem.cuda_graph or capturing(device)
     ests = {}
     for n in accepted:

@@ -3,6 +3,7 @@ ranking per decision (never per call), and the opt-in online autotune with its c
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import capability_db
 from _tables import synthetic_table, use_table
 from capability_db import choice_table
-from capability_db.choice_table import grid_point, key_of
+from capability_db.choice_table import corners, key_of, point_of
 import dispatch
 from dispatch import autotune, choice, router
 from dispatch.lab.vendors import make_problem
@@ -216,15 +217,33 @@ def test_the_problems_size_class_reads_the_tables_point_for_those_sizes(monkeypa
                      head_dim_qk=128, head_dim_vo=128, device_type="cuda", causal=True)
     table = synthetic_table(p, {"fa2": 0.85, "fa3": 0.59, "cudnn": 0.62, "native-triton": 1.0})
     names = table.data["backends"]
-    short_point = ",".join(map(str, grid_point(p, (64, 16, 2048))))
-    assert short_point != ",".join(map(str, grid_point(p, (8, 2048, 2048))))
+    short_corners = {c for c, _ in corners(p, point_of(p, (64, 16, 2048)))}  # middle 48 x 12 x 1536
+    assert not short_corners & {c for c, _ in corners(p, point_of(p, (8, 2048, 2048)))}
     short_ms = {"fa2": 0.2, "fa3": 0.7, "cudnn": 0.6, "native-triton": 0.9}
-    table.data["keys"][key_of(p)][short_point] = " ".join(f"{names.index(n)} {ms}" for n, ms in short_ms.items())
+    for corner in short_corners:
+        table.data["keys"][key_of(p)][",".join(map(str, corner))] = " ".join(
+            f"{names.index(n)} {ms}" for n, ms in short_ms.items())
     use_table(monkeypatch, table)
     short = router.decide(dataclasses.replace(p, sizes=(64, 16, 2048)), H100, live=False)
     long = router.decide(dataclasses.replace(p, sizes=(8, 2048, 2048)), H100, live=False)
     assert short.accepted()[0] == "fa2" and long.accepted()[0] == "fa3"
-    assert f"read at {short_point.replace(',', ' x ')}" in short.ranking
+    assert "read at 48 x 12 x 1536" in short.ranking and "0.2 ms at batch 48 x q 12 x kv 1536" in " ".join(
+        c.estimate for c in short.candidates)
+
+
+def test_between_grid_points_the_table_interpolates_in_log_sizes():
+    """Half way (in log2) between two kv points, a backend's time is the geometric mean of its two."""
+    p = make_problem(entry="xqa_batch_decode_with_kv_cache", phase="decode", num_qo_heads=32, num_kv_heads=8,
+                     head_dim_qk=128, head_dim_vo=128, device_type="cuda")
+    table = synthetic_table(p, {"xqa": 1.0, "fa2": 1.0})
+    names, cells = table.data["backends"], table.data["keys"][key_of(p)]
+    for b in (16, 64):  # batch 24 -> middle 18: between 16 and 64
+        cells[f"{b},1,1024"] = f"{names.index('xqa')} 0.1 {names.index('fa2')} 0.2"
+        cells[f"{b},1,4096"] = f"{names.index('xqa')} 0.4 {names.index('fa2')} 0.2"
+    times, shown = table.gpu_ms(p, (32, 1, 2048))  # middle 24 x 1 x 1536: 1536 is 0.29 of the way in log2
+    t = math.log2(1536 / 1024) / 2
+    assert shown == (24, 1, 1536)
+    assert times["xqa"] == pytest.approx(0.1 * 4 ** t) and times["fa2"] == pytest.approx(0.2)
 
 
 def test_switching_autotune_forgets_the_entry_points_call_plans():

@@ -166,9 +166,9 @@ def test_query_json_has_the_estimates(capsys):
     rc, out = _cli(capsys, "query", "--gpu", "h100", "--phase", "decode", "--sizes", "64", "1", "4096", "--json")
     data = json.loads(out)
     ranked = [c for c in data["candidates"] if c["accepted"] and c["ranked"] and c["estimate_ms"]]
-    # one decision serves the size class (33-64 x 1 x 2049-4096), read at the table's point for its middle
-    assert ranked and all(c["score"] is None and c["estimate_sizes"] == [64, 1, 4096] for c in ranked)
-    assert "the size class 33-64 x 1 x 2049-4096 read at 64 x 1 x 4096" in data["ranking"]
+    # one decision serves the size class (33-64 x 1 x 2049-4096), read at its middle (the batch in 8 KV heads)
+    assert ranked and all(c["score"] is None and c["estimate_sizes"] == [48, 1, 3072] for c in ranked)
+    assert "the size class 33-64 x 1 x 2049-4096 read at 48 x 1 x 3072" in data["ranking"]
 
 
 def test_explain_cli_is_short_unless_verbose(capsys):

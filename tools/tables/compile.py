@@ -171,7 +171,8 @@ def compile_key(table, problem, names: list[str]) -> tuple[dict, dict]:
     return cells, factors
 
 
-def compile_table(table: measured.TimingTable) -> dict:
+def compile_table(table: measured.TimingTable, target: str) -> dict:
+    """The choice table of GPU ``target`` (a key: h200, h100) from ``table``, the fit it ranks by."""
     keys, factors, names = {}, {}, sorted(table.fitted.coef)
     for key, problem in key_problems():
         cells, key_factors = compile_key(table, problem, names)
@@ -179,7 +180,7 @@ def compile_table(table: measured.TimingTable) -> dict:
             keys[key] = cells
             factors[f"{problem.entry}|{problem.phase}"] = key_factors
     launch = {n: round(e.launch_us, 2) for n, e in table.efficiency.items()}
-    return {"gpu": table.gpu, "sm": table.sm, "peak_tb_per_s": table.peak_tb_per_s, "peak_tflops": table.peak_tflops,
+    return {"gpu": target, "sm": table.sm, "measured_on": table.key, "keep_within": KEEP_WITHIN, "peak_tb_per_s": table.peak_tb_per_s, "peak_tflops": table.peak_tflops,
             "compiled_from": f"{table.fitted.source[:300]} ({sum(table.fitted.rows.values())} timed calls)"
                              + (f"; {table.scaling}" if table.scaling else ""),
             "grid": {"batch": BATCHES, "q": Q_LENS, "kv": KV_LENS, "kv_heads": REFERENCE_KV_HEADS},
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
         if table is None or table.fitted is None:
             print(f"{gpu}: no fitted table, skipped")
             continue
-        compiled = compile_table(table)
+        compiled = compile_table(table, gpu)
         path = args.out / f"{gpu}.json"
         path.write_text(json.dumps(compiled, separators=(",", ":"), sort_keys=True) + "\n")
         print(f"{gpu}: {len(compiled['keys'])} keys, {path.stat().st_size / 1024:.0f} KiB -> {path}")
