@@ -261,13 +261,17 @@ class FlashInferPrefill(Provider):
     @staticmethod
     def _index_args(problem, batch, kwargs: dict) -> tuple:
         """plan()'s positional arguments for the batch's index tensors (``kwargs`` takes seq_lens)."""
+        # FlashInfer's plan reads the indptrs and lengths on the host: the wrapper's host copies, when
+        # it kept them, spare it a synchronizing copy of each from the device
+        host = batch.extras.get("host_indices") or {}
+        qo_indptr = host.get("qo_indptr", batch.qo_indptr)
         if problem.kv_storage != "paged":
-            return (batch.qo_indptr, batch.kv_indptr, problem.num_qo_heads, problem.num_kv_heads,
+            return (qo_indptr, host.get("kv_indptr", batch.kv_indptr), problem.num_qo_heads, problem.num_kv_heads,
                     problem.head_dim_qk)
         csr = batch.extras.get("paged_csr")  # the caller's page lists, kept by the wrapper's plan
         indptr, indices, last = csr or _vendor.paged_csr(batch.block_table, batch.kv_lens, problem.page_size)
-        kwargs["seq_lens"] = batch.kv_lens
-        return (batch.qo_indptr, indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
+        kwargs["seq_lens"] = host.get("kv_lens", batch.kv_lens)
+        return (qo_indptr, indptr, indices, last, problem.num_qo_heads, problem.num_kv_heads,
                 problem.head_dim_qk, problem.page_size)
 
     def captured(self, problem, state: FiState) -> None:

@@ -60,9 +60,12 @@ class Setup:
     page_size: int = 0
     max_page_id: int = -1
     block_table: Optional[torch.Tensor] = None
-    # the caller's page lists as FlashInfer's plan takes them (indptr from 0, ids, last page lengths):
-    # our copies on the device, so a vendor planned from them needs no conversion back from the table
+    # the caller's page lists as FlashInfer's plan takes them (indptr from 0 and last page lengths on
+    # the host, ids on the device), so a vendor planned from them needs no conversion back from the table
     paged_csr: Optional[tuple] = None
+    # the index values plan() read, on the host (qo_indptr, kv_lens, kv_indptr): a vendor whose plan
+    # reads them on the host (FlashInfer's) takes these, not a device copy it would synchronize on
+    host_indices: Optional[dict] = None
     kv_indptr: Optional[torch.Tensor] = None
     total_kv: int = 0
     device: Any = None  # the workspace's: where the plan lives and every run must be
@@ -137,6 +140,8 @@ class PrefillWrapper:
             max_kv = max(max_kv, spec.max_sequence_kv or 0)
             custom, storage = graph_owned(custom, storage, spec.max_sequence_kv)
             storage.pop("paged_csr", None)  # a captured graph reads the table it was planned with
+        else:
+            storage["host_indices"] = host_indices(d, ragged=self._storage == "ragged")
         plan = Setup(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
@@ -160,6 +165,8 @@ class PrefillWrapper:
             self._extras["pages_used"] = self._plan.max_page_id + 1
         if self._plan.paged_csr is not None:
             self._extras["paged_csr"] = self._plan.paged_csr
+        if self._plan.host_indices is not None:
+            self._extras["host_indices"] = self._plan.host_indices
         # The plan's call cache: its runs' lanes and proofs, one proof (decisions, backend plan) per
         # variant of the plan's problem (sinks, an LSE, a window, forward()'s options); dropped with the plan.
         self._variants = BoundedCache(maxsize=64)
@@ -278,6 +285,15 @@ class PrefillWrapper:
     def decision(self) -> Optional[router.Decision]:
         """The router's decision for the latest plan/run (chosen, rejected with reasons, fallbacks)."""
         return self._last.decision if self._last is not None else None
+
+
+def host_indices(d, ragged: bool) -> dict:
+    """What plan() read of the index tensors, as host int32 tensors (no device involved); the
+    ragged wrapper's kv_indptr too (the paged wrapper's is a page count, kept with its page lists)."""
+    out = {"qo_indptr": torch.tensor(d.qo, dtype=torch.int32), "kv_lens": torch.tensor(d.kv_lens, dtype=torch.int32)}
+    if ragged:
+        out["kv_indptr"] = torch.tensor(d.kv_indptr, dtype=torch.int32)
+    return out
 
 
 def graph_owned(custom: Optional[torch.Tensor], storage: dict, max_sequence_kv: Optional[int]) -> tuple:

@@ -84,12 +84,13 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
     begin_forward = plan
 
     def _page_lists(self, d, indices: torch.Tensor, last_page_len: torch.Tensor) -> tuple:
-        """Our device copies of the caller's page lists (indptr from 0, the ids it covers, last
-        page lengths): what a FlashInfer plan reads, without converting the block table back."""
+        """Our copies of the caller's page lists (indptr from 0 and last page lengths on the host, as
+        plan() read them; the ids it covers on the device): what a FlashInfer plan reads, without
+        converting the block table back."""
         start, dev = d.kv_indptr[0], self._device
-        indptr = torch.tensor([n - start for n in d.kv_indptr], dtype=torch.int32).to(dev, non_blocking=True)
-        ids = indices.reshape(-1)[: d.kv_indptr[-1] - start].to(dev, torch.int32, copy=True)
-        return indptr, ids, last_page_len.reshape(-1).to(dev, torch.int32, copy=True)
+        indptr = torch.tensor([n - start for n in d.kv_indptr], dtype=torch.int32)
+        ids = indices.reshape(-1)[start: d.kv_indptr[-1]].to(dev, torch.int32, copy=True)
+        return indptr, ids, torch.tensor(d.last_page_len, dtype=torch.int32)
 
     def _kv_shape(self) -> tuple:
         p = self._plan
@@ -193,17 +194,20 @@ class PagedPlanSpec(PlanSpecBase):
         need_index("paged_kv_indptr", self.paged_kv_indptr, d.batch + 1, None)
         need_index("paged_kv_last_page_len", self.paged_kv_last_page_len, d.batch, None)
         d.kv_indptr = check_indptr_values("paged_kv_indptr", self.paged_kv_indptr, None, "", start0=False)
-        if d.kv_indptr[-1] - d.kv_indptr[0] > self.paged_kv_indices.numel():
+        # request b's pages are paged_kv_indices[indptr[b]:indptr[b+1]], at the indptr's own positions
+        # (FlashInfer's page.cuh reads indices[indptr[b] + i]), also where the indptr does not start at 0
+        if d.kv_indptr[-1] > self.paged_kv_indices.numel():
             raise bad("paged_kv_indices.shape", tuple(self.paged_kv_indices.shape),
-                      f"at least {d.kv_indptr[-1] - d.kv_indptr[0]} page ids (paged_kv_indptr[-1])")
+                      f"at least {d.kv_indptr[-1]} page ids (paged_kv_indptr[-1])")
         last = host_ints(self.paged_kv_last_page_len)
         counts = [b - a for a, b in zip(d.kv_indptr[:-1], d.kv_indptr[1:])]
         for b, (n, l) in enumerate(zip(counts, last)):
             if n and not 1 <= l <= self.page_size:
                 raise bad(f"paged_kv_last_page_len[{b}]", l, f"in [1, page_size={self.page_size}]")
         d.kv_lens = [(n - 1) * self.page_size + l if n else 0 for n, l in zip(counts, last)]
+        d.last_page_len = last
         # the ids the plan covers, read to the host once (one copy: their range and the block table)
-        d.page_ids = self.paged_kv_indices.reshape(-1)[: d.kv_indptr[-1] - d.kv_indptr[0]].to("cpu", torch.int32)
+        d.page_ids = self.paged_kv_indices.reshape(-1)[d.kv_indptr[0]: d.kv_indptr[-1]].to("cpu", torch.int32)
         low, d.max_page_id = (d.page_ids.aminmax() if d.page_ids.numel() else (0, -1))
         d.max_page_id = int(d.max_page_id)
         if int(low) < 0:
