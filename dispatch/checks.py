@@ -390,9 +390,24 @@ def need_kv_dtype(name, kv: torch.Tensor, q_dtype: torch.dtype) -> None:
         raise bad(f"{name}.dtype", kv.dtype, f"{dtype_name(q_dtype)} (the query dtype) or an fp8 dtype")
 
 
-def check_indptr_values(name: str, indptr: torch.Tensor, total: int, total_name: str, start0=True) -> list[int]:
-    """Device read: non-decreasing, starting at 0, ending at ``total``. Returns the host list."""
-    vals = [int(x) for x in indptr.reshape(-1).tolist()]
+def host_lists(*tensors: torch.Tensor) -> list[list[int]]:
+    """The values of small integer tensors on the host, in one copy (one synchronization) when they
+    share a CUDA device: a plan reads several, and each copy waits for the device's queued work."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return [host_ints(t) for t in tensors]
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors]).tolist()
+    out, at = [], 0
+    for t in tensors:
+        out.append(flat[at: at + t.numel()])
+        at += t.numel()
+    return out
+
+
+def check_indptr_values(name: str, indptr, total: int, total_name: str, start0=True) -> list[int]:
+    """Non-decreasing, starting at 0, ending at ``total``: ``indptr`` a tensor (read on the host) or
+    its values read already (``host_lists``). Returns the host list."""
+    vals = indptr if isinstance(indptr, list) else [int(x) for x in indptr.reshape(-1).tolist()]
     if start0 and vals and vals[0] != 0:
         raise bad(f"{name}[0]", vals[0], "0")
     for i in range(1, len(vals)):

@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional, Union, overload
 import torch
 
 from .. import checks, ops
-from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, host_ints,
+from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, host_ints, host_lists,
                       lens_shapes, need_index, need_int, need_tensor, paged_kv_spec, paged_nhd, split_kv)
 from . import _base as B
 from ._base import UNSET
@@ -186,20 +186,21 @@ class PagedPlanSpec(PlanSpecBase):
     def derive(self):
         d = self.common()
         need_int("page_size", self.page_size, 1)
-        d.qo = self.qo_host(d)
         if d.cudnn:
+            d.qo = self.qo_host(d)
             return self._cudnn_lengths(d)
         for name in ("paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"):
             need_index(name, getattr(self, name), None, None)
         need_index("paged_kv_indptr", self.paged_kv_indptr, d.batch + 1, None)
         need_index("paged_kv_last_page_len", self.paged_kv_last_page_len, d.batch, None)
-        d.kv_indptr = check_indptr_values("paged_kv_indptr", self.paged_kv_indptr, None, "", start0=False)
+        qo, kv_indptr, last = host_lists(self.qo_indptr, self.paged_kv_indptr, self.paged_kv_last_page_len)
+        d.qo = self.qo_host(d, qo)
+        d.kv_indptr = check_indptr_values("paged_kv_indptr", kv_indptr, None, "", start0=False)
         # request b's pages are paged_kv_indices[indptr[b]:indptr[b+1]], at the indptr's own positions
         # (FlashInfer's page.cuh reads indices[indptr[b] + i]), also where the indptr does not start at 0
         if d.kv_indptr[-1] > self.paged_kv_indices.numel():
             raise bad("paged_kv_indices.shape", tuple(self.paged_kv_indices.shape),
                       f"at least {d.kv_indptr[-1]} page ids (paged_kv_indptr[-1])")
-        last = host_ints(self.paged_kv_last_page_len)
         counts = [b - a for a, b in zip(d.kv_indptr[:-1], d.kv_indptr[1:])]
         for b, (n, l) in enumerate(zip(counts, last)):
             if n and not 1 <= l <= self.page_size:

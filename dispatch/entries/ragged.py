@@ -8,7 +8,7 @@ from typing import Any, Literal, Optional, Union, overload
 import torch
 
 from .. import checks, ops
-from ..checks import Scale, bad, check_indptr_values, host_ints, need_index, need_tensor
+from ..checks import Scale, bad, check_indptr_values, host_ints, host_lists, need_index, need_tensor
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase, run_problem, run_sizes
@@ -136,9 +136,10 @@ class RaggedPlanSpec(PlanSpecBase):
 
     def derive(self):
         d = self.common()
-        d.qo = self.qo_host(d)
         need_index("kv_indptr", self.kv_indptr, d.batch + 1, None)
-        kv = check_indptr_values("kv_indptr", self.kv_indptr, None, "", start0=not d.cudnn)
+        qo, kv = host_lists(self.qo_indptr, self.kv_indptr)  # one read of both
+        d.qo = self.qo_host(d, qo)
+        kv = check_indptr_values("kv_indptr", kv, None, "", start0=not d.cudnn)
         if d.cudnn:
             kv = self._cudnn_units(d, kv)
         d.kv_indptr = kv
