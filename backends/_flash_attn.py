@@ -1,6 +1,6 @@
 """Dao-AILab FlashAttention providers: ``flash_attn`` (FA2) and ``flash_attn_interface`` (FA3, Hopper).
 
-Translation (vendor-constraints.md sections 1.1-1.3, 5, 6):
+Translation (flash_attn/flash_attn_interface.py and hopper/flash_attn_interface.py signatures):
 * paged: FA2 ``flash_attn_varlen_func(..., block_table=)`` with cu_seqlens_k built from
   kv_lens; FA3 ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=,
   page_table=, cu_seqlens_q=, max_seqlen_q=)``; ragged/dense: ``flash_attn_varlen_func``;

@@ -103,7 +103,7 @@ def refuse_causal_overhang(backend: str, causal: bool, q_len: int, kv_len: int, 
     Bottom-right alignment leaves its first q_len - kv_len rows with no key (0 and LSE -inf, the
     contract); FlashInfer's single-request kernel refuses the shape instead ("When mask_mode is set
     to MaskMode::kCausal, kv_len must be greater than or equal to qo_len", prefill.cuh; H200,
-    flashinfer 0.7.2, tools/results/gpu-tests-h200-fi072.md), so the router hands it over."""
+    flashinfer 0.7.2, FlashInfer's own GPU tests), so the router hands it over."""
     if causal and q_len > kv_len:
         raise BackendRejected(backend, [Reason("qo_len", q_len, f"at most kv_len={kv_len} with causal=True",
                                                source)])

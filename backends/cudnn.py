@@ -108,7 +108,7 @@ VERSION_GATES = (
     (91300, lambda p, d: p.has_sinks, "has_sinks", SRC_CFE + ": SINK_TOKEN needs cuDNN >= 9.13"),
     (91801, lambda p, d: d.sm < 90, "ragged Q on sm < 90", SRC_CFE + ": ragged below SM90 needs cuDNN >= 9.18.1"),
     (91900, lambda p, d: p.window_left >= 0 and not p.causal, "has_window without causal",
-     "FE 1.23 rejects a left bound without causal masking; probe: works on H100, cuDNN 9.19 / FE 1.32 (tools/results/cudnn-probe-h100.md)"),
+     "FE 1.23 rejects a left bound without causal masking; measured: works on H100, cuDNN 9.19 / FE 1.32 (attn-dispatch probe, 2026-11-21)"),
     (91002, lambda p, d: p.kv_storage == "paged" and max(p.head_dim_qk, p.head_dim_vo) > 128,
      "paged head_dim > 128", SRC_CFE + ": paged with d > 128 needs cuDNN > 9.9"),
 )

@@ -1,6 +1,6 @@
 """TensorRT-LLM trtllm-gen context attention via ``flashinfer.prefill.trtllm_batch_context_with_kv_cache``.
 
-Translation (calling conventions 2.2, vendor-constraints.md section 3):
+Translation (the function's signature and docstring, flashinfer/prefill.py):
 * paged only; our logical NHD page views go over in the caller's physical layout
   (kv_layout "NHD" or "HND"), block_table as is;
 * ``seq_lens`` = our kv_lens (total keys incl. the new tokens); cum_seq_lens_q = qo_indptr;

@@ -1,6 +1,6 @@
 """TensorRT-LLM XQA decode through ``flashinfer.decode.xqa_batch_decode_with_kv_cache``.
 
-Translation (calling conventions 2.3, vendor-constraints.md section 4):
+Translation (the function's signature and docstring, flashinfer/decode.py):
 * paged only; our logical NHD page views go over in the caller's physical layout;
 * ``seq_lens`` = our kv_lens (they include the new/draft tokens), block_table as is;
 * window_left and sinks (Hq,) fp32 have our meaning already (window_left+1 keys; raw logits);
@@ -105,7 +105,7 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
     vendor_module = "flashinfer.decode"
 
     # FlashInfer 0.5.3's XQA launch fails with cudaErrorInvalidValue on a second GPU of the process
-    # (seen on two H200s: tools/results/multi-device-h200x2.md), so XQA serves the first GPU it
+    # (seen on two H200s in one process), so XQA serves the first GPU it
     # planned on and refuses the others before any launch: the router hands them to the next backend.
     _first_gpu: "torch.device | None" = None
 

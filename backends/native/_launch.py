@@ -1,9 +1,9 @@
 """A native kernel's launch with its grid and constexprs fixed by a plan, at low host cost.
 
 Why: ``kernel[grid](*args)`` spends about 30 us of Python per launch on Triton 3.6 for our ~60
-arguments (binding them, specializing each, hashing the key; measured with its compiled launcher
-stubbed, tools/NOTES-native.md), more than the 20 us per launch issue 11 allows. A plan fixes the
-grid and the constexprs; per call only pointers, strides and the kinds of the scales vary.
+arguments (binding them, specializing each, hashing the key; measured on the H100 with its compiled
+launcher stubbed), more than the 20 us per launch that keeps our host cost at the vendors'. A plan
+fixes the grid and the constexprs; per call only pointers, strides and the kinds of the scales vary.
 
 So the first call with a given *specialization* goes through ``kernel[grid]`` (Triton compiles or
 finds the right variant and returns its ``CompiledKernel``), and later calls with the same

@@ -4,10 +4,10 @@ Why: the cuDNN entry returns its LSE padded per request, rows past a request's l
 writes that layout itself; every other backend writes the packed one, which PyTorch ops scattered
 with a fill, an arange, a searchsorted, a gather and an index_copy: about ten launches. On the H200,
 native-triton's prefill calls with LSE on the cuDNN entry took 232-443 us of host time that way and
-119-208 us with this kernel, and 19-32 us less GPU time (tools/results/bench-cudnn-prefill-lse-cuda.md,
--before.json). Here one launch does the fill and the copy: program (b, j) owns elements
-[j * BLOCK, (j + 1) * BLOCK) of request b's padded rows and reads its own rows' start and count
-from ``qo_indptr`` on the device (no host synchronization).
+119-208 us with this kernel, and 19-32 us less GPU time (``attn-dispatch bench``, before and
+after). Here one launch does the fill and the copy: program (b, j) owns elements [j * BLOCK,
+(j + 1) * BLOCK) of request b's padded rows and reads its own rows' start and count from
+``qo_indptr`` on the device (no host synchronization).
 
 Served where the kernel can: both tensors contiguous, fp32, on the current CUDA device (or the Triton
 interpreter, for tests); ``write`` returns False otherwise and the caller scatters with PyTorch.

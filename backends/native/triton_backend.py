@@ -4,8 +4,8 @@
 sized from the batch's host-side upper bounds, RoPE frequencies); ``run`` gathers the call's
 pointers and strides and launches through ``KernelLaunch`` (backends/native/_launch.py: the cached
 compiled kernel, called directly), with no host synchronization and no allocation, so it can be
-captured in a CUDA graph. Kernels: backends/native/triton_kernels.py. Performance notes and the
-split-KV rule: tools/NOTES-native.md.
+captured in a CUDA graph. Kernels: backends/native/triton_kernels.py. Measured performance and the
+split-KV rule: docs/benchmarks.md (native-triton); the rule's reasons are at ``split_kv``.
 
 Caches (name: key -> bound):
 * ``_SM_COUNT``: CUDA device index (never a bare "cuda") -> SM count (one entry per GPU);
@@ -49,7 +49,7 @@ class TileConfig:
     heads_per_program: int  # HPP: query heads of one KV group packed into the M dimension
     num_warps: int
     num_stages: int
-    # Issue 11's plain-path kernel (PLAIN_PREFILL: paged prefill's large tiles) and its candidates:
+    # The plain-path kernel (PLAIN_PREFILL: paged prefill's large tiles) and its variants:
     kernel: str = "general"  # "plain": triton_plain._attn_fwd_plain, for problems plain_reasons accepts
     kv_tma: bool = False  # plain kernel, ragged/dense K/V: tiles read by TMA descriptors
     persistent: bool = False  # plain kernel: about one wave of programs, longest query blocks first
@@ -243,8 +243,8 @@ class NativeTritonBackend(Backend):
 # ---------------------------------------------------------------------------
 MAX_OTHERS = 8  # plans of other facts kept by one plan (the lanes of one call key)
 # The fix-up's launch mostly returns after its bound: short key tiles without a pipeline hold fewer
-# registers and no shared-memory stages (H200, tools/results/fixup-cost-xqa-fixup-cost-s16{,-b}.md: up to
-# 2.4 us less per call than the decode tile, on 4 of 6 and 7 of 8 problems).
+# registers and no shared-memory stages (H200, tools/fixup_cost.py, two runs: up to 2.4 us less per call
+# than the decode tile, on 4 of 6 and 7 of 8 problems).
 FIXUP_TILE = dict(num_stages=1, block_n=32)
 FIXUP_CHUNK = 1 << 30  # a fix-up plan's one split: every key of any request (int32 with a window's offset)
 
@@ -282,21 +282,21 @@ def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
         raise ValueError("has_sinks=True needs sinks (Hq,) float32; got None")
 
 
-# The one-line switch to the plain-path kernel for prefill (issue 11): None keeps the general kernel.
+# The one-line switch to the plain-path kernel for prefill: None keeps the general kernel.
 # choose_config applies it to the large prefill tiles (M >= 128) of the KV storages named, for a problem
-# plain_reasons accepts (kv_tma: ragged only). Measured on the H100 (tools/results/native-h100-r5.md,
+# plain_reasons accepts (kv_tma: ragged only). Measured on the H100 (tools/native_h100.py --variants,
 # causal 8 x 2048, bf16, 32/8 heads, d128): paged, plain with 4 stages 276 TFLOP/s eager / 285 in a CUDA
 # graph against the general kernel's 260 / 266; ragged, plain 314 / 321 against 316 / 333, and neither
 # TMA descriptors nor the persistent schedule gained (Triton 3.6 on sm_90): the general kernel keeps it.
 PLAIN_PREFILL: Optional[dict] = dict(kernel="plain", num_stages=4)
 PLAIN_PREFILL_STORAGE = ("paged",)
 # RoPE on the plain kernel (its K halves rotated per tile) with 3 stages: paged RoPE 248 TFLOP/s eager /
-# 259 graph against the general kernel's 228 / 242 (4 stages: 242 / 253; native-h100-r7.md).
+# 259 graph against the general kernel's 228 / 242 (4 stages: 242 / 253; H100, same shape).
 PLAIN_PREFILL_ROPE_STAGES = 3
 
 
 def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.device) -> TileConfig:
-    """Tile shapes by phase and head dim (measured on H100: tools/NOTES-native.md)."""
+    """Tile shapes by phase and head dim (measured on the H100; the reasons are beside each tile)."""
     cfg = _general_config(problem, max_q_len)
     if (PLAIN_PREFILL and problem.phase == "prefill" and problem.kv_storage in PLAIN_PREFILL_STORAGE
             and cfg.block_m >= 128 and not plain_reasons(problem)):
@@ -319,14 +319,13 @@ def _general_config(problem: AttentionProblem, max_q_len: int) -> TileConfig:
         # Long key tiles keep more bytes in flight per program (H100: N128 2.86 TB/s vs N64 2.33).
         block_m = min(max(16, _pow2(rows)), 64)
         # fp8 K/V keep this tile: N64 with 5 stages (the paged prefetch depth) measured slower on the H100
-        # (64 x 4096 in a CUDA graph: 0.412 ms vs 0.251 for N128 s3; N128 s5 0.325, N32 s5 0.446:
-        # tools/results/native-h100-r4.md).
+        # (64 x 4096 in a CUDA graph: 0.412 ms vs 0.251 for N128 s3; N128 s5 0.325, N32 s5 0.446).
         block_n = 128 if dmax <= 128 else 64
         return TileConfig(block_m, block_n, group, num_warps=4, num_stages=3)
     if dmax <= 128 and problem.mask == "custom":
         return _custom_mask_config(group)
     if dmax <= 128:  # H100 d128 causal 8x2048: M256/8 warps, 4 heads of a group per tile: 301 TFLOP/s
-        if max_q_len >= 1024:  # (M256 one head 282, M128 one head 268: tools/NOTES-native.md)
+        if max_q_len >= 1024:  # (M256 one head 282, M128 one head 268)
             hpp = max(d for d in (1, 2, 4) if group % d == 0)
             # RoPE's K halves reach the MMA through registers: their loads need the deeper prefetch.
             stages = _paged_stages(problem, 3) if problem.pos_encoding == "ROPE_LLAMA" else 3
@@ -359,7 +358,7 @@ def _custom_mask_config(group: int) -> TileConfig:
     """Prefill tiles under a custom bool mask. Its rows start at any byte, so each mask element is a byte
     load with its own 64-bit address, and the tile's mask is held a key tile ahead (the prefetch in
     _attn_fwd). The tiles are those whose mask addresses fit the registers (sm_90a, Triton 3.6, ptxas)
-    and measured fastest on the H100 (tools/results/native-h100-r13.md, 8 x 2048 non-causal, 32/8 heads):
+    and measured fastest on the H100 (8 x 2048 non-causal, 32/8 heads):
     per token, broadcast to a KV group's 4 heads, M128 with 8 warps, no spills: 183 TFLOP/s (M256 spills
     280 B: 150; M256 N32: 172); with one head per row M64 N32, the only spill-free tile there (8 x 512:
     108 TFLOP/s; M128 N64 spilled 4 KB: 12)."""
@@ -441,8 +440,8 @@ def programs_per_sm(problem: AttentionProblem, cfg: TileConfig, device: torch.de
 # The plain kernel has no KV split: a grid of fewer programs than this share of the SMs (few requests x KV
 # heads x query blocks) leaves the rest idle however long the keys. There the general kernel, which splits
 # the keys, serves instead, where each split reads at least as many keys as its tile has query rows (a
-# shorter split writes more partial output, in fp32, than it reads K/V). H200, the 18 sweep problems of
-# tools/grids/native-underfilled.json timed both ways (tools/results/bench-native-underfilled-cuda{-off,}.md):
+# shorter split writes more partial output, in fp32, than it reads K/V). H200, the 18 problems of
+# tools/grids/native-underfilled.json timed both ways (``attn-dispatch bench``, with and without the move):
 # 17 move, 15 of them 1.2-22x faster, 2 unchanged; cudnn 2 x 331 x 120436, h4/1 d128 causal, 24 programs on
 # 132 SMs, 5.55 -> 0.59 ms; trtllm 4 x 1483 x 1483, 8 splits of 192 keys for tiles of 256 rows, 0.051 ->
 # 0.057 ms split: kept plain. A captured CUDA graph of a moved plan follows longer keys only within its
@@ -480,7 +479,7 @@ def split_span(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig
     """Keys one program's splits must cover: the longest request's, or under a window, from the tile
     of the program's first visible key on (the kernel counts its splits from there): at most
     window_left + the query rows + a tile. Windowed decode then splits the window, not the sequence
-    (H200, sweeps A-O: xqa 2 x 1 x 107164, window 1591: native-triton 42.8 us against XQA's 10.9)."""
+    (H200, random problems: xqa 2 x 1 x 107164, window 1591: native-triton 42.8 us against XQA's 10.9)."""
     if problem.window_left < 0:
         return batch.max_kv_len
     return max(1, min(batch.max_kv_len, problem.window_left + batch.max_q_len + cfg.block_n - 1))
@@ -488,19 +487,19 @@ def split_span(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfig
 
 MAX_SPLITS = 64  # the merge reduces up to this many partials per row in one tile
 # The fused merge (TileConfig.fused_merge: the last split program merges, one launch): decode tiles only, at
-# most 4 splits. H100 (tools/results/native-h100-r11.md, -r12.md), in a CUDA graph: 16 and 32 splits
+# most 4 splits. H100, in a CUDA graph: 16 and 32 splits
 # (1 x 4096, 1 x 32768) 0.018 vs 0.016 and 0.064 vs 0.058 ms against the merge kernel, the merge then on the
 # call's critical path in one program per row block where the merge kernel spreads it; 2 splits (1 x 512,
 # 8 x 512) 0.95-1.00x, one launch fewer but no measurable gain eager either (0.83-1.08x). So not the default.
 MAX_FUSED_MERGE_ROWS = 16
 MAX_FUSED_MERGE_SPLITS = 4
 # At least this many key tiles per split: fewer is mostly pipeline prologue (H100: b1 x 32k, 64 splits lost
-# 8%). 2, not 4: the decode grid of tools/results/native-h100.md found twice the splits of 4's rule best at
+# 8%). 2, not 4: the H100 decode grid (tools/native_h100.py) found twice the splits of 4's rule best at
 # short keys (b1/b4/b16 x 512: 2 splits, 1.08-1.45x; b1 x 4096: 16 splits, 1.27x); longer keys are unchanged.
 MIN_TILES_PER_SPLIT = 2
 # ... but keys of at most this many tiles split one tile per split: the H100 grids found 4 splits best at
 # 512 keys (N128) for batch 1 and 4, where two tiles per split (2 splits) reached 0.80x / 0.87x of it
-# (native-h100-r12.md; r6-grid: 0.84x / 0.90x). At batch 16 the two-wave cap keeps 2 (1 was best there, 0.92x).
+# (0.84x / 0.90x on an earlier grid). At batch 16 the two-wave cap keeps 2 (1 was best there, 0.92x).
 SHORT_SPLIT_TILES = 4
 
 
@@ -509,8 +508,8 @@ def split_kv(batch_size: int, kv_heads: int, kv_len: int, sms: int, *, head_grou
     """Flash-decoding split of the keys, (splits, keys per split), a pure function of the launch.
 
     Without splitting there are ``programs = batch x kv heads x head groups x query blocks``; the
-    GPU holds ``slots = SMs x programs per SM`` at once. Rule (tools/NOTES-native.md, measured on the
-    H100): the largest split count with programs x splits <= 2 x slots (two waves: one wave leaves
+    GPU holds ``slots = SMs x programs per SM`` at once. Rule (measured on the H100; docs/benchmarks.md,
+    native-triton): the largest split count with programs x splits <= 2 x slots (two waves: one wave leaves
     each SM a single program and no latency hiding, a third, mostly empty wave costs more than it
     hides), at most one split per ``MIN_TILES_PER_SPLIT`` key tiles (one per tile up to
     ``SHORT_SPLIT_TILES`` tiles of keys) and at most ``MAX_SPLITS``. The keys per split are then
@@ -534,7 +533,7 @@ def splits_of_chunk(kv_len: int, chunk: int) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------
-# the plain-path kernel (issue 11 candidates; backends/native/triton_plain.py)
+# the plain-path kernel (backends/native/triton_plain.py)
 # ---------------------------------------------------------------------------
 def plain_reasons(problem: AttentionProblem) -> list[str]:
     """Why the plain-path kernel cannot serve ``problem`` (empty: it can): it has no feature code."""

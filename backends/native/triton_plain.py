@@ -1,4 +1,4 @@
-"""The plain-path attention kernel of native-triton (issue 11: Hopper prefill at vendor speed).
+"""The plain-path attention kernel of native-triton: Hopper prefill without feature code in its loops.
 
 Serves only the plain problem (no soft cap, ALiBi, RoPE, window, custom/xqa mask or sinks; q and K/V
 of one 16-bit dtype; head dims equal, 64 or 128; one KV split), so it carries none of the general

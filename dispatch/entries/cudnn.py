@@ -101,8 +101,8 @@ def _packed_view(z, padded: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """The padded LSE as the packed (total_q, Hq) one, where they are the same memory: a decode-shaped
     call (one row per request), its (B, 1, Hq) buffer contiguous. Every backend then writes it in place
     and nothing is scattered: the scatter's ten small launches made native-triton's decode calls with
-    LSE cost 200-350 us of host time on the H200 against 75-160 without
-    (tools/results/bench-random-150-seed-738408487-cuda-autotune-from-18.json, -from-57.json)."""
+    LSE cost 200-350 us of host time on the H200 against 75-160 without (random problems of
+    ``attn-dispatch bench``, seed 738408487)."""
     if padded is None or not _one_row_each(z) or not padded.is_contiguous():
         return None
     return padded.view(z.batch, z.hq)
@@ -133,9 +133,9 @@ class _DividedOnRead(AttentionBatch):
     """The batch of a call that gave Q's offsets in elements: its token ``qo_indptr`` is divided
     out of them when a backend first reads it. cuDNN binds the caller's offsets themselves, so a
     call it serves launches no division, as FlashInfer's launches none. On tiny decode calls that
-    kernel made ours 1.17-1.28x FlashInfer's GPU time (the H200 sweeps' rows); without it
-    0.92-1.00x (tools/results/bench-cudnn-decode-and-sinks-cuda.md; both in NOTES-h200-sweeps.md,
-    session 6). Any other backend pays the one division."""
+    kernel made ours 1.17-1.28x FlashInfer's GPU time (H200, random problems of ``attn-dispatch
+    bench``); without it 0.92-1.00x (H200, 8 cuDNN decode and sinks problems). Any other backend
+    pays the one division."""
 
     @property  # type: ignore[override]
     def qo_indptr(self) -> torch.Tensor:
