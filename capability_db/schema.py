@@ -223,7 +223,8 @@ class DeviceTable(_Frozen):
 
 class PriorityEntry(_Frozen):
     backend: str
-    why: str
+    why: str  # the reason in the product's terms: the measured figure, the GPU, the shape
+    source: str = ""  # where the why's figures come from: the measurement (GPU, tool, date) or a public URL
 
 
 class Priorities(_Frozen):

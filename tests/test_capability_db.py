@@ -1,14 +1,15 @@
 """The capability data: it loads, every fact exists and has a source, priorities and devices are
 complete, and the data never over-promises (vendor facts that must be refused are refused).
 
-``MUST_REJECT`` is the hook the project extends: one row per vendor fact (with its section in
-/work/shared/reference/vendor-constraints.md) that a backend's data must refuse.
+``MUST_REJECT`` is the hook the project extends: one row per vendor fact (from the vendor's
+documentation or source) that a backend's data must refuse.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import json
+import re
 import typing
 from pathlib import Path
 
@@ -192,7 +193,8 @@ NOT_PUBLIC = ("vendor-constraints.md", "calling conventions", "/work/", "section
 @pytest.mark.parametrize("name", ALL_CAPS)
 def test_sources_cite_public_material_not_files_only_this_repository_has(name):
     caps = capability_db.backend_caps(name)
-    texts = [c.source for c in caps.constraints] + [caps.cuda_graph_source]
+    texts = [c.source for c in caps.constraints] + [caps.cuda_graph_source, caps.parallelism_source,
+                                                     caps.plans_per_call_source, caps.hardware.report]
     bad = [t for t in texts if any(word in t for word in NOT_PUBLIC)]
     assert not bad, f"{name}: {bad}"
 
@@ -270,6 +272,29 @@ def test_priorities_name_known_backends_once_with_a_why():
         assert all(e.why.strip() for e in ahead), entry
 
 
+def all_priority_entries() -> list:
+    prio = capability_db.priorities()
+    return [e for phases in prio.families.values() for entries in phases.values() for e in entries] + [
+        e for ahead in prio.entry_first.values() for e in ahead]
+
+
+def test_priority_provenance_is_in_the_source_and_points_at_what_exists():
+    """A why says the reason in the product's terms; where its figures were measured goes into
+    ``source``: public material, or the measurement (GPU, tool, date) with its summary in docs/."""
+    entries = all_priority_entries()
+    assert sum(bool(e.source) for e in entries) >= 14  # the H100 figures of the Hopper lists and entries
+    for e in entries:
+        assert ".md" not in e.why and not any(word in e.why for word in NOT_PUBLIC), e.why
+        assert not any(word in e.source for word in NOT_PUBLIC), e.source
+        for doc, anchor in re.findall(r"(docs/[\w.-]+\.md)#([\w-]+)", e.source):
+            assert (REPO_ROOT / doc).exists(), e.source
+            headings = re.findall(r"^#+ (.+)$", (REPO_ROOT / doc).read_text(), re.M)
+            assert anchor in {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}, (
+                f"{e.backend}: {doc} has no heading #{anchor}")
+        if e.source and not e.source.startswith("https://"):
+            assert "measured on" in e.source and "docs/benchmarks.md" in e.source, e.source
+
+
 def test_every_family_has_every_phase_ending_with_the_safety_net():
     prio = capability_db.priorities()
     families = {d.family for d in capability_db.device_table().devices} | {"default", "cpu"}
@@ -313,68 +338,68 @@ def test_unknown_live_sm_keeps_the_nearest_family_below():
 # -- the data never over-promises ------------------------------------------------------------------
 # Checked through the adapter's check() (capability data + extra_checks): what routing sees.
 # (backend, device, problem overrides of base_problem(), fields of which at least one must be
-#  named by a Reason, vendor-constraints.md section). Extend freely: one row per vendor fact.
+#  named by a Reason, the vendor fact). Extend freely: one row per vendor fact.
 MUST_REJECT = [
-    ("trtllm-gen", "h100", {}, {"sm"}, "3: SM100/103/107 only"),
-    ("trtllm-gen", "rtx5090", {}, {"sm"}, "3: not SM120/121"),
-    ("trtllm-gen", "thor", {}, {"sm"}, "3: not SM110"),
-    ("trtllm-gen", "b200", {"kv_storage": "ragged", "page_size": 0}, {"kv_storage"}, "3: paged only"),
-    ("trtllm-gen", "b200", {"page_size": 24}, {"page_size"}, "3: power of 2"),
-    ("trtllm-gen", "b200", {"logits_soft_cap": 30.0}, {"has_soft_cap", "logits_soft_cap"}, "3: no soft cap"),
+    ("trtllm-gen", "h100", {}, {"sm"}, "SM100/103/107 only"),
+    ("trtllm-gen", "rtx5090", {}, {"sm"}, "not SM120/121"),
+    ("trtllm-gen", "thor", {}, {"sm"}, "not SM110"),
+    ("trtllm-gen", "b200", {"kv_storage": "ragged", "page_size": 0}, {"kv_storage"}, "paged only"),
+    ("trtllm-gen", "b200", {"page_size": 24}, {"page_size"}, "power of 2"),
+    ("trtllm-gen", "b200", {"logits_soft_cap": 30.0}, {"has_soft_cap", "logits_soft_cap"}, "no soft cap"),
     ("trtllm-gen", "b200", {"causal": False, "window_left": 64}, {"has_window", "window_left", "causal"},
-     "3: window only with causal"),
-    ("trtllm-gen", "b200", {"head_dim_vo": 64}, {"same_head_dims", "head_dim_vo"}, "3: qk == vo"),
+     "window only with causal"),
+    ("trtllm-gen", "b200", {"head_dim_vo": 64}, {"same_head_dims", "head_dim_vo"}, "qk == vo"),
     ("trtllm-gen", "b200", {"kv_dtype": "float8_e4m3fn"}, {"kv_dtype", "q_dtype"},
-     "3: BF16-Q + FP8-KV context is not shipped"),
-    ("trtllm-gen", "b200", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "3: no ALiBi"),
-    ("xqa", "a100", {"phase": "decode"}, {"sm"}, "4: majors 9/10/12 only"),
-    ("xqa", "h100", {}, {"phase"}, "4: decode kernel"),
-    ("xqa", "h100", {"phase": "decode", "return_lse": True}, {"return_lse"}, "1.1: no LSE"),
-    ("xqa", "h100", {"phase": "decode", "page_size": 8}, {"page_size"}, "4: pages 16/32/64/128"),
+     "BF16-Q + FP8-KV context is not shipped"),
+    ("trtllm-gen", "b200", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "no ALiBi"),
+    ("xqa", "a100", {"phase": "decode"}, {"sm"}, "majors 9/10/12 only"),
+    ("xqa", "h100", {}, {"phase"}, "decode kernel"),
+    ("xqa", "h100", {"phase": "decode", "return_lse": True}, {"return_lse"}, "no LSE"),
+    ("xqa", "h100", {"phase": "decode", "page_size": 8}, {"page_size"}, "pages 16/32/64/128"),
     ("xqa", "h100", {"phase": "decode", "q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype"},
-     "4: Q fp16/bf16 only"),
+     "Q fp16/bf16 only"),
     ("xqa", "h100", {"phase": "decode", "head_dim_qk": 120, "head_dim_vo": 120}, {"head_dim_qk"},
-     "4: multiple of 16"),
-    ("xqa", "h100", {"phase": "decode", "kv_storage": "ragged", "page_size": 0}, {"kv_storage"}, "4: paged only"),
-    ("fa3", "b200", {}, {"sm"}, "6: sm90 kernels only"),
+     "multiple of 16"),
+    ("xqa", "h100", {"phase": "decode", "kv_storage": "ragged", "page_size": 0}, {"kv_storage"}, "paged only"),
+    ("fa3", "b200", {}, {"sm"}, "sm90 kernels only"),
     ("fa3", "a100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"sm", "q_dtype", "device_fp8"},
-     "6: fp8 only on Hopper"),
-    ("fa3", "h100", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "6: no ALiBi"),
-    ("fa3", "h100", {"has_sinks": True}, {"has_sinks"}, "6: no sinks upstream"),
-    ("fa3", "h100", {"mask": "custom"}, {"mask"}, "6 and 10: no custom mask"),
-    ("fa3", "h100", {"q_dtype": "float8_e5m2", "kv_dtype": "float8_e5m2"}, {"q_dtype", "kv_dtype"}, "6: e4m3 only"),
-    ("fa2", "h100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype"}, "5 and 10: no fp8 Q"),
-    ("fa2", "h100", {"has_sinks": True}, {"has_sinks"}, "5: no sinks"),
+     "fp8 only on Hopper"),
+    ("fa3", "h100", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "no ALiBi"),
+    ("fa3", "h100", {"has_sinks": True}, {"has_sinks"}, "no sinks upstream"),
+    ("fa3", "h100", {"mask": "custom"}, {"mask"}, "no custom mask"),
+    ("fa3", "h100", {"q_dtype": "float8_e5m2", "kv_dtype": "float8_e5m2"}, {"q_dtype", "kv_dtype"}, "e4m3 only"),
+    ("fa2", "h100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype"}, "no fp8 Q"),
+    ("fa2", "h100", {"has_sinks": True}, {"has_sinks"}, "no sinks"),
     ("fa2", "h100", {"head_dim_qk": 1024, "head_dim_vo": 1024}, {"head_dim_qk"},
-     "5: <= 256 (flash_attn); 512 only with flashinfer >= 0.6.14, a provider limit (tests/test_known_defects.py)"),
-    ("torch-flash", "h100", {}, {"kv_storage"}, "7: no paged KV in the adapter"),
+     "<= 256 (flash_attn); 512 only with flashinfer >= 0.6.14, a provider limit (tests/test_known_defects.py)"),
+    ("torch-flash", "h100", {}, {"kv_storage"}, "no paged KV in the adapter"),
     ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "logits_soft_cap": 30.0},
-     {"has_soft_cap", "logits_soft_cap"}, "7: no soft cap in the schema"),
+     {"has_soft_cap", "logits_soft_cap"}, "no soft cap in the schema"),
     ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "q_dtype": "float8_e4m3fn",
-                             "kv_dtype": "float8_e4m3fn"}, {"q_dtype"}, "7: fp16/bf16 only"),
-    ("cudnn", "h100", {"logits_soft_cap": 30.0}, {"has_soft_cap", "logits_soft_cap"}, "2: no soft cap via FI"),
-    ("cudnn", "h100", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "2: no ALiBi with bottom-right"),
-    ("cudnn", "h100", {"mask": "custom"}, {"mask"}, "2: no custom mask"),
-    ("cudnn", "h100", {"head_dim_qk": 100, "head_dim_vo": 100}, {"head_dim_qk"}, "2: multiple of 8"),
+                             "kv_dtype": "float8_e4m3fn"}, {"q_dtype"}, "fp16/bf16 only"),
+    ("cudnn", "h100", {"logits_soft_cap": 30.0}, {"has_soft_cap", "logits_soft_cap"}, "no soft cap via FI"),
+    ("cudnn", "h100", {"pos_encoding": "ALIBI"}, {"pos_encoding"}, "no ALiBi with bottom-right"),
+    ("cudnn", "h100", {"mask": "custom"}, {"mask"}, "no custom mask"),
+    ("cudnn", "h100", {"head_dim_qk": 100, "head_dim_vo": 100}, {"head_dim_qk"}, "multiple of 8"),
     ("cudnn", "a100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn"}, {"q_dtype", "kv_dtype", "sm"},
-     "2: fp8 needs Hopper+"),
+     "fp8 needs Hopper+"),
     # dtype rules relative to Q's dtype: data since the "front door" work (they were adapter code)
-    ("xqa", "h100", {"phase": "decode", "out_dtype": "float32"}, {"out_dtype"}, "4: output in Q's dtype"),
-    ("xqa", "h100", {"phase": "decode", "kv_dtype": "float16"}, {"kv_dtype"}, "4: K/V = Q or fp8 e4m3"),
-    ("trtllm-gen", "b200", {"kv_dtype": "float16"}, {"kv_dtype"}, "3: KV = Q for 16-bit Q"),
-    ("fa3", "h100", {"kv_dtype": "float8_e4m3fn"}, {"kv_dtype"}, "6: K/V dtype equals Q's"),
-    ("fa3", "h100", {"kv_dtype": "float16"}, {"kv_dtype"}, "6: K/V dtype equals Q's"),
-    ("fa3", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "6: output in Q's dtype"),
+    ("xqa", "h100", {"phase": "decode", "out_dtype": "float32"}, {"out_dtype"}, "output in Q's dtype"),
+    ("xqa", "h100", {"phase": "decode", "kv_dtype": "float16"}, {"kv_dtype"}, "K/V = Q or fp8 e4m3"),
+    ("trtllm-gen", "b200", {"kv_dtype": "float16"}, {"kv_dtype"}, "KV = Q for 16-bit Q"),
+    ("fa3", "h100", {"kv_dtype": "float8_e4m3fn"}, {"kv_dtype"}, "K/V dtype equals Q's"),
+    ("fa3", "h100", {"kv_dtype": "float16"}, {"kv_dtype"}, "K/V dtype equals Q's"),
+    ("fa3", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "output in Q's dtype"),
     ("fa3", "h100", {"q_dtype": "float8_e4m3fn", "kv_dtype": "float8_e4m3fn", "out_dtype": "float8_e4m3fn"},
-     {"out_dtype"}, "6: fp8 inputs give bf16 output"),
-    ("fa2", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "5: output same dtype"),
-    ("fa2", "h100", {"out_dtype": "float16"}, {"out_dtype"}, "5: output same dtype"),
+     {"out_dtype"}, "fp8 inputs give bf16 output"),
+    ("fa2", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "output same dtype"),
+    ("fa2", "h100", {"out_dtype": "float16"}, {"out_dtype"}, "output same dtype"),
     ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "kv_dtype": "float16"}, {"kv_dtype"},
-     "7: q/k/v one dtype"),
+     "q/k/v one dtype"),
     ("torch-flash", "h100", {"kv_storage": "ragged", "page_size": 0, "out_dtype": "float32"}, {"out_dtype"},
-     "7: output like q"),
-    ("cudnn", "h100", {"kv_dtype": "float16"}, {"kv_dtype"}, "2: K/V in Q's dtype (no sdpa_fp8 path)"),
-    ("cudnn", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "2: output in Q's dtype"),
+     "output like q"),
+    ("cudnn", "h100", {"kv_dtype": "float16"}, {"kv_dtype"}, "K/V in Q's dtype (no sdpa_fp8 path)"),
+    ("cudnn", "h100", {"out_dtype": "float32"}, {"out_dtype"}, "output in Q's dtype"),
 ]
 MUST_REJECT_IDS = [f"{b}-{gpu}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'base'}"
                    for b, gpu, o, _, _ in MUST_REJECT]
@@ -386,7 +411,7 @@ def test_data_never_over_promises(backend, gpu, overrides, fields, fact):
     reasons = get_backend(backend).check(base_problem(**overrides), device)  # data + extra_checks
     named = {r.field for r in reasons}
     assert named & fields, (f"{backend} on {gpu} accepts {overrides or 'the base problem'} "
-                            f"(vendor-constraints.md section {fact}); reasons named {sorted(named) or 'nothing'}")
+                            f"(vendor fact: {fact}); reasons named {sorted(named) or 'nothing'}")
     assert all(r.source for r in reasons)
 
 

@@ -1,8 +1,8 @@
 """The attn-dispatch command line: query (sm_80/90/100/120 and CPU), info, matrix, README sync.
 
-Query expectations come from the vendor facts in /work/shared/reference/vendor-constraints.md
-(section numbers cited per test), not from the capability files: a failure here means the data
-and the vendor facts disagree.
+Query expectations come from the vendors' public facts (the vendor cited per test: its documentation
+or source), not from the capability files: a failure here means the data and the vendor facts
+disagree.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ PAGED_DECODE = ["--phase", "decode", "--kv", "paged", "--page-size", "16"]
 # -- sm_90 (Hopper) ---------------------------------------------------------------------------
 @pytest.mark.parametrize("gpu", ["h100", "sm_90", "sm90", "9.0", "h200"])
 def test_query_sm90_paged_prefill_ranks_by_the_calls_sizes(capsys, gpu):
-    # Long prompts: fa3 (section 6: sm_90, bf16, d128, causal); a few query tokens per request
+    # Long prompts: fa3 (FA3: sm_90, bf16, d128, causal); a few query tokens per request
     # (chunked decode): fa2, measured 3.4x faster than fa3 on the H100's grid; every sm_90 GPU ranks
     # by a compiled choice table (capability_db/tables/<gpu>.json): its own, else its SM's scaled to it.
     data = query(capsys, gpu, *PAGED_PREFILL, "--sizes", "8", "2048", "2048")
@@ -75,7 +75,7 @@ def test_query_sm90_paged_prefill_ranks_by_the_calls_sizes(capsys, gpu):
 def test_query_sm90_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
     data = query(capsys, "h100", *PAGED_PREFILL, "--entry", "trtllm_batch_context_with_kv_cache")
     assert data["candidates"][0]["backend"] == "trtllm-gen"  # the entry's own engine goes first
-    assert "sm" in rejected_fields(data, "trtllm-gen")  # section 3: SM100/103/107 only
+    assert "sm" in rejected_fields(data, "trtllm-gen")  # trtllm-gen: SM100/103/107 only
     sm_reason = [r for r in candidate(data, "trtllm-gen")["reasons"] if r["field"] == "sm"][0]
     assert sm_reason["value"] == 90 and sm_reason["source"]
     assert sm_reason["text"].startswith("sm=90: allowed one of 100, 103, 107")  # one vocabulary: SM numbers
@@ -86,27 +86,27 @@ def test_query_sm90_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
 
 def test_query_sm90_decode_xqa_accepted_torch_flash_rejects_paged(capsys):
     data = query(capsys, "h100", *PAGED_DECODE)
-    assert accepted(data, "xqa")  # section 4: major 9, paged, page 16, bf16, d128
-    assert "kv_storage" in rejected_fields(data, "torch-flash")  # section 7: no paging in the adapter
+    assert accepted(data, "xqa")  # XQA: major 9, paged, page 16, bf16, d128
+    assert "kv_storage" in rejected_fields(data, "torch-flash")  # torch-flash: no paging in the adapter
     assert data["chosen"] is not None and data["chosen"] != "torch-flash"
 
 
 def test_query_sm90_decode_with_lse_rejects_xqa(capsys):
     data = query(capsys, "h100", *PAGED_DECODE, "--lse")
-    assert "return_lse" in rejected_fields(data, "xqa")  # section 1.1: XQA has no LSE
+    assert "return_lse" in rejected_fields(data, "xqa")  # XQA has no LSE
     assert data["chosen"] != "xqa"
 
 
 def test_query_sm90_prefill_rejects_xqa_by_phase(capsys):
     data = query(capsys, "h100", *PAGED_PREFILL, "--entry", "xqa_batch_decode_with_kv_cache")
-    assert "phase" in rejected_fields(data, "xqa")  # section 4: a decode kernel
+    assert "phase" in rejected_fields(data, "xqa")  # XQA: a decode kernel
 
 
 def test_query_sm90_fp8_prefill_fa3_with_bf16_out(capsys):
     data = query(capsys, "h100", *PAGED_PREFILL[:-1], "--dtype", "fp8")
     assert data["problem"]["q_dtype"] == "float8_e4m3fn" and data["problem"]["out_dtype"] == "bfloat16"
-    assert data["chosen"] == "fa3"  # section 6: e4m3 Q+KV, bf16 out on Hopper
-    assert "q_dtype" in rejected_fields(data, "fa2")  # section 5: no fp8 Q
+    assert data["chosen"] == "fa3"  # FA3: e4m3 Q+KV, bf16 out on Hopper
+    assert "q_dtype" in rejected_fields(data, "fa2")  # FA2: no fp8 Q
 
 
 # -- sm_80 (Ampere) ----------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def test_query_sm90_fp8_prefill_fa3_with_bf16_out(capsys):
 def test_query_sm80_ragged_prefill_chooses_fa2(capsys, gpu):
     data = query(capsys, gpu, "--phase", "prefill", "--kv", "ragged", "--causal")
     assert data["device"]["arch"] == "sm_80"
-    assert data["chosen"] == "fa2"  # section 5: SM80+, bf16, d128, varlen; first in the Ampere list
+    assert data["chosen"] == "fa2"  # FA2: SM80+, bf16, d128, varlen; first in the Ampere list
     for name in ("fa3", "xqa", "trtllm-gen"):  # not Ampere engines: listed after the ranked ones, rejected
         c = candidate(data, name)
         assert not c["ranked"] and not c["accepted"] and c["why_here"] == "not in the ampere/prefill priority list"
@@ -122,8 +122,8 @@ def test_query_sm80_ragged_prefill_chooses_fa2(capsys, gpu):
 
 def test_query_sm80_fp8_is_refused_by_fa2_and_cudnn(capsys):
     data = query(capsys, "a100", *PAGED_PREFILL, "--dtype", "fp8")
-    assert "q_dtype" in rejected_fields(data, "fa2")  # section 5: fp16/bf16 only
-    assert rejected_fields(data, "cudnn") & {"q_dtype", "sm"}  # section 2: fp8 needs Hopper+
+    assert "q_dtype" in rejected_fields(data, "fa2")  # FA2: fp16/bf16 only
+    assert rejected_fields(data, "cudnn") & {"q_dtype", "sm"}  # cuDNN: fp8 needs Hopper+
     assert data["chosen"] not in ("fa2", "cudnn")
 
 
@@ -134,7 +134,7 @@ def test_query_sm80_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
 
 def test_query_sm80_head_dim_256_rejected_by_cudnn(capsys):
     data = query(capsys, "a100", *PAGED_PREFILL, "--head-dim", "256")
-    assert "head_dim_qk" in rejected_fields(data, "cudnn")  # section 2: <= 128 on Ampere (cuDNN <= 9.9)
+    assert "head_dim_qk" in rejected_fields(data, "cudnn")  # cuDNN: <= 128 on Ampere (cuDNN <= 9.9)
     assert "kv_storage" in rejected_fields(data, "torch-flash")
 
 
@@ -143,19 +143,19 @@ def test_query_sm80_head_dim_256_rejected_by_cudnn(capsys):
 def test_query_sm100_paged_prefill_chooses_trtllm_gen(capsys, gpu):
     data = query(capsys, gpu, *PAGED_PREFILL)
     assert data["device"]["arch"] == "sm_100"
-    assert data["chosen"] == "trtllm-gen"  # section 3: SM100, bf16, d128, page 16 (power of 2), causal
+    assert data["chosen"] == "trtllm-gen"  # trtllm-gen: SM100, bf16, d128, page 16 (power of 2), causal
 
 
 def test_query_sm100_soft_cap_rejected_by_trtllm_gen_and_cudnn(capsys):
     data = query(capsys, "b200", *PAGED_PREFILL, "--soft-cap", "30")
-    assert rejected_fields(data, "trtllm-gen") & {"has_soft_cap", "logits_soft_cap"}  # section 3
-    assert rejected_fields(data, "cudnn") & {"has_soft_cap", "logits_soft_cap"}  # section 2: not via FI
+    assert rejected_fields(data, "trtllm-gen") & {"has_soft_cap", "logits_soft_cap"}
+    assert rejected_fields(data, "cudnn") & {"has_soft_cap", "logits_soft_cap"}  # cuDNN: not via FI
     assert data["chosen"] not in ("trtllm-gen", "cudnn")
 
 
 def test_query_sm100_non_causal_window_rejected_by_trtllm_gen(capsys):
     data = query(capsys, "b200", "--phase", "prefill", "--kv", "paged", "--page-size", "16", "--window", "128")
-    assert rejected_fields(data, "trtllm-gen") & {"has_window", "window_left", "causal"}  # section 3
+    assert rejected_fields(data, "trtllm-gen") & {"has_window", "window_left", "causal"}
 
 
 def test_query_sm100_causal_window_accepted_by_trtllm_gen(capsys):
@@ -170,13 +170,13 @@ def test_query_sm100_split_head_dims_rejected_by_trtllm_gen(capsys):
 
 def test_query_sm100_bf16_q_with_fp8_kv_rejected_by_trtllm_gen(capsys):
     data = query(capsys, "b200", *PAGED_PREFILL, "--kv-dtype", "fp8")
-    # section 3: "BF16-Q + FP8-KV context is not shipped" ("Missing TRTLLM-GEN kernel")
+    # trtllm-gen: "BF16-Q + FP8-KV context is not shipped" ("Missing TRTLLM-GEN kernel")
     assert rejected_fields(data, "trtllm-gen") & {"kv_dtype", "q_dtype"}
 
 
 def test_query_sm100_paged_decode_chooses_xqa(capsys):
     data = query(capsys, "b200", *PAGED_DECODE)
-    assert data["chosen"] == "xqa"  # section 4: major 10; first in the Blackwell decode list
+    assert data["chosen"] == "xqa"  # XQA: major 10; first in the Blackwell decode list
 
 
 # -- sm_120 (consumer Blackwell) -----------------------------------------------------------------
@@ -184,22 +184,22 @@ def test_query_sm100_paged_decode_chooses_xqa(capsys):
 def test_query_sm120_paged_decode_chooses_xqa(capsys, gpu):
     data = query(capsys, gpu, *PAGED_DECODE)
     assert data["device"]["arch"] == "sm_120"
-    assert data["chosen"] == "xqa"  # section 4: major 12
+    assert data["chosen"] == "xqa"  # XQA: major 12
 
 
 def test_query_sm120_trtllm_entry_rejects_trtllm_gen_by_sm(capsys):
     data = query(capsys, "rtx5090", *PAGED_PREFILL, "--entry", "trtllm_batch_context_with_kv_cache")
-    assert "sm" in rejected_fields(data, "trtllm-gen")  # section 3: not SM120/121
+    assert "sm" in rejected_fields(data, "trtllm-gen")  # trtllm-gen: not SM120/121
 
 
 def test_query_sm120_xqa_page_size_8_rejected(capsys):
     data = query(capsys, "sm_120", "--phase", "decode", "--kv", "paged", "--page-size", "8")
-    assert "page_size" in rejected_fields(data, "xqa")  # section 4: {16, 32, 64, 128}
+    assert "page_size" in rejected_fields(data, "xqa")  # XQA: {16, 32, 64, 128}
 
 
 def test_query_sm120_prefill_with_sinks_rejects_fa2(capsys):
     data = query(capsys, "rtx5090", *PAGED_PREFILL, "--sinks")
-    assert "has_sinks" in rejected_fields(data, "fa2")  # section 5: no sinks
+    assert "has_sinks" in rejected_fields(data, "fa2")  # FA2: no sinks
     assert data["chosen"] != "fa2"
 
 

@@ -180,7 +180,7 @@ def test_query_without_a_live_device_shows_the_data_only(vendors):
 # -- measured errors: a backend outside the contract's band on a configuration ---------------
 def _measured(error):
     return _record(id="xqa-fp8-measured", versions={}, when={"kv_dtype": ["float8_e4m3fn"], "phase": ["decode"]},
-                   measured_error=error, where_measured="H200, flashinfer 0.5.3", report="tools/results/x.md",
+                   measured_error=error, where_measured="H200, flashinfer 0.5.3", report="docs/benchmarks.md",
                    sources=[])
 
 
