@@ -1,7 +1,7 @@
 """Random VALID scenario Setups per entry point (tests/scenarios.py renders them), and siblings.
 
 ``random_setup(entry, rng)`` draws only combinations the entry's calling convention allows
-(flashinfer-calling-conventions.md section 2: trtllm has no soft cap / custom mask and no
+(FlashInfer's documented signatures: trtllm has no soft cap / custom mask and no
 window without causal, xqa is decode or spec-decode without LSE, ...). ``sibling(setup, rng)``
 keeps the shapes but changes one cache-relevant fact: a head count, a head dim, the KV lengths
 or the layout.

@@ -7,7 +7,7 @@ carries what the agreement tests check besides values: the NaN-poisoned buffers 
 entry must fill and return, the inputs that must be unchanged, buffers that must stay
 zero (xqa workspace), and the tolerance class.
 
-Entries (``ENTRIES``) and the conventions they follow (flashinfer-calling-conventions.md, section 2):
+Entries (``ENTRIES``) and the conventions they follow (FlashInfer's documented signatures):
   cudnn       cudnn_batch_prefill_with_kv_cache (element offsets, (B,1,1,1) lengths, padded base-2 LSE)
   trtllm      trtllm_batch_context_with_kv_cache (5-D/tuple cache, default HND, seq_lens incl. new tokens)
   xqa         xqa_batch_decode_with_kv_cache (default NHD, spec-decode uint16 bit masks, q_cu_seq_lens)

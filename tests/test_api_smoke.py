@@ -212,7 +212,7 @@ def test_paged_run_takes_sinks_as_a_list():
 
 @pytest.mark.parametrize("entry", ["paged", "ragged"])
 def test_plan_packed_mask_wins_over_custom_mask(entry):
-    """The seed: "packed_custom_mask, if provided, the custom_mask will be ignored" (issue 19)."""
+    """The seed: "packed_custom_mask, if provided, the custom_mask will be ignored"."""
     from _calls import make
     import numpy as np
     call = make(entry, 5)  # causal by default: its expectation is the causal answer
@@ -226,7 +226,7 @@ def test_plan_packed_mask_wins_over_custom_mask(entry):
 
 
 def test_return_lse_overloads_and_last_decision():
-    """typing.overload gives ``return_lse=True`` a (Tensor, Tensor) and False a Tensor (issue 21),
+    """typing.overload gives ``return_lse=True`` a (Tensor, Tensor) and False a Tensor,
     with the seed signatures unchanged at runtime; dispatch.last_decision() is this context's."""
     import typing
     targets = [dispatch.single_prefill_with_kv_cache, dispatch.trtllm_batch_context_with_kv_cache,

@@ -61,7 +61,7 @@ def test_check_catches_unwritten_rows_and_wrong_values():
 @pytest.mark.parametrize("window", [-1, 300])
 def test_check_catches_a_call_that_dropped_the_sinks_at_long_kv(window):
     """The sinks the bench draws carry weight however long the KV: FlashInfer 0.7.2's paged wrapper
-    passed the check at long KV and disagreed only where the KV was short (NOTES-h200-sweeps.md)."""
+    passed the check at long KV and disagreed only where the KV was short (H200 random problems)."""
     p = BenchProblem(PAGED, 2, 1, 3000, num_qo_heads=4, num_kv_heads=2, head_dim=16, dtype="bfloat16", page_size=16,
                      window_left=window, sinks=True)
     b = build.build(p, "cpu")
@@ -394,7 +394,7 @@ def test_merged_results_keep_the_backends_a_later_file_did_not_run(tmp_path):
     assert table.build_table(table.merged([again])[0], "test").rows[0].source == "again.json: paged 64x16x2048"
 
 
-# ------------------------------------------------- regret, noise, skipped backends, plots (issue 21)
+# ------------------------------------------------- regret, noise, skipped backends, plots
 def _row(backend, ms, served=None):
     row = {"backend": backend, "status": "ok", "eager_ms": ms}
     return {**row, "served": served} if served else row

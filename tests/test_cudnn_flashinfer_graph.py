@@ -1,4 +1,4 @@
-"""The cuDNN entry builds the graph FlashInfer 0.5.3 builds for the same call (issue 20: a decode-shaped
+"""The cuDNN entry builds the graph FlashInfer 0.5.3 builds for the same call (a decode-shaped
 ``cudnn_batch_prefill_with_kv_cache`` ran 1.105 ms against FlashInfer's 0.28 ms on the same tensors,
 the same library with a different graph, plus a per-call padded-LSE scatter of ~5 kernels).
 
@@ -98,7 +98,7 @@ def _assert_padded_lse(problem, batch, padded, q_lens):
     assert batch.lse.isnan().all(), "the packed LSE is not written: cuDNN fills the padded one in place"
 
 
-@pytest.mark.parametrize("q_lens,kv_lens", [((1, 1, 1, 1), (9, 40, 4, 23)),  # decode-shaped (issue 20's case)
+@pytest.mark.parametrize("q_lens,kv_lens", [((1, 1, 1, 1), (9, 40, 4, 23)),  # decode-shaped (the slow case above)
                                             ((5, 1, 7), (9, 4, 13))])  # prefill: max_q 7, not bucketed
 def test_entry_graph_is_flashinfers_and_fills_the_padded_lse(fake, monkeypatch, q_lens, kv_lens):
     modes = _heuristics(fake, monkeypatch)
@@ -194,7 +194,7 @@ def _cudnn_usable() -> bool:
 @pytest.mark.parametrize("q_lens,kv_lens", [((1,) * 8, (300, 17, 4096, 64, 1, 999, 128, 2048)),
                                             ((5, 1, 77), (90, 4, 1300))])
 def test_gpu_entry_padded_lse_matches_fp64(q_lens, kv_lens):
-    """Issue 20's fix on the hardware: a one-row graph's Stats and a padded Stats without ragged
+    """The graph fix on the hardware: a one-row graph's Stats and a padded Stats without ragged
     offsets are written (rows past a request's length stay -inf), out and LSE against fp64."""
     import dispatch
     import oracle as fp64

@@ -1,5 +1,5 @@
-"""fa3 through FlashInfer 0.5.3's wrappers takes the compiled run, as fa2 does (issue 20, "every path
-fast"): the arguments it passes are those FlashInfer 0.5.3's own wrapper run() passes for the same
+"""fa3 through FlashInfer 0.5.3's wrappers takes the compiled run, as fa2 does (every path fast): the
+arguments it passes are those FlashInfer 0.5.3's own wrapper run() passes for the same
 plan (flashinfer/prefill.py: BatchPrefillWith{Paged,Ragged}KVCacheWrapper.run), the paged run turns
 the page indices into token offsets for the call's K strides on every call (as FlashInfer's does), and
 repeats take the launcher, never the wrapper's Python run."""

@@ -1,4 +1,4 @@
-"""fa2 / fa3 through FlashInfer 0.7's wrappers (issue 20, "every path fast"): the first run after a
+"""fa2 / fa3 through FlashInfer 0.7's wrappers (every path fast): the first run after a
 plan is FlashInfer's own run() with its compiled op's arguments recorded; later runs, and the
 launcher of repeats, call the op with those arguments and the call's own tensors (what FlashInfer's
 run() passes for them), so a call pays no FlashInfer Python layer. A run that hands the op anything

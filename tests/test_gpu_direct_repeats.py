@@ -1,4 +1,4 @@
-"""On a GPU: the paths that skip FlashInfer's Python layer (issue 20, "every path fast") give the
+"""On a GPU: the paths that skip FlashInfer's Python layer (every path fast) give the
 fp64 oracle's answer on every call, not only the first. fa2 / fa3 through the wrappers on
 FlashInfer 0.7.x record the compiled op's arguments on the first run after a plan and call the op
 after that (0.5.x builds them); XQA calls its kernel variant's entry. Each call here brings a new

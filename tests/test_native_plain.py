@@ -1,4 +1,4 @@
-"""The plain-path kernel (backends/native/triton_plain.py, issue 11 candidates) against the fp64 oracle.
+"""The plain-path kernel (backends/native/triton_plain.py) and its variants against the fp64 oracle.
 
 Runs under the interpreter on a CPU (tests/conftest.py), TMA descriptors included, on small tiles
 (16 x 16, so interior, diagonal and ragged-end tiles all occur) with every candidate switch: paged

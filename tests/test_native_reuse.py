@@ -1,5 +1,5 @@
-"""native-triton keeps its plan and takes its launcher on repeats, through every entry point (issue 20,
-"every path fast": a single prefill of q=1 over 8k keys cost 215 us of host time for an 18 us kernel,
+"""native-triton keeps its plan and takes its launcher on repeats, through every entry point (every
+path fast: a single prefill of q=1 over 8k keys cost 215 us of host time for an 18 us kernel,
 because native's plan() ran on every call and the kernel went through Triton's JIT dispatch).
 
 Driven on the CPU through Triton's interpreter with the entries' GPU path (``gpu_like``): plan() and

@@ -179,7 +179,7 @@ def test_rope_tile_angles_match_fp64_at_long_positions(rope_scale):
     key tiles of 128 starting up to ~2^20, LLaMA frequencies up to 1 / rope_scale: within 3e-5 / rope_scale
     of fp64. The band is the fp32 rounding of angles up to pi + 127 * f, which grows with f: ~1e-5 at
     f = 1; at f = 2 the angles reach 257 rad (ulp 2^-15), 4.1e-5 measured on the H100 (cos.approx of the
-    unreduced sum; tools/results/gpu-native-h100-r11.md), far below a 16-bit dot's 2^-11 relative
+    unreduced sum), far below a 16-bit dot's 2^-11 relative
     rounding. The keys of one tile each differ."""
     problem = replace(problem_of(Case(dqk=64, **ROPE)), rope_scale=rope_scale, rope_theta=5e5)
     table = rope_frequencies(problem, 32)

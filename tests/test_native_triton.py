@@ -304,7 +304,7 @@ def test_small_tiles_interior_matches_fp64(name):
 
 
 def test_split_count_fills_two_waves_on_an_h100():
-    """split_kv on 132 SMs, one d128 decode program per SM (the H100 choices in tools/NOTES-native.md)."""
+    """split_kv on 132 SMs, one d128 decode program per SM (the choices measured best on the H100)."""
     h100 = dict(sms=132, per_sm=1, block_n=128)
     assert split_kv(64, 8, 4096, **h100) == (1, 4096)  # 512 programs: already ~4 waves
     assert split_kv(32, 8, 4096, **h100) == (1, 4096)  # 256 programs <= 2 waves
@@ -313,8 +313,8 @@ def test_split_count_fills_two_waves_on_an_h100():
     assert split_kv(1, 8, 131072, **h100) == (32, 4096)  # 33 wanted, whole tiles make it 32 (measured best)
     assert split_kv(1, 8, 32768, **h100) == (32, 1024)  # measured: 32 1.94 TB/s, 16 1.89, 64 1.78
     assert split_kv(1, 8, 2048, **h100) == (8, 256)  # short keys: at least 2 tiles of 128 per split
-    assert split_kv(1, 8, 512, **h100) == (4, 128)  # up to 4 tiles of keys: one tile per split (measured best,
-    assert split_kv(4, 8, 512, **h100) == (4, 128)  # native-h100-r12.md)
+    assert split_kv(1, 8, 512, **h100) == (4, 128)  # up to 4 tiles of keys: one tile per split
+    assert split_kv(4, 8, 512, **h100) == (4, 128)  # (measured best at batch 1 and 4)
     assert split_kv(16, 8, 512, **h100) == (2, 256)  # 128 programs: two waves allow 2
     assert split_kv(1, 8, 640, **h100) == (2, 384)  # 5 tiles: two tiles per split again
     assert split_kv(1, 8, 4096, **h100) == (16, 256)
@@ -333,7 +333,7 @@ H100_SMEM_OPTIN = 232448  # bytes of shared memory one H100 program may opt into
                                                    (128, 3)), ("bfloat16", "paged", (128, 3))])
 def test_decode_tile_is_n128_s3_for_fp8_and_bf16(monkeypatch, kv_dtype, storage, want):
     """d128 decode on an H100: fp8 and bf16 K/V, paged or ragged, take N128 with 3 stages (the fastest
-    measured: paged fp8 N64 s5 was 1.6x slower in a graph, tools/results/native-h100-r4.md), and fit in
+    measured: paged fp8 N64 s5 was 1.6x slower in a graph), and fit in
     shared memory as chosen; the split rule's occupancy input stays one program per SM for all three
     (its factor 2 was measured with that count)."""
     monkeypatch.setattr(tb, "_smem_limit", lambda device: 0.9 * H100_SMEM_OPTIN)

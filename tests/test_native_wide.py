@@ -1,4 +1,4 @@
-"""native-triton at head dims above 256 (issue 19, item 4): up to 512 for head_dim_qk and head_dim_vo, any
+"""native-triton at head dims above 256: up to 512 for head_dim_qk and head_dim_vo, any
 pair of multiples of 8 (FlashInfer's 192/128, 448/256, 512/512 among them), on every path the backend
 serves (paged/ragged/dense prefill, decode, spec decode; causal, window, soft cap, sinks, ALiBi, RoPE,
 custom and xqa masks, fp8 K/V, fp32, split-KV with both merges), each against the fp64 oracle.

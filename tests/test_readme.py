@@ -7,7 +7,8 @@ parsers: cheap commands (--version, info, query, explain, matrix) run in full an
 the others (bench, probe, matrix --update-readme) are parsed only, so an option that does not
 exist or a bad value fails here. The README's test command is the one `.ci/run` runs.
 The README stays a summary (its length, its "Measured" table's rows, plan() with keywords); no
-document reads as a diary; every relative link and its anchor exist.
+document, and none of the product's code and data, reads as a diary; every relative link and its
+anchor exist.
 (examples/README.md's code is tested by tests/test_examples.py.)
 """
 from __future__ import annotations
@@ -31,8 +32,14 @@ MAX_GPU_BLOCKS = 2
 README_MAX_LINES = 150
 MEASURED_MAX_ROWS, ROW_MAX_CHARS = 8, 200
 # A document says what the product does and measured, not the history of the work: no numbered
-# sessions or rounds, no sweep letters, no result dumps or diaries (git keeps the history).
-DIARY = re.compile(r"\b[Ss]essions? \d|\b[Rr]ounds? \d|\b[Ss]weeps? [A-Z]\b|tools/results|RESULTS\.md|NOTES-")
+# sessions, rounds or issues, no sweep letters or ranges ("A-Q"), no result files, dumps or diaries, no
+# development machine's paths or private notes (git keeps the history; a capability fact's provenance
+# goes into its data's ``source``).
+DIARY = re.compile(r"\b[Ss]essions? \d|\b[Rr]ounds? \d|\b[Ii]ssues? \d|\b[Ss]weeps? [A-Z]\b|\bA-[B-Z]\b"
+                   r"|tools/results|RESULTS\.md|NOTES-|-r\d+\.md|-s\d+\.(?:md|json)\b|/work/|vendor-constraints\.md")
+# The product: the installed packages' code and data.
+PRODUCT = [p for d in ("dispatch", "backends", "capability_db") for p in sorted((ROOT / d).rglob("*"))
+           if p.suffix in (".py", ".json") and "__pycache__" not in p.parts]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -152,6 +159,15 @@ def test_readme_plans_with_keyword_arguments():
 def test_docs_are_no_diary(path):
     found = [line for line in path.read_text().splitlines() if DIARY.search(line)]
     assert not found, found
+
+
+def test_product_code_and_data_are_no_diary():
+    """Comments, docstrings, messages and the capability data speak of the product: the measured fact
+    (figure, GPU, shape) stays, the history of the work does not."""
+    assert len(PRODUCT) > 50, [p.name for p in PRODUCT]  # the walk found the packages
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()[:160]}" for path in PRODUCT
+             for n, line in enumerate(path.read_text().splitlines(), 1) if DIARY.search(line)]
+    assert not found, "\n".join(found)
 
 
 def heading_anchors(path: Path) -> set[str]:

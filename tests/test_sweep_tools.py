@@ -281,7 +281,7 @@ def test_replay_counts_apart_the_problems_whose_fastest_the_automatic_choice_can
 
 def test_jit_prebuild_lists_the_modules_a_sweep_builds_most_needed_first(monkeypatch):
     """tools/jit_prebuild.py: which FlashInfer modules a problem makes the sweep build, named as the
-    device named the ones it compiled (session 20's .jit), and the plan's order: device seconds saved
+    device named the ones it compiled (its .jit directory), and the plan's order: device seconds saved
     per second of building here."""
     spec = importlib.util.spec_from_file_location("jit_prebuild", Path("tools/offline/prebuild_kernels.py"))
     tool = importlib.util.module_from_spec(spec)

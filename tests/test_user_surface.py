@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 21): plain commands without warnings, ``dispatch.__version__``,
+"""What a new user meets first: plain commands without warnings, ``dispatch.__version__``,
 ``explain`` by entry name, one-line summaries with the details behind ``verbose``, ``query``'s
 ranking shown as the numbers it sorts, and a CLI built on argparse's public API only."""
 from __future__ import annotations
