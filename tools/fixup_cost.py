@@ -5,7 +5,7 @@ helper) of: XQA alone (the adapter with its guard switched off), XQA + the fix-u
 fix-up on other tiles (VARIANTS of triton_backend.FIXUP_TILE), the fix-up alone, and XQA
 + an empty Triton kernel (what any second launch after XQA costs). Writes DIR/fixup-cost-<stem>.json/.md.
 
-    python -m tools.fixup_cost tools/grids/xqa-fixup-cost-s16.json --out DIR
+    python -m tools.fixup_cost tools/grids/xqa-fixup-cost.json --out DIR
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 19 on a GPU: extreme negative logits and fp8 KV, every backend forced, against fp64.
+"""Never wrong on a GPU: extreme negative logits and fp8 KV, every backend forced, against fp64.
 
 Extreme logits (FlashInfer's ``test_single_prefill_extreme_negative_logits``, run through every
 entry point): every raw logit at L except key 0 of each request at L + 1024; the answer is v[0].

@@ -639,7 +639,7 @@ def kernel_bound_rows(device: str, cfg: Config, cases: Optional[tuple] = None, l
     return rows
 
 
-# -- the cuDNN launch, path by path (issue 9) ---------------------------------------------------------
+# -- the cuDNN launch, path by path -------------------------------------------------------------------
 def cudnn_paths(x: dict, s: Shape, device: str = "cuda") -> tuple[dict, dict, dict[str, str]]:
     """The cuDNN row's call by every path, slowest to cheapest: ours through ``import dispatch``
     (repeats take its lane, and the backend's launcher where the lanes use it), the adapter's

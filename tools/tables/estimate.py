@@ -9,9 +9,8 @@ Evidence, best first, for each accepted backend:
    the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
    sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
    linear in ``measured.features``, plus boosted trees on those fits' errors; cross-validated on
-   the H200's sweeps A-N, 77% within 3% of the fastest, 79% among the backends a graph captures,
-   tools/results/crossval-h200-sweeps-a-to-n-800-trees.md; the nearest row alone reached 53% on A-D and the
-   grid, crossval-h200-session4-choice-a-to-d-and-grid.md); else (a table
+   about 1800 random problems measured on the H200, 77% within 3% of the fastest, 79% among the
+   backends a graph captures; the nearest row alone reached 53% on a smaller set); else (a table
    without a fit) the nearest row, scaled to the wanted sizes by the cost model's ratio;
 3. the cost model: decode-shaped, launch floor + bytes / (bandwidth efficiency x peak); prefill,
    launch floor + max(bytes / 90% of peak, FLOPs / (compute efficiency x peak)), at the backend's
@@ -38,8 +37,8 @@ host path there, the plan and its sync included. Estimates order the candidates 
 
 With sizes (the problem's size class) the estimates are made at the class's middle
 (``class_middle``: 3/4 of each power of two, where the autotune times it too), not at its top, which
-would judge every call of the class at its largest (cross-validated on the H200's A-Q: 1799 of 2211
-within 3% against 1781 of 2208; tools/results/size-class-middle-s18.md).
+would judge every call of the class at its largest (cross-validated on about 2200 random problems
+measured on the H200: 1799 of 2211 within 3% against 1781 of 2208).
 
 Without sizes (the router's problem key holds none) a backend's score is the geometric mean,
 over the matching rows' sizes (or the phase's anchor sizes), of its estimate over the best
@@ -74,10 +73,10 @@ SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch
 
 
 # Host microseconds per eager call of each backend's path where the table has no measured figure:
-# rough figures of the H100/H200 host-cost runs (tools/results/host-cost-h100*.md; issue 20's
-# H200 sweep), a 2024 server CPU, warm calls of a repeated shape: whole calls through dispatch of
-# 18-32 us on fa2 and xqa, 54 us on cuDNN (host-cost-h100.md); native-triton's launcher costs
-# 7.5-13 us per launch (native-h100-r12.md), like the vendors' once its plan is kept per call key;
+# rough figures of the H100/H200 host-cost runs (python -m tools.lab.host_cost; docs/benchmarks.md),
+# a 2024 server CPU, warm calls of a repeated shape: whole calls through dispatch of 18-32 us on fa2
+# and xqa, 54 us on cuDNN (H100); native-triton's launcher costs 7.5-13 us per launch (H100), like
+# the vendors' once its plan is kept per call key;
 # the unfused PyTorch reference far more.
 DEFAULT_HOST_US = {"fa2": 25.0, "fa3": 35.0, "xqa": 25.0, "trtllm-gen": 30.0, "cudnn": 50.0, "torch-flash": 30.0,
                    "native-triton": 25.0, "reference": 500.0}
@@ -350,8 +349,8 @@ def _entry_tier(problem: AttentionProblem, device: DeviceDesc, rows: Optional[li
     """The backends ahead on this entry point. Where the table's fit served the estimates (it was
     fitted through every entry point), every backend: one that plans per call here (``plans_per_call``)
     is estimated at its kernel's fitted time plus its host path, the plan and its sync included (it
-    went behind every other until session 23: H100, cudnn 2 x 13684 x 13684 d256, fa3 at 28.9 ms a call
-    against the 85.4 of the cuDNN it took; NOTES-h200-sweeps.md). Else the entry
+    used to go behind every other, and lost: H100, cudnn 2 x 13684 x 13684 d256, fa3 at 28.9 ms a call
+    against the 85.4 of the cuDNN it took). Else the entry
     point's own list (ahead of the family's list on a GPU), unless rows measured through this
     entry point timed two of the candidates side by side: those times carry the entry's calling
     convention (its host path included), which the list stands in for where nothing was measured."""

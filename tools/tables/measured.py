@@ -28,10 +28,10 @@ datasheets). Never another GPU's times unchanged unless nothing is known of this
 
 A table with fitted times (``TimingTable.fitted``) beats a GPU's own table without them: a fit over
 thousands of random problems, scaled, chooses better than a few dozen rows of one grid measured
-on the GPU itself. Over 30 random problems measured on an H100 (sweep R 87-116), the choice for a
-CUDA graph was within 3% of the fastest on 21 under the H100's own grid table (78 rows, no fit,
-max regret 399%) and on 27 under the H200's fitted table scaled to the H100 (max 17%;
-tools/results/h100-table-choice-s19.md).
+on the GPU itself. Over 30 random problems measured on an H100 (seed 2937607121, problems
+87-116), the choice for a CUDA graph was within 3% of the fastest on 21 under the H100's own grid
+table (78 rows, no fit, max regret 399%) and on 27 under the H200's fitted table scaled to the H100
+(max 17%).
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ class PackedTrees:
     ``2i + 2``; a leaf above the bottom: its value on every bottom position under it, whichever way
     the walk goes there), so that one decision walks every tree at once: a few tensor operations per
     level instead of a Python loop per tree. 800 trees of depth 7, six backends, a 2-core CPU: 4.2-5.0 ms -> 1.5-2.7
-    ms per decision, after packing them once (62-64 ms; tools/results/fit-trees-cost-cpu-s14.md).
+    ms per decision, after packing them once (62-64 ms).
     Sums the same leaves as ``Tree.leaf``."""
 
     def __init__(self, trees: list[Tree]):
@@ -246,12 +246,10 @@ class FittedTimes(BaseModel):
     regression over every timed problem of the table's runs, ``tools.lab.table``), plus, where
     the table was built from enough problems, one boosted-tree correction of those linear fits'
     errors shared by every backend (the backend a 0/1 feature ``backend <name>``): the bends a
-    linear fit misses (H200 sweeps A-H, 5-fold cross-validation: within 3% of the fastest on 76%
-    of problems, 78% among the backends a graph captures, against 75% and 76% for the linear fit
-    alone; tools/results/NOTES-h200-sweeps.md, session 9, before the replays kept XQA's known
-    defect out of the choice; 800 trees of depth 7 since session 13: A-N 77% and 79%,
-    crossval-h200-sweeps-a-to-n-800-trees.md; A-O, 1782 problems, the same,
-    crossval-h200-sweeps-a-to-o.md). What
+    linear fit misses (random problems measured on the H200, 5-fold cross-validation: within 3% of
+    the fastest on 76% of problems, 78% among the backends a graph captures, against 75% and 76%
+    for the linear fit alone, before the replays kept XQA's known defect out of the choice; 800
+    trees of depth 7: 77% and 79% on about 1800 problems). What
     the choice expects where no row was measured at the problem's own sizes; beyond the problems
     it saw the linear part extrapolates and the trees add their edge's correction. A fit of
     features ``features`` no longer computes, or of no row through the problem's entry point,
@@ -294,8 +292,8 @@ class FittedTimes(BaseModel):
         pairwise model and two or more of them, their mean stays and each one's place around it is
         the model's: the mean over all of them of its predicted log2(own ms / the other's), made
         antisymmetric. Errors a problem shares across backends cancel in a ratio, and only the order
-        decides: on the H200's sweeps A-R (5 folds) the graph choice within 3% of the fastest rose
-        from 82.2% to 84.1% (tools/results/NOTES-h200-sweeps.md, session 22)."""
+        decides: on about 2200 random problems measured on the H200 (5 folds) the graph choice
+        within 3% of the fastest rose from 82.2% to 84.1%."""
         own = {b: v for b in backends if (v := self.log2_ms(b, values)) is not None}
         if not self.pair_trees or len(own) < 2:
             return own

@@ -137,7 +137,7 @@ def test_query_tiled_kernels_pay_for_idle_sms_and_split_kv_kernels_do_not():
     assert estimate.occupancy(table, "fa2", problem, few) == 1.0
     assert estimate.occupancy(table, "not-a-backend", problem, few) == 1.0
     ratio = estimate.model_ms(table, "cudnn", problem, few) / estimate.model_ms(table, "fa2", problem, few)
-    assert ratio > 10  # measured on the H200: 1.75 ms against 0.136 (tools/results/NOTES-h200-sweeps.md)
+    assert ratio > 10  # measured on the H200: 1.75 ms against 0.136 (docs/benchmarks.md#known-limits)
 
 
 def test_a_row_missing_a_backend_for_a_run_failure_is_no_evidence_against_it():

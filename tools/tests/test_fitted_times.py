@@ -138,7 +138,7 @@ def test_learning_curve_builds_each_fold_from_the_share_it_names():
 @pytest.mark.parametrize("q, kv, window", [(8, 16, 2), (1, 40, 5), (16, 16, 0), (6, 30, -1), (30, 30, 100)])
 def test_work_counts_the_pairs_the_oracle_keeps_and_the_keys_any_query_sees(q, kv, window, causal):
     """The FLOPs of the (query, key) pairs the oracle's mask keeps (a non-causal window sees every key
-    after its start: session 21 found it counted as window + 1 keys a query), and the bytes of every
+    after its start, not window + 1 keys a query as an earlier count had it), and the bytes of every
     key from the first query's window start on, read once."""
     from dispatch.lab.oracle import allowed_keys
     p = table.problem_of(table.BenchProblem(entry="single_prefill_with_kv_cache", batch=3, q_len=q, kv_len=kv,
