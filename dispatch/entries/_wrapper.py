@@ -418,9 +418,10 @@ class PlanSpecBase(Spec):
                                dvo=self.head_dim_vo or self.head_dim_qk, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                out_dtype=out_dtype, batch=self.qo_indptr.numel() - 1, cudnn=self.backend == "cudnn")
 
-    def qo_host(self, d) -> list[int]:
-        """Token prefix sums of the queries (element units / (Hq*Dqk) for backend='cudnn')."""
-        vals = check_indptr_values("qo_indptr", self.qo_indptr, None, "")
+    def qo_host(self, d, values: Optional[list] = None) -> list[int]:
+        """Token prefix sums of the queries (element units / (Hq*Dqk) for backend='cudnn'); ``values``:
+        qo_indptr's values, read already."""
+        vals = check_indptr_values("qo_indptr", self.qo_indptr if values is None else values, None, "")
         if d.cudnn:
             mult = d.hq * d.dqk
             if any(v % mult for v in vals):
