@@ -362,56 +362,61 @@ class _Form:
     """How a lane key reads one sequence of argument types (cached per types): the values of the
     plain ones, the dtype, device, shape and strides of the tensors, the facts of sequences (a
     (k, v) pair), nothing of the ``unread`` ones (a workspace: their type is the form's).
-    ``match(values, explicit, strict)`` is compiled per form: one guard (``is None`` where the
-    form has None, one ``type() is`` elsewhere) and one tuple expression, no loop (a repeat's whole
-    host cost matters); it returns ``MISS`` when the values have another form, None when the key
-    cannot hold an argument (the call is checked). A sequence of tensors (a (k, v) pair) is part
-    of the form (its type, length and element types: ``form_kinds``): its tensors' facts are
-    read in place, as an argument tensor's."""
+    ``match(values, explicit, strict)`` returns ``MISS`` when the values have another form, None when
+    the key cannot hold an argument (the call is checked), else the key. A sequence of tensors (a (k,
+    v) pair) is part of the form (its type, length and element types: ``form_kinds``): its tensors'
+    facts are read in place, as an argument tensor's. Which positions hold what is worked out once,
+    here; a call compares its types in one step and reads each group of positions."""
 
-    __slots__ = ("match",)
+    __slots__ = ("types", "pairs", "tensors", "plain", "nested", "closed")
 
     def __init__(self, kinds: tuple, unread: frozenset):
-        guard, fields, nested, closed, space = [], [], [], False, {"MISS": MISS, "_facts": _facts, "f": self}
+        types, pairs, tensors, plain, nested, closed = [], [], [], [], [], False
         for i, kind in enumerate(kinds):
-            if kind is _NONE:  # None: the form (its types) says all there is
-                guard.append(f"a{i} is None")
-                continue
             inner = ()
             if type(kind) is tuple:  # (sequence type, element types...)
                 kind, inner = kind[0], kind[1:]
-            space[f"K{i}"] = kind
-            guard.append(f"type(a{i}) is K{i}")
-            if i in unread:
+            types.append(kind)
+            pair = len(inner) if inner and all(k is _TENSOR for k in inner) else 0
+            if pair:
+                pairs.append((i, pair))
+            if kind is _NONE or i in unread:  # None: the form (its types) says all there is
                 continue
-            if inner and all(k is _TENSOR for k in inner):
-                guard.append(f"len(a{i}) == {len(inner)}")
-                guard.extend(f"type(a{i}[{j}]) is T" for j in range(len(inner)))
-                space["T"] = _TENSOR
-                fields.extend(f"a{i}[{j}].dtype, a{i}[{j}].device, a{i}[{j}].shape, a{i}[{j}].stride()"
-                              for j in range(len(inner)))
-            elif kind is _TENSOR:
-                fields.append(f"a{i}.dtype, a{i}.device, a{i}.shape, a{i}.stride()")
+            if pair:
+                continue
+            if kind is _TENSOR:
+                tensors.append(i)
             elif kind in _PLAIN_TYPES:
-                fields.append(f"a{i}")
+                plain.append(i)
             elif kind is tuple or kind is list:
-                nested.append(f"_facts(a{i})")
+                nested.append(i)
             else:
                 closed = True
-        key = f"(f, e, s, {', '.join(fields)})"
-        if closed:
-            result = "None"
-        elif nested:
-            result = f"None if None in (n := ({', '.join(nested)},)) else {key} + n"
-        else:
-            result = key
-        # generated from positions and types only, never from user text; the values unpacked once
-        # into locals (cheaper than indexing the tuple per fact)
-        names = ", ".join(f"a{i}" for i in range(len(kinds)))
-        source = (f"def match(v, e, s):\n    {names}, = v\n    if {' and '.join(guard)}:\n"
-                  f"        return {result}\n    return MISS\n")
-        exec(source, space)  # noqa: S102 (positions and attribute names only)
-        self.match = space["match"]
+        self.types, self.pairs, self.tensors = tuple(types), tuple(pairs), tuple(tensors)
+        self.plain, self.nested, self.closed = tuple(plain), tuple(nested), closed
+
+    def match(self, values: tuple, explicit, strict):
+        if tuple(map(type, values)) != self.types:
+            return MISS
+        key = [self, explicit, strict]
+        for i, n in self.pairs:
+            pair = values[i]
+            if len(pair) != n or any(type(t) is not _TENSOR for t in pair):
+                return MISS
+            for t in pair:
+                key += (t.dtype, t.device, t.shape, t.stride())
+        if self.closed:
+            return None
+        for i in self.tensors:
+            t = values[i]
+            key += (t.dtype, t.device, t.shape, t.stride())
+        key += [values[i] for i in self.plain]
+        if self.nested:
+            facts = [_facts(values[i]) for i in self.nested]
+            if None in facts:
+                return None
+            key += facts
+        return tuple(key)
 
 
 MISS = object()  # a form's match: the values have another form
