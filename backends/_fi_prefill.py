@@ -1,6 +1,6 @@
 """FlashInfer's own fa2 / fa3 kernels as a provider (BatchPrefillWith{Paged,Ragged}KVCacheWrapper).
 
-Translation (vendor-constraints.md section 10; calling conventions 2.4/2.5):
+Translation (FlashInfer's documented signatures and docstrings, flashinfer/prefill.py):
 * paged: our block_table + kv_lens -> (kv_indptr, kv_indices, last_page_len), the
   caller's physical layout is handed over as is (NHD or HND views, no copy);
 * ragged/dense: kv_indptr as given;
