@@ -29,7 +29,7 @@ from tools.tables import estimate, measured
 from tools.tables.estimate import ranking_by_the_fit
 from tools.tables.measured import features
 
-TABLE = measured.MEASURED_DIR / "h200.json"  # the fit the H100's choice table is compiled from, scaled
+TABLE = measured.MEASURED_DIR / "h200.json.gz"  # the fit the H100's choice table is compiled from, scaled
 TREES = {"trees-s": (100, 3), "trees-m": (300, 4)}  # trees, depth
 KEYS = {"median": lambda name, problem: (name,),
         "median-phase": lambda name, problem: (name, problem.phase),

@@ -6,7 +6,7 @@ DIR/<stem>.md and .json: per table, within 3% of the fastest (the CUDA-graph cho
 the eager choice by call cost) and auto / FlashInfer's own call, over all problems, per random seed
 and off the ``xqa`` entry point; then each problem's choices and every miss with its cause.
 
-    python -m tools.table_choice --tables tools/tables/data/h100.json tools/tables/data/h200.json \\
+    python -m tools.table_choice --tables tools/tables/data/h100.json.gz tools/tables/data/h200.json.gz \\
         --bench BENCH.json [BENCH.json ...] --out DIR --stem NAME
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bench results -> the timing table of one GPU (tools/tables/data/<gpu>.json), what the choice tables compile from.
+"""Bench results -> the timing table of one GPU (tools/tables/data/<gpu>.json.gz), what the choice tables compile from.
 
 Every problem's backends that agreed with the oracle become one row (bucket + GPU ms per backend
 + host us per eager call per backend, where the bench measured it); each backend's efficiency
@@ -7,7 +7,7 @@ its rows) and launch floor (its fastest call) feed the cost model of buckets nob
 The table's host time per (backend, entry point) is the median of its rows' (host-cost matrix
 JSONs, ``python -m tools.lab.host_cost --matrix``, given beside the bench JSONs take precedence:
 their figures are measured on purpose, per entry x backend x size). Peaks come from
-capability_db.choice_table.GPU_PEAKS (vendor datasheets) by GPU name; the file is tools/tables/data/<gpu key>.json
+capability_db.choice_table.GPU_PEAKS (vendor datasheets) by GPU name; the file is tools/tables/data/<gpu key>.json.gz
 (an H200 run: h200.json). The fit needs scikit-learn for its trees (without it, linear only). The router
 reads none of this: ``python -m tools.tables.compile`` turns the fit into its tables (capability_db/tables).
 
@@ -16,6 +16,7 @@ reads none of this: ``python -m tools.tables.compile`` turns the fit into its ta
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -31,7 +32,8 @@ from dispatch.lab.problems import (CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQ
                                    problem_of)
 from dispatch.problem import DeviceDesc
 from tools.tables.estimate import plans_per_call
-from tools.tables.measured import (GPU_PEAKS, MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
+from capability_db.choice_table import GPU_PEAKS
+from tools.tables.measured import (MEASURED_DIR, Bucket, Efficiency, FittedTimes, TimingRow, TimingTable,
                                    Tree, features, gpu_key, gpu_peaks, pair_row)
 
 __all__ = ["BenchProblem", "CUDNN", "RAGGED", "SINGLE", "SINGLE_LSE", "TRTLLM", "XQA", "entry_of", "problem_of"]
@@ -350,12 +352,17 @@ def merged(paths: list[Path]) -> tuple[dict, str]:
 
 def write_from_results(results_paths, out: Optional[Path] = None) -> Path:
     """The timing table of one GPU's bench JSONs (``merged``), written to ``out`` (default:
-    tools/tables/data/<gpu key>.json)."""
+    tools/tables/data/<gpu key>.json.gz; a name ending in .gz is written gzipped)."""
     paths = [results_paths] if isinstance(results_paths, (str, Path)) else list(results_paths)
     table = build_table(*merged(paths))
-    out = out or MEASURED_DIR / f"{gpu_key(table.gpu) or table.gpu.split()[-1].lower()}.json"
+    out = out or MEASURED_DIR / f"{gpu_key(table.gpu) or table.gpu.split()[-1].lower()}.json.gz"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(table.model_dump(), indent=1) + "\n")
+    text = json.dumps(table.model_dump(), indent=1) + "\n"
+    if out.suffix == ".gz":
+        with gzip.open(out, "wt") as f:
+            f.write(text)
+    else:
+        out.write_text(text)
     return out
 
 
@@ -364,7 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("bench", nargs="+", type=Path, metavar="JSON",
                         help="bench JSONs of one GPU (and host-cost matrix JSONs of it)")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE",
-                        help="where to write the table (default: tools/tables/data/<gpu>.json)")
+                        help="where to write the table (default: tools/tables/data/<gpu>.json.gz)")
     args = parser.parse_args(argv)
     try:
         path = write_from_results(args.bench, args.out)

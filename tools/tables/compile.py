@@ -27,7 +27,7 @@ import capability_db
 from capability_db.choice_table import (BATCHES, FLAGS, GROUPS, HEAD_DIMS, KV_LENS, Q_LENS, REFERENCE_KV_HEADS,
                                   TABLES_DIR, grid_points, key_of, representative)
 
-from . import estimate, measured
+from . import measured
 
 KEEP_WITHIN = 2.5  # a backend slower than this times the fastest at a grid point is left out there
 ENTRIES = {  # entry point -> the phases it serves and how it stores K/V

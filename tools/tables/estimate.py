@@ -5,7 +5,7 @@ the tools that judge a fit before it is compiled replay the router through it (`
 Evidence, best first, for each accepted backend:
 
 1. (the router's own ranking only: autotune times measured on this machine for the bucket);
-2. the GPU's timing table (tools/tables/data/<gpu>.json): a row whose static facts match
+2. the GPU's timing table (tools/tables/data/<gpu>.json.gz): a row whose static facts match
    the problem (phase, heads ratio, head dims, dtypes, causal, window / soft cap / sinks) at its
    sizes and KV heads; else the table's fit (``TimingTable.fitted``: per backend, log2 GPU ms
    linear in ``measured.features``, plus boosted trees on those fits' errors; cross-validated on
@@ -59,9 +59,11 @@ from unittest import mock
 import torch
 
 import capability_db
+from capability_db.choice_table import ANCHORS
+
 from . import measured
-from .measured import (ANCHORS, QUERY_TILE, SMS, Efficiency, TimingRow, TimingTable, features, gpu_peaks,
-                                    Sizes, table_for, work)
+from .measured import (QUERY_TILE, SMS, Efficiency, TimingRow, TimingTable, features, gpu_peaks, Sizes, table_for,
+                       work)
 
 from capability_db.vocabulary import AttentionProblem, DeviceDesc, class_middle
 

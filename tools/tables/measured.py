@@ -1,4 +1,4 @@
-"""Measured timings per GPU (tools/tables/data/<gpu>.json) and their fit: what the choice tables compile.
+"""Measured timings per GPU (tools/tables/data/<gpu>.json.gz) and their fit: what the choice tables compile.
 
 A table holds rows of measurements (one problem: its bucket, and the ms per call of every
 backend measured there) plus, for the cost model of buckets nobody measured, the GPU's peak
@@ -37,20 +37,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import json
 import math
-import re
 import struct
 from pathlib import Path
 from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from capability_db.choice_table import GPU_PEAKS, GpuPeaks, gpu_key, gpu_peaks  # noqa: F401 (re-exported)
+from capability_db.choice_table import gpu_key, gpu_peaks
 from capability_db.vocabulary import NAME_DTYPES, AttentionProblem, DeviceDesc, visible_pairs
 
-MEASURED_DIR = Path(__file__).resolve().parent / "data"
-from capability_db.choice_table import ANCHORS  # noqa: E402,F401 (the fit judges at the same anchors)
+MEASURED_DIR = Path(__file__).resolve().parent / "data"  # <gpu>.json.gz (a table of its own: .json too)
+
+
+def read_json(path: Path):
+    """A table file, gzipped (``.gz``, how the training data is kept) or plain."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    return json.loads(path.read_text())
 
 
 class Bucket(BaseModel):
@@ -377,7 +384,7 @@ def device_peaks(device: DeviceDesc) -> tuple[float, float, str]:
 
 
 def table_paths(sm: int) -> list[Path]:
-    return [path for path in sorted(MEASURED_DIR.glob("*.json")) if _summary(path).sm == sm]
+    return [path for path in sorted(MEASURED_DIR.glob("*.json*")) if _summary(path).sm == sm]
 
 
 def table_path(device: DeviceDesc) -> Optional[Path]:
@@ -385,7 +392,7 @@ def table_path(device: DeviceDesc) -> Optional[Path]:
     SM with the most rows; else its own; else the first of its SM; None where its SM has none."""
     paths = table_paths(device.sm)
     key = gpu_key(device.name)
-    own = [p for p in paths if key and p.stem == key]
+    own = [p for p in paths if key and p.name.split(".")[0] == key]
     fitted = sorted((p for p in paths if _summary(p).fitted), key=lambda p: -_summary(p).rows)
     if own and _summary(own[0]).fitted:
         return own[0]
@@ -402,7 +409,7 @@ class TableSummary:
 @functools.lru_cache(maxsize=None)
 def _summary(path: Path) -> TableSummary:
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path)
         return TableSummary(int(data.get("sm", -1)), bool(data.get("fitted")), len(data.get("rows", ())))
     except (OSError, ValueError):
         return TableSummary(-1, False, 0)
@@ -417,7 +424,7 @@ def forget() -> None:
 @functools.lru_cache(maxsize=None)
 def load_table(path: Path) -> TimingTable:
     try:
-        return TimingTable.model_validate(json.loads(path.read_text()))
+        return TimingTable.model_validate(read_json(path))
     except Exception as exc:  # a broken data file must say which file
         raise RuntimeError(f"tools/tables/data/{path.name} is invalid: {exc}") from exc
 
@@ -436,7 +443,7 @@ def table_for(device: DeviceDesc) -> Optional[TimingTable]:
     key = gpu_key(device.name)
     if key and key == table.key:
         return table
-    passed_over = next((p for p in table_paths(device.sm) if key and p.stem == key), None)
+    passed_over = next((p for p in table_paths(device.sm) if key and p.name.split(".")[0] == key), None)
     why = (f"; its own {key} table has no fitted times ({_summary(passed_over).rows} rows)"
            if passed_over is not None else "")
     bw, fl, name = device_peaks(device)

@@ -33,7 +33,7 @@ def decode_problem(**kw):
 def h100_grid_table() -> measured.TimingTable:
     """The H100's own timing table (a grid, no fitted times): the base of the synthetic tables here,
     whose rows the tests replace."""
-    return measured.load_table(measured.MEASURED_DIR / "h100.json")
+    return measured.load_table(measured.MEASURED_DIR / "h100.json.gz")
 
 
 def ranked_by(monkeypatch, rows: list[measured.TimingRow]) -> None:

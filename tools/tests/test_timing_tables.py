@@ -20,7 +20,7 @@ GH200 = capability_db.device_for_capability(9, 0, "NVIDIA GH200 480GB")  # sm_90
 
 
 def test_the_h100s_own_table_is_a_grid_without_a_fit_and_the_cpu_has_none():
-    t = measured.load_table(measured.MEASURED_DIR / "h100.json")
+    t = measured.load_table(measured.MEASURED_DIR / "h100.json.gz")
     assert t.sm == 90 and t.rows and {"fa2", "fa3", "cudnn", "xqa"} <= set(t.efficiency)
     assert t.fitted is None
     assert measured.table_for(capability_db.CPU_DEVICE) is None
@@ -57,7 +57,7 @@ def test_a_fitted_table_of_the_sm_beats_a_gpus_own_table_without_a_fit():
 def test_a_gpus_own_fitted_table_stays_its_own(tmp_path, monkeypatch):
     """Of two fitted tables of one SM, a GPU's fit is its own, unscaled; a third GPU of that SM
     borrows the one with the most rows."""
-    h200 = json.loads((measured.MEASURED_DIR / "h200.json").read_text())
+    h200 = measured.read_json(measured.MEASURED_DIR / "h200.json.gz")
     small = {**h200, "gpu": "NVIDIA H100 80GB HBM3", "rows": h200["rows"][:5]}
     (tmp_path / "h200.json").write_text(json.dumps(h200))
     (tmp_path / "h100.json").write_text(json.dumps(small))
@@ -100,8 +100,8 @@ def test_an_h200_run_writes_h200_json_with_gpu_and_host_times(tmp_path, monkeypa
     assert measured.MEASURED_DIR.parts[-3:] == ("tools", "tables", "data")
     monkeypatch.setattr(table, "MEASURED_DIR", tmp_path / "data")
     path = table.write_from_results([tmp_path / "bench.json", tmp_path / "host.json"])
-    assert path == tmp_path / "data" / "h200.json"
-    t = measured.TimingTable.model_validate(json.loads(path.read_text()))
+    assert path == tmp_path / "data" / "h200.json.gz"
+    t = measured.TimingTable.model_validate(measured.read_json(path))
     assert t.peak_tb_per_s == 4.8 and t.rows[0].ms == {"xqa": 0.28, "fa2": 0.3}
     assert t.rows[0].host_us == {"xqa": 21.5, "fa2": 30.0}  # auto's host time stands for the backend it ran
     entry = "BatchPrefillWithPagedKVCacheWrapper"
