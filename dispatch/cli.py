@@ -7,8 +7,8 @@
 * ``matrix``  the support matrix rendered from the capability data (``--markdown``: the
               README table; ``--update-readme``).
 * ``probe``   the capability data against the live GPU, every output against the fp64 oracle
-              (``dispatch.lab.probe``).
-* ``bench``   the one benchmark runner (``dispatch.lab.bench``): every backend forced in turn and the
+              (``dispatch.benchmark.probe``).
+* ``bench``   the one benchmark runner (``dispatch.benchmark.bench``): every backend forced in turn and the
               automatic choice, checked against the fp64 oracle and timed.
 
 Every inspecting command takes ``--json``. Bad arguments exit with status 2 and a message
@@ -479,13 +479,13 @@ def cmd_matrix(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 # -- probe / bench hooks ------------------------------------------------------------------
 def cmd_probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .lab import probe
+    from .benchmark import probe
 
     return int(probe.main(args.args) or 0)
 
 
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .lab import bench
+    from .benchmark import bench
 
     return int(bench.main(args.args) or 0)
 

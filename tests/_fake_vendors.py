@@ -5,7 +5,7 @@ Each fake records its calls and computes its result *in the vendor's own convent
 scale folding as FlashInfer 0.5.3 does it, ...), from an fp64 attention core. A
 wrong translation in an adapter therefore shows up as a wrong number, not only as
 a wrong argument. The fp64 core (``attend``), the batch builders and the reference of our
-semantics live in dispatch/lab/vendors.py (the one oracle in a vendor's terms); they are
+semantics live in dispatch/benchmark/vendors.py (the one oracle in a vendor's terms); they are
 re-exported here for the contract tests.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import types
 import torch
 
 from dispatch.checks import unpack_bits
-from dispatch.lab.oracle import packbits_little
-from dispatch.lab.vendors import attend, make_batch, make_problem, reference, to_device
+from dispatch.benchmark.oracle import packbits_little
+from dispatch.benchmark.vendors import attend, make_batch, make_problem, reference, to_device
 
 __all__ = ["Recorder", "attend", "make_batch", "make_flash_attn", "make_flash_attn_interface", "make_flashinfer",
            "make_problem", "reference", "to_device"]

@@ -248,7 +248,7 @@ def test_cudnn_decode_shaped_lse_is_written_in_place_without_a_scatter(monkeypat
     cost native-triton 200-350 us of host time a call on the H200); values against the fp64 oracle.
     On the GPU host on CUDA tensors (native-triton compiled), else on the CPU (Triton's interpreter)."""
     import dispatch.entries.cudnn as entry
-    from dispatch.lab import cases
+    from dispatch.benchmark import cases
     from oracle import batch_attention_fp64, relative_error
     monkeypatch.setattr(entry, "scatter_padded_lse", lambda *a: pytest.fail("scattered a decode-shaped LSE"))
     device = "cuda" if torch.cuda.is_available() else "cpu"

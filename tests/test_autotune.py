@@ -15,7 +15,7 @@ from capability_db import choice_table
 from capability_db.choice_table import corners, key_of, point_of
 import dispatch
 from dispatch import autotune, choice, router
-from dispatch.lab.vendors import make_problem
+from dispatch.benchmark.vendors import make_problem
 
 H100 = capability_db.resolve_device("h100")
 
@@ -250,7 +250,7 @@ def test_switching_autotune_forgets_the_entry_points_call_plans():
     """autotune() says decisions made so far are forgotten: the entry points' call plans (which
     hold their decisions, and their lanes and launchers) go too, not only the router's cache."""
     from dispatch.entries import _base
-    from dispatch.lab.cases import ragged
+    from dispatch.benchmark.cases import ragged
     r = ragged()
     dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True)
     assert len(_base.PROOFS) > 0
@@ -261,7 +261,7 @@ def test_switching_autotune_forgets_the_entry_points_call_plans():
 def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):
     """A planned wrapper's variants (each a decision and a backend plan) are forgotten too: its
     next run decides again, under the switched setting."""
-    from dispatch.lab.cases import paged, paged_wrapper
+    from dispatch.benchmark.cases import paged, paged_wrapper
     c = paged()
     w = paged_wrapper(c)
     expected = w.run(c["q"], c["cache"]).clone()

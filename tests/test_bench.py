@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dispatch import cli
-from dispatch.lab import build, grids, problems, runner
-from dispatch.lab.oracle import allowed_keys, band
-from dispatch.lab.problems import PAGED, XQA, BenchProblem
+from dispatch.benchmark import build, grids, problems, runner
+from dispatch.benchmark.oracle import allowed_keys, band
+from dispatch.benchmark.problems import PAGED, XQA, BenchProblem
 from tools.lab import table
 
 
@@ -214,8 +214,8 @@ def test_replay_leaves_out_a_flashinfer_call_known_to_get_the_sinks_wrong(versio
 def test_flashinfer_own_call_is_not_made_where_it_cannot_run(monkeypatch, entry, layout, capability, runs):
     """The bench neither times nor warms FlashInfer's own call where it fails or kills the process
     on this GPU (build.flashinfer_own_not_run); elsewhere it is made."""
-    from dispatch.lab import runner
-    from dispatch.lab.problems import problem_from_json
+    from dispatch.benchmark import runner
+    from dispatch.benchmark.problems import problem_from_json
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     p = problem_from_json({"entry": entry, "batch": 1 if entry == "single" else 2, "q_len": 4, "kv_len": 64,
@@ -231,8 +231,8 @@ def test_flashinfer_column_measures_its_own_call_beside_auto(monkeypatch):
     """The ``flashinfer`` row: FlashInfer's own entry point with the same inputs, checked against
     fp64 and timed like ours (here our own functions stand in for FlashInfer: none on the CPU);
     ``auto_over_flashinfer`` compares auto with it, and the Markdown says how often auto wins."""
-    from dispatch.lab import build, report, runner
-    from dispatch.lab.problems import BenchProblem
+    from dispatch.benchmark import build, report, runner
+    from dispatch.benchmark.problems import BenchProblem
     monkeypatch.setattr(runner, "flashinfer_api", lambda: (build.OURS, ""))
     monkeypatch.setattr(runner, "_flashinfer_row", lambda b, device, reps, profile=0, calls=None: runner.measure(
         b, runner.FLASHINFER, device, reps, runner.flashinfer_api()[0], profile, calls))
@@ -271,8 +271,8 @@ def test_host_rounds_keep_each_backends_least_time_in_interleaved_turns(monkeypa
 
 
 def test_flashinfer_column_says_why_it_is_absent():
-    from dispatch.lab import runner
-    from dispatch.lab.problems import BenchProblem
+    from dispatch.benchmark import runner
+    from dispatch.benchmark.problems import BenchProblem
     p = BenchProblem(entry="single_prefill_with_kv_cache", batch=1, q_len=4, kv_len=9, num_qo_heads=4,
                      num_kv_heads=2, head_dim=16, dtype="float32", backends=("reference",))
     row = next(r for r in runner.run_problem(p, "cpu", reps=1, l2_bytes=0)["backends"] if r["backend"] == "flashinfer")
@@ -316,7 +316,7 @@ def test_no_tool_imports_tests():
 def test_the_terminal_summary_fits_100_columns_and_names_failing_backends():
     """report.summary_text: long problem names get a line of their own, a backend whose output
     disagreed with the oracle (or raised) is named under its problem, nothing passes 100 columns."""
-    from dispatch.lab import report
+    from dispatch.benchmark import report
 
     long_name = "paged 64x1x4096 h32/8 d128 bf16 window1023,softcap30,sinks,lse,and-more-features"
     rows = [{"name": "xqa 2x1x16 h4/2 d32 fp32", "fastest": "reference", "fastest_ms": 1.5, "auto": "reference",
@@ -424,7 +424,7 @@ def test_regret_compares_backends_and_noise_compares_runs(rows, want):
 
 def test_a_backend_not_usable_here_is_named_with_how_to_enable_it(monkeypatch):
     from backends.native.triton_backend import NativeTritonBackend
-    from dispatch.lab import report
+    from dispatch.benchmark import report
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(NativeTritonBackend, "_available", None)
@@ -442,7 +442,7 @@ def test_a_backend_not_usable_here_is_named_with_how_to_enable_it(monkeypatch):
 
 
 def test_the_figures_report_noise_apart_from_regret():
-    from dispatch.lab import report
+    from dispatch.benchmark import report
 
     results = [{"name": "x", "fastest": "reference", "auto": "reference", "regret": 0.0, "noise": 0.3},
                {"name": "y", "fastest": "a", "auto": "b", "regret": 0.2, "noise": 0.01}]
@@ -475,7 +475,7 @@ class _Axes:
 
 
 def test_a_rate_panel_draws_points_per_problem_grouped_by_feature_set():
-    from dispatch.lab import report
+    from dispatch.benchmark import report
 
     def result(kv, causal, rates):
         p = BenchProblem(PAGED, 2, 16, kv, num_qo_heads=4, num_kv_heads=2, head_dim=16, dtype="float32", causal=causal)
@@ -493,7 +493,7 @@ def test_a_rate_panel_draws_points_per_problem_grouped_by_feature_set():
 
 
 def test_plot_titles_name_device_grid_and_versions():
-    from dispatch.lab import report
+    from dispatch.benchmark import report
 
     env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.9.0", "triton": "3.5.0", "attn-dispatch": "0.1.0",
            "flashinfer": "not installed (ImportError)"}
@@ -525,7 +525,7 @@ def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):
     import capability_db
     from capability_db import choice_table
     from dispatch import router
-    from dispatch.lab import bench
+    from dispatch.benchmark import bench
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(router, "live_device", lambda tensor: capability_db.resolve_device("h100"))

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from dispatch import cli
-from dispatch.lab import randomgrid
-from dispatch.lab.oracle import band
-from dispatch.lab.problems import ENTRY_NAMES, check_entry
+from dispatch.benchmark import randomgrid
+from dispatch.benchmark.oracle import band
+from dispatch.benchmark.problems import ENTRY_NAMES, check_entry
 
 
 @pytest.fixture(scope="module")

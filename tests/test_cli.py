@@ -612,7 +612,7 @@ def test_update_readme_without_markers_fails_naming_them(tmp_path, capsys):
 
 # -- probe / bench hooks ------------------------------------------------------------------------------
 def test_probe_and_bench_hand_over_every_argument_to_their_modules(monkeypatch):
-    from dispatch.lab import bench, probe
+    from dispatch.benchmark import bench, probe
 
     calls = []
     monkeypatch.setattr(probe, "main", lambda argv: calls.append(("probe", argv)) or 7)
@@ -624,7 +624,7 @@ def test_probe_and_bench_hand_over_every_argument_to_their_modules(monkeypatch):
 
 def test_probe_without_a_gpu_exits_1_saying_so(capsys, monkeypatch):
     """2 means a bad option; a machine without a GPU is not one."""
-    from dispatch.lab import probe
+    from dispatch.benchmark import probe
 
     monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
     assert cli.main(["probe"]) == 1
@@ -668,7 +668,7 @@ def test_probe_json_prints_only_json_even_without_a_gpu():
 
 
 def test_probe_unknown_backend_exits_2_naming_the_option_and_the_valid_names(capsys, monkeypatch):
-    from dispatch.lab import probe
+    from dispatch.benchmark import probe
 
     monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: True)
     with pytest.raises(SystemExit) as info:

@@ -21,7 +21,7 @@ import torch
 from backends import BackendRejected
 from backends import cudnn as adapter
 from capability_db import resolve_device
-from dispatch.lab.probe import BASE, Case, make_batch, oracle, rel_error
+from dispatch.benchmark.probe import BASE, Case, make_batch, oracle, rel_error
 from dataclasses import replace
 
 CPU = torch.device("cpu")

@@ -4,7 +4,7 @@ the same library with a different graph, plus a per-call padded-LSE scatter of ~
 
 ``flashinfer_graph`` restates, from flashinfer 0.5.3 flashinfer/cudnn/prefill.py (_build_prefill_graph),
 what FlashInfer declares for a call with batch_offsets_q/o given and no batch_offsets_stats (the form
-the bench's FlashInfer call takes: dispatch/lab/cases.py cudnn_args); the fake cuDNN frontend
+the bench's FlashInfer call takes: dispatch/benchmark/cases.py cudnn_args); the fake cuDNN frontend
 (tests/test_cudnn_contract.py) records what we declare and computes through those declarations, so the
 padded LSE is checked against the fp64 oracle too."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from backends import cudnn as adapter
-from dispatch.lab.cases import paged
+from dispatch.benchmark.cases import paged
 from dispatch.problem import AttentionBatch
 from test_cudnn_contract import BASE, fake, oracle, rel_error  # noqa: F401 - fake: the fixture
 
@@ -198,7 +198,7 @@ def test_gpu_entry_padded_lse_matches_fp64(q_lens, kv_lens):
     offsets are written (rows past a request's length stay -inf), out and LSE against fp64."""
     import dispatch
     import oracle as fp64
-    from dispatch.lab.cases import cudnn_args
+    from dispatch.benchmark.cases import cudnn_args
 
     c = paged(q_lens=q_lens, kv_lens=kv_lens, dtype=torch.bfloat16, device="cuda", num_qo_heads=32,
               num_kv_heads=8, head_dim=128, page_size=16)

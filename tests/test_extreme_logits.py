@@ -5,7 +5,7 @@ Ported from FlashInfer's tests/attention/test_single_prefill.py (main after 0.6.
 FlashInfer's old -5e4 mask sentinel, key 0 higher by 1024: the answer is ~v[0], never zeros) and
 ``test_single_prefill_masked_key_never_dominates`` (masked keys carry the largest logits: they
 must not leak). Here each runs through single (with and without LSE), the paged and ragged
-wrappers, xqa, cudnn and trtllm, checked against the fp64 oracle (dispatch/lab/oracle.py) within
+wrappers, xqa, cudnn and trtllm, checked against the fp64 oracle (dispatch/benchmark/oracle.py) within
 the contract's band; plus fully masked rows (out 0, LSE -inf).
 
 Backends: on the CPU reference and native-triton (Triton's interpreter; small sizes); on a GPU
@@ -27,7 +27,7 @@ import capability_db
 import dispatch
 from backends import get_backend
 from backends._providers import installed_defects
-from dispatch.lab import oracle
+from dispatch.benchmark import oracle
 from _calls import forced_or_skip
 
 GPU = torch.cuda.is_available()

@@ -17,7 +17,7 @@ import torch
 
 import capability_db
 import dispatch
-from dispatch.lab import oracle
+from dispatch.benchmark import oracle
 from _calls import forced_or_skip
 
 GPU = torch.cuda.is_available()

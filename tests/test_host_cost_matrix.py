@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dispatch.lab.problems import ENTRY_NAMES, XQA
+from dispatch.benchmark.problems import ENTRY_NAMES, XQA
 from tools.lab import host_cost
 
 

@@ -22,7 +22,7 @@ from backends.fa3 import FA3Backend
 from capability_db.vocabulary import Reason
 from capability_db.schema import CONTRACT_BANDS, DefectTable, KnownDefect, VersionRange, version_tuple
 from dispatch import cli, router
-from dispatch.lab import oracle
+from dispatch.benchmark import oracle
 from _fake_vendors import make_problem
 
 VENDOR_MODULES = ("flashinfer", "flashinfer.decode", "flashinfer.prefill", "flash_attn", "flash_attn_interface")
@@ -274,8 +274,8 @@ def test_a_replay_gates_xqa_unless_its_row_was_timed_with_the_guard():
 
 
 def test_the_runner_marks_rows_timed_with_a_guard():
-    from dispatch.lab.problems import BenchProblem, XQA
-    from dispatch.lab.runner import _mark_guarded
+    from dispatch.benchmark.problems import BenchProblem, XQA
+    from dispatch.benchmark.runner import _mark_guarded
     rows = [{"backend": "xqa", "status": "ok"}, {"backend": "fa2", "status": "ok"}, {"backend": "auto", "status": "ok"}]
     _mark_guarded(rows, BenchProblem(XQA, 4, 1, 512))
     assert rows[0]["guarded"] == [NONFINITE] and "guarded" not in rows[1] and "guarded" not in rows[2]

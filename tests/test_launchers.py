@@ -18,7 +18,7 @@ import dispatch
 from backends import BackendRejected, _vendor, get_backend
 from backends.xqa import DirectXqa, XqaBackend, XqaPlan
 from dispatch.entries import _base
-from dispatch.lab.cases import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
+from dispatch.benchmark.cases import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
 
 
 @pytest.fixture
@@ -411,7 +411,7 @@ def test_cudnn_default_option_repeats_take_their_lane(gpu_like):
 
 def _paged_decode_fp64(c: dict) -> torch.Tensor:
     """One query row per request of an NHD paged case, attending all its keys (float64)."""
-    from dispatch.lab.oracle import batch_attention_fp64
+    from dispatch.benchmark.oracle import batch_attention_fp64
     ks, vs = [], []
     for b, n in enumerate(c["kv_lens"]):
         pages = c["cache"][c["table"][b].long()]  # (pages, 2, P, Hkv, D)
@@ -425,7 +425,7 @@ def test_single_prefill_default_option_repeats_take_their_lane(gpu_like):
     """A single prefill with default options (causal, window and sm_scale may vary: they are in
     the short key) finds its lane without the full key; a soft cap still builds it; results equal
     the checked path's and the float64 oracle's."""
-    from dispatch.lab.oracle import attention_fp64
+    from dispatch.benchmark.oracle import attention_fp64
     r = ragged(q_lens=(5,), kv_lens=(9,))
     first = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True).clone()
     windowed = dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True, window_left=2).clone()
@@ -523,7 +523,7 @@ def test_xqa_07_binds_flashinfers_kernel_variant_and_its_fp8_rule(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer.xqa", fake)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(multi_processor_count=132))
-    from dispatch.lab.vendors import make_problem
+    from dispatch.benchmark.vendors import make_problem
     ws = torch.zeros(16 << 20, dtype=torch.uint8)
     for head_dim, fp8_kernel in ((128, True), (512, False)):
         p = make_problem(entry="xqa_batch_decode_with_kv_cache", phase="decode", num_qo_heads=8, num_kv_heads=2,

@@ -36,7 +36,7 @@ import torch
 
 from backends.native import triton_backend as tb
 from backends.native.triton_backend import TileConfig
-from dispatch.lab.native import BACKEND, Case, build, problem_of
+from dispatch.benchmark.native import BACKEND, Case, build, problem_of
 from dispatch.problem import NAME_DTYPES, AttentionBatch
 from test_native_rope import CASES as ROPE_CASES
 from test_native_triton import SCENARIOS

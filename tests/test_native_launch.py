@@ -207,7 +207,7 @@ def test_repeat_reviews_tensors_of_another_dtype_on_the_general_path(fake_stream
 
 # -- NativeTritonBackend.launcher under the interpreter: equal to run and to fp64 ---------------------
 def _fresh_batch(c, extras_seed: int):
-    from dispatch.lab.native import DEVICE, build
+    from dispatch.benchmark.native import DEVICE, build
     from dispatch.problem import NAME_DTYPES, AttentionBatch
 
     torch.manual_seed(extras_seed)
@@ -233,7 +233,7 @@ LAUNCHER_CASES = {
 @pytest.mark.parametrize("name", list(LAUNCHER_CASES))
 def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
     from backends.native.triton_backend import TileConfig
-    from dispatch.lab.native import BACKEND, Case, problem_of
+    from dispatch.benchmark.native import BACKEND, Case, problem_of
     from test_native_triton import assert_agrees_with_oracle
 
     c = Case(**LAUNCHER_CASES[name])
@@ -262,7 +262,7 @@ def test_backend_launcher_equals_run_and_fp64_on_fresh_inputs(name, split):
 def test_backend_launcher_serves_other_sizes_as_run_does():
     """A batch larger than planned: the launcher launches the plan of the batch's own sizes, the one
     run uses (kept by the first plan), never the small plan's buffers; its output is run's."""
-    from dispatch.lab.native import BACKEND, Case, problem_of
+    from dispatch.benchmark.native import BACKEND, Case, problem_of
 
     c = Case(q_lens=(2, 2), kv_lens=(5, 6))
     small, *_ = _fresh_batch(c, 3)

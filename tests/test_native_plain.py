@@ -14,7 +14,7 @@ import torch
 
 from backends.native import triton_backend as tb
 from backends.native.triton_backend import TileConfig
-from dispatch.lab.native import BACKEND, DEVICE, Case, build, problem_of, run_case
+from dispatch.benchmark.native import BACKEND, DEVICE, Case, build, problem_of, run_case
 from dispatch.problem import AttentionBatch
 
 CASES = {

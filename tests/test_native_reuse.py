@@ -12,7 +12,7 @@ import torch
 import dispatch
 import oracle
 from backends import get_backend
-from dispatch.lab.cases import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
+from dispatch.benchmark.cases import cudnn_args, paged, paged_wrapper, ragged, ragged_wrapper, trtllm_args, xqa_args
 
 BAND = 1e-2
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU host the kernels run on it

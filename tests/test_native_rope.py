@@ -19,7 +19,7 @@ import triton.language as tl
 
 from backends.native.triton_backend import TileConfig, rope_frequencies
 from backends.native.triton_kernels import _rope_cos_sin, _rope_cos_sin_tile
-from dispatch.lab.native import BACKEND, DEVICE, Case, build, problem_of
+from dispatch.benchmark.native import BACKEND, DEVICE, Case, build, problem_of
 from dispatch.problem import NAME_DTYPES, AttentionBatch
 from test_native_triton import assert_agrees_with_oracle
 

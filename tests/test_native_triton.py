@@ -3,7 +3,7 @@
 On a machine without a GPU these run through Triton's interpreter (tests/conftest.py
 sets TRITON_INTERPRET=1), so shapes are small. Each scenario draws fresh random
 inputs, poisons out/lse with NaN and checks every element was written. The scenario
-description, builder, oracle and ``run_case`` live in dispatch/lab/native.py (shared
+description, builder, oracle and ``run_case`` live in dispatch/benchmark/native.py (shared
 with tools/native_h100.py); on a GPU host this file runs as is (DEVICE is cuda there).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from backends.base import DeviceDesc
 from backends.native import triton_backend as tb
 from backends.native.triton_backend import TileConfig, split_kv
 from capability_db import CPU_DEVICE, resolve_device
-from dispatch.lab.native import BACKEND, BANDS, DEVICE, Case, build, expected, problem_of, rel_err, run_case
+from dispatch.benchmark.native import BACKEND, BANDS, DEVICE, Case, build, expected, problem_of, rel_err, run_case
 from dispatch.problem import AttentionBatch, NAME_DTYPES
 
 # ---------------------------------------------------------------------------
@@ -444,7 +444,7 @@ def test_zero_scale_is_a_uniform_softmax():
 @pytest.mark.parametrize("num_splits", [1, 3])  # 1, not None: on a GPU the split rule splits 40 keys too
 @pytest.mark.parametrize("causal", [True, False])
 def test_sinks_lse_is_the_whole_denominators(num_splits, causal):
-    """With sinks the LSE includes the sink's term (dispatch/lab/oracle.py, as FlashInfer's sink
+    """With sinks the LSE includes the sink's term (dispatch/benchmark/oracle.py, as FlashInfer's sink
     kernels, trtllm-gen and cuDNN return it), once, through the split-KV merge too; rows with no key
     (causal, 6 queries over 4 keys) give out 0 and LSE sink / ln 2 (run_case checks both against the
     oracle); without the sink's term the LSE would be off by far more than the band."""

@@ -18,7 +18,7 @@ import torch
 from backends.native import triton_backend as tb
 from backends.native.triton_backend import TileConfig
 from capability_db import resolve_device
-from dispatch.lab.native import BACKEND, BANDS, Case, problem_of, run_case
+from dispatch.benchmark.native import BACKEND, BANDS, Case, problem_of, run_case
 
 pytestmark = pytest.mark.native_triton
 

@@ -84,7 +84,7 @@ def test_cudnn_entry_prefill_lse_against_fp64(monkeypatch, backend):
     """A prefill-shaped call through the entry as the seed spells it: every backend but cuDNN writes
     the packed LSE, and on a GPU the one launch pads it (counted); out and LSE against fp64."""
     import dispatch
-    from dispatch.lab import cases
+    from dispatch.benchmark import cases
     from oracle import batch_attention_fp64, relative_error
 
     launched = []

@@ -8,7 +8,7 @@ import torch
 import dispatch
 from backends import get_backend
 from backends._fi_prefill import FlashInferPrefill
-from dispatch.lab.cases import paged, paged_wrapper, ragged, ragged_wrapper
+from dispatch.benchmark.cases import paged, paged_wrapper, ragged, ragged_wrapper
 
 
 def test_the_paged_wrapper_plans_its_backend_in_plan_and_runs_without_planning(monkeypatch):

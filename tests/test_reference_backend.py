@@ -435,10 +435,10 @@ def test_cuda_tensors():
 @pytest.mark.parametrize("storage", ["paged", "ragged"])
 @pytest.mark.parametrize("phase,lens", [("prefill", ((6, 3, 5), (4, 9, 33))), ("decode", ((1, 1, 1), (17, 1, 64)))])
 def test_reference_and_the_one_oracle_agree_on_sinks(storage, phase, lens):
-    """backends/native/reference.py and dispatch/lab/oracle.py must share the LSE-with-sinks
+    """backends/native/reference.py and dispatch/benchmark/oracle.py must share the LSE-with-sinks
     convention (the sink's term in the LSE; a fully masked row's LSE is sink / ln 2): fails if either
     drifts. Random inputs (dispatch/inputs.make_batch), out and LSE poisoned with NaN first."""
-    from dispatch.lab.oracle import reference_of_batch, relative_error
+    from dispatch.benchmark.oracle import reference_of_batch, relative_error
     from dispatch.inputs import Case as InputCase
     from dispatch.inputs import make_batch
 

@@ -444,7 +444,7 @@ def test_reference_on_a_cuda_device_warns_once_naming_every_other_candidates_rea
     decision is made again; on the CPU, where the reference is the plan, nothing is logged."""
     from dataclasses import replace
 
-    from dispatch.lab.vendors import make_problem
+    from dispatch.benchmark.vendors import make_problem
 
     h100 = capability_db.resolve_device("h100")
     router.clear_caches()

@@ -1,4 +1,4 @@
-"""The sweep's tools: warm-up workers (dispatch/lab/warm.py), the call-cost regret (runner.call_cost),
+"""The sweep's tools: warm-up workers (dispatch/benchmark/warm.py), the call-cost regret (runner.call_cost),
 the replay of the router's choice against measured times (tools/lab/replay.py) and the tools that
 read sweeps."""
 from __future__ import annotations
@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import capability_db
 import pytest
 from dispatch import router
-from dispatch.lab import bench, runner, warm
-from dispatch.lab.problems import PAGED, SINGLE, BenchProblem
+from dispatch.benchmark import bench, runner, warm
+from dispatch.benchmark.problems import PAGED, SINGLE, BenchProblem
 from tools.lab import table
 
 

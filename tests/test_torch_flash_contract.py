@@ -16,7 +16,7 @@ import torch
 from backends import BackendRejected, _numerics
 from backends import torch_flash as adapter
 from capability_db import resolve_device
-from dispatch.lab.probe import BASE, Case, make_batch, oracle, rel_error
+from dispatch.benchmark.probe import BASE, Case, make_batch, oracle, rel_error
 
 CPU = torch.device("cpu")
 H100 = resolve_device("h100")

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from dispatch import cli
-from dispatch.lab import trace
+from dispatch.benchmark import trace
 
 
 @pytest.fixture(scope="module")

@@ -151,7 +151,7 @@ def check(prefill, compiled: CompiledModule, kind: str, paged: bool, layout: str
 def xqa_call(layout: str, sinks: bool, window: int, fp8: bool, tensor_scale: bool):
     """(problem, our batch, FlashInfer's arguments) for one decode call of 3 requests over pages of 16."""
     from dispatch.problem import AttentionBatch
-    from dispatch.lab.vendors import make_problem
+    from dispatch.benchmark.vendors import make_problem
     kv_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     problem = make_problem(entry="xqa_batch_decode_with_kv_cache", phase="decode", num_qo_heads=8, num_kv_heads=2,
                            head_dim_qk=HEAD_DIM, head_dim_vo=HEAD_DIM, page_size=PAGE, kv_layout=layout,

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from dispatch.lab.report import regret_figures
+from dispatch.benchmark.report import regret_figures
 from tools.lab import replay, table
 from tools.lab.figures import ratio_figures
 from tools.tables import measured

@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from dispatch.lab.report import regret_figures
+from dispatch.benchmark.report import regret_figures
 from tools.lab.figures import ratio_figures
 
 

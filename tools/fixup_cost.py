@@ -21,8 +21,8 @@ from backends import xqa
 from backends.native import triton_backend as tb
 from dispatch import policy, router, timing
 from dispatch.entries import _base
-from dispatch.lab import problems
-from dispatch.lab.build import build
+from dispatch.benchmark import problems
+from dispatch.benchmark.build import build
 
 VARIANTS = {"stages3_n128": dict(num_stages=3, block_n=128), "stages1_n16_w2": dict(num_stages=1, block_n=16, num_warps=2),
             "stages1_n16_w1": dict(num_stages=1, block_n=16, num_warps=1)}

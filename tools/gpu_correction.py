@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 from unittest import mock
 
-from dispatch.lab.report import regret_figures
+from dispatch.benchmark.report import regret_figures
 from tools.lab import replay, table
 from tools.lab.figures import ratio_figures
 from tools.tables import estimate, measured

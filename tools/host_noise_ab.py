@@ -3,7 +3,7 @@
     python -m tools.host_noise_ab PROBLEMS.json --load-seed S [--workers 4] [--rounds 12] --out DIR
 
 Builds each problem of PROBLEMS.json once (warm: every backend called first), then starts
-``--workers`` warm-up workers (dispatch/lab/warm.py) on the small copies of a random sweep drawn
+``--workers`` warm-up workers (dispatch/benchmark/warm.py) on the small copies of a random sweep drawn
 with ``--load-seed``: FlashInfer and Triton compiles like a sweep's. While they run, it times the
 host path of every (problem, backend) ``--rounds`` times, each round three times: with the workers
 running (``free``), with them and every process they started (compilers) stopped by SIGSTOP
@@ -26,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from dispatch.lab import randomgrid, runner
-from dispatch.lab.bench import environment
-from dispatch.lab.build import build, flashinfer_api
-from dispatch.lab.problems import problem_from_json
-from dispatch.lab.warm import Warmup
+from dispatch.benchmark import randomgrid, runner
+from dispatch.benchmark.bench import environment
+from dispatch.benchmark.build import build, flashinfer_api
+from dispatch.benchmark.problems import problem_from_json
+from dispatch.benchmark.warm import Warmup
 
 MODES = ("free", "paused", "paused-wide")
 

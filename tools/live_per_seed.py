@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import json
 
-from dispatch.lab import runner
+from dispatch.benchmark import runner
 from tools.lab import table
 from tools.lab.figures import bench_files_parser
 

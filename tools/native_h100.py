@@ -6,7 +6,7 @@ launcher) and split-KV rule, checked against float64 and timed (H100, torch 2.11
    GQA, long positions in decode; fp8 KV; plain, split and feature paths), out/lse poisoned with NaN,
    run three times (the first launch goes through Triton's ``kernel[grid]``, the second through the
    cached compiled kernel, the third through ``NativeTritonBackend.launcher``), each compared with
-   the float64 oracle (dispatch/lab/oracle.py);
+   the float64 oracle (dispatch/benchmark/oracle.py);
 2. host time per eager launch: back-to-back calls of a tiny decode (GPU work far below the host's),
    the launcher, run() (cached compiled kernel) and Triton's own ``kernel[grid]`` path;
 3. timing with CUDA events (dispatch/timing.py: median, warm-up excluded), K/V rotated over
@@ -48,8 +48,8 @@ from pathlib import Path
 import torch
 
 from backends.native.triton_backend import NativeTritonBackend, TileConfig, choose_config, fit_shared_memory
-from dispatch.lab.oracle import batch_attention_fp64
-from dispatch.lab.native import Case, build, problem_of, rel_err
+from dispatch.benchmark.oracle import batch_attention_fp64
+from dispatch.benchmark.native import Case, build, problem_of, rel_err
 from dispatch.problem import NAME_DTYPES, AttentionBatch
 from dispatch.timing import time_ms
 
@@ -115,7 +115,7 @@ WIDE_AGREEMENT = {
 
 
 def _spec_mask(c: Case):
-    from dispatch.lab.native import spec_bits
+    from dispatch.benchmark.native import spec_bits
 
     qn = c.q_len_per_req
     bits = (torch.rand(len(c.q_lens), qn, qn, device="cuda") > 0.5) | torch.eye(qn, dtype=torch.bool, device="cuda")

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 import dispatch
-from dispatch.lab import cases
-from dispatch.lab.oracle import attention_fp64, relative_error
+from dispatch.benchmark import cases
+from dispatch.benchmark.oracle import attention_fp64, relative_error
 
 BACKENDS = ("fa2", "fa3", "cudnn", "xqa", "trtllm-gen", "torch-flash", "native-triton", "reference")
 LOGITS = (-1e4, -5e4, -5.5e4, -6e4, -1e5, -2e5, -2.45e5)

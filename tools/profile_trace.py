@@ -11,7 +11,7 @@ import argparse
 import cProfile
 import pstats
 
-from dispatch.lab import trace
+from dispatch.benchmark import trace
 
 
 def main(argv=None) -> int:

@@ -16,8 +16,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from dispatch.lab.problems import XQA
-from dispatch.lab.report import regret_figures
+from dispatch.benchmark.problems import XQA
+from dispatch.benchmark.report import regret_figures
 from tools.lab import replay, table
 from tools.lab.figures import ratio_figures
 from tools.tables import measured

@@ -1,5 +1,5 @@
 """What the tools that read bench JSONs share: their command line and the figures of a ratio
-against FlashInfer's own call (the regret figures are the bench's, dispatch.lab.report)."""
+against FlashInfer's own call (the regret figures are the bench's, dispatch.benchmark.report)."""
 from __future__ import annotations
 
 import argparse

@@ -65,8 +65,8 @@ import torch
 import dispatch
 from backends import get_backend
 from dispatch import router
-from dispatch.lab import cases as lab
-from dispatch.lab.runner import profiled
+from dispatch.benchmark import cases as lab
+from dispatch.benchmark.runner import profiled
 from dispatch.checks import ENV_VALIDATE
 from dispatch.timing import time_ms
 
@@ -742,7 +742,7 @@ MATRIX_SHAPES = {False: dict(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtyp
 def matrix_problems(small: bool) -> list[tuple[str, Any]]:
     """(size name, BenchProblem or the reason there is none) for every entry point x size: causal
     prefill, single prefill on one request of the size's lengths, xqa at decode sizes only."""
-    from dispatch.lab.problems import ENTRY_NAMES, SINGLE, SINGLE_LSE, BenchProblem, check_entry
+    from dispatch.benchmark.problems import ENTRY_NAMES, SINGLE, SINGLE_LSE, BenchProblem, check_entry
     out = []
     for entry in ENTRY_NAMES:
         for size, (b, q, kv) in (SMALL_SIZES if small else MATRIX_SIZES).items():
@@ -756,7 +756,7 @@ def matrix_problems(small: bool) -> list[tuple[str, Any]]:
 def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optional[dict] = None) -> dict:
     """Host us per eager call of one backend (forced; "auto"; "flashinfer": FlashInfer's own call)
     on a built problem, after ``cfg.warmup`` calls; or why it did not run."""
-    from dispatch.lab import runner
+    from dispatch.benchmark import runner
     row: dict[str, Any] = {"backend": backend}
     with runner._scope(backend):
         try:
@@ -777,7 +777,7 @@ def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optiona
 def host_matrix(device: str, cfg: Config, small: bool) -> list[dict]:
     """Every entry point x every backend that serves it (each forced in turn, then auto and
     FlashInfer's own call) x the sizes: one row per cell (``python -m tools.lab.table`` reads them)."""
-    from dispatch.lab import build, runner
+    from dispatch.benchmark import build, runner
     rows = []
     api, why = build.flashinfer_api() if device == "cuda" else (None, "FlashInfer runs on a GPU only")
     for size, p in matrix_problems(small):

@@ -29,10 +29,10 @@ from typing import Optional
 import capability_db
 from backends._providers import defect_facts
 from dispatch import autotune, router
-from dispatch.lab.build import flashinfer_own_wrong
-from dispatch.lab.problems import entry_of, problem_of
-from dispatch.lab.report import regret_figures
-from dispatch.lab.runner import call_cost, eager_cost_ms
+from dispatch.benchmark.build import flashinfer_own_wrong
+from dispatch.benchmark.problems import entry_of, problem_of
+from dispatch.benchmark.report import regret_figures
+from dispatch.benchmark.runner import call_cost, eager_cost_ms
 
 from .figures import ratio_figures
 from .table import FROM, merged, recorded_problem, sweep_device

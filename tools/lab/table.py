@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 import capability_db
-from dispatch.lab.problems import (CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem, entry_of,
+from dispatch.benchmark.problems import (CUDNN, RAGGED, SINGLE, SINGLE_LSE, TRTLLM, XQA, BenchProblem, entry_of,
                                    problem_of)
 from dispatch.problem import DeviceDesc
 from tools.tables.estimate import plans_per_call

@@ -3,7 +3,7 @@ with nvcc and no GPU, so a GPU machine without network starts with them instead 
 first time a call needs it (about a minute per fa2/fa3 module; fa3's about 70 s on an H100).
 
 Which modules: those the problems of the bench's engine-shaped random distribution need
-(dispatch/lab/randomgrid.py, drawn ``--draws`` times): fa2's, fa3's and (decode) XQA's where the
+(dispatch/benchmark/randomgrid.py, drawn ``--draws`` times): fa2's, fa3's and (decode) XQA's where the
 backend takes the problem on an H100 (the router's capability reasons), named by FlashInfer's URI:
 (dtypes, head dim, window on/off, soft cap on/off) for fa2's and fa3's batch or single-request module,
 (dtypes, page size, head dim, group, window on/off) for XQA's. Built the most worth building first
@@ -47,8 +47,8 @@ from pathlib import Path
 
 import capability_db
 from dispatch import router
-from dispatch.lab.problems import SINGLE, SINGLE_LSE, BenchProblem, problem_of
-from dispatch.lab.randomgrid import draw_one
+from dispatch.benchmark.problems import SINGLE, SINGLE_LSE, BenchProblem, problem_of
+from dispatch.benchmark.randomgrid import draw_one
 
 H100 = capability_db.device_for_capability(9, 0, "NVIDIA H100 80GB HBM3")
 SHORT = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "e4m3"}

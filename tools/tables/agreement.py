@@ -2,7 +2,7 @@
 
     python -m tools.tables.agreement --gpu h200 --problems 400 [--seed S]
 
-Draws bench problems (``dispatch.lab.randomgrid``, the sweeps' distribution), asks the router which
+Draws bench problems (``dispatch.benchmark.randomgrid``, the sweeps' distribution), asks the router which
 backends accept each on the described GPU, and ranks them twice: by the compiled table
 (``dispatch.choice.rank``, what the router does) and by the fit it was compiled from
 (``tools.tables.estimate.rank``). Each choice is judged by the fit's own estimate of its time:
@@ -16,8 +16,8 @@ import statistics
 
 import capability_db
 from dispatch import choice, router
-from dispatch.lab import randomgrid
-from dispatch.lab.problems import problem_of
+from dispatch.benchmark import randomgrid
+from dispatch.benchmark.problems import problem_of
 
 from . import estimate, measured
 

@@ -10,8 +10,8 @@ import pytest
 
 import capability_db
 from dispatch import choice, router
-from dispatch.lab.problems import SINGLE
-from dispatch.lab.vendors import make_problem
+from dispatch.benchmark.problems import SINGLE
+from dispatch.benchmark.vendors import make_problem
 from tools.tables import estimate, measured
 from tools.tables.estimate import ranking_by_the_fit
 

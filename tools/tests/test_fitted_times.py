@@ -16,7 +16,7 @@ from unittest import mock
 import capability_db
 import pytest
 from dispatch import router
-from dispatch.lab.problems import CUDNN, PAGED
+from dispatch.benchmark.problems import CUDNN, PAGED
 from tools import crossval_choice, gpu_ratio, table_choice
 from tools.lab import table
 from tools.tables import estimate, measured
@@ -140,7 +140,7 @@ def test_work_counts_the_pairs_the_oracle_keeps_and_the_keys_any_query_sees(q, k
     """The FLOPs of the (query, key) pairs the oracle's mask keeps (a non-causal window sees every key
     after its start, not window + 1 keys a query as an earlier count had it), and the bytes of every
     key from the first query's window start on, read once."""
-    from dispatch.lab.oracle import allowed_keys
+    from dispatch.benchmark.oracle import allowed_keys
     p = table.problem_of(table.BenchProblem(entry="single_prefill_with_kv_cache", batch=3, q_len=q, kv_len=kv,
                                             num_qo_heads=4, num_kv_heads=2, head_dim=64, causal=causal,
                                             window_left=window))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dispatch
-from dispatch.lab import bench
+from dispatch.benchmark import bench
 from tools.lab import host_cost as host_cost_module
 
 ROOT = Path(__file__).resolve().parents[2]

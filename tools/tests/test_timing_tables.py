@@ -9,8 +9,8 @@ import json
 import pytest
 
 import capability_db
-from dispatch.lab import runner
-from dispatch.lab.problems import PAGED, BenchProblem
+from dispatch.benchmark import runner
+from dispatch.benchmark.problems import PAGED, BenchProblem
 from tools.lab import table
 from tools.tables import measured
 

@@ -1,8 +1,8 @@
 """``attn-dispatch bench``: the one benchmark runner.
 
 Sweeps a named grid (``--grid quick|h100``; ``--quick`` = ``--grid quick``), a user's JSON list
-of problems (``--problems FILE``; fields: dispatch/lab/problems.py) or N random problems
-(``--random N [--seed S]``: the distribution and its caps are dispatch/lab/randomgrid.py's; without
+of problems (``--problems FILE``; fields: dispatch/benchmark/problems.py) or N random problems
+(``--random N [--seed S]``: the distribution and its caps are dispatch/benchmark/randomgrid.py's; without
 ``--seed`` the seed is drawn from os.urandom now; either way it is printed and recorded) through the public entry
 points: every available backend forced in turn and the automatic choice, each output checked
 against the fp64 oracle, eager and CUDA-graph timing, rates, the fastest backend and auto's
@@ -62,12 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--grid", choices=tuple(grids.GRIDS), help="a named grid (default: quick on the CPU, h100 on a GPU)")
     what.add_argument("--quick", action="store_true", help="the quick grid (tiny problems, seconds)")
-    what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/lab/problems.py)")
+    what.add_argument("--problems", type=Path, metavar="FILE", help="a JSON list of problems (see dispatch/benchmark/problems.py)")
     what.add_argument("--trace", action="store_true",
                       help="an engine-shaped trace, the batch changing every step, through ours and FlashInfer's "
-                           "calls (dispatch/lab/trace.py; the options after it are its own: --trace --help)")
+                           "calls (dispatch/benchmark/trace.py; the options after it are its own: --trace --help)")
     what.add_argument("--random", type=int, metavar="N",
-                      help="N problems drawn from the engine-shaped distribution of dispatch/lab/randomgrid.py")
+                      help="N problems drawn from the engine-shaped distribution of dispatch/benchmark/randomgrid.py")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")), metavar="DIR",
                    help="output folder (default $OUT or .)")
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="with --random: the seed (default: drawn from os.urandom now; printed and recorded)")
     p.add_argument("--warm-workers", type=int, default=0, metavar="J",
-                   help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/lab/warm.py)")
+                   help="J processes compile each problem's vendor modules ahead of the sweep (dispatch/benchmark/warm.py)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="name the N functions with the most host time per call of each backend (cProfile; "
                         "it inflates every Python call alike: read it for where the time goes); on a GPU also the "
@@ -182,7 +182,7 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
 
 
 def _warm_sweep(plist: list, args: argparse.Namespace, reps: int, save) -> list[dict]:
-    """``sweep``, with ``--warm-workers J`` compiling ahead of it (dispatch/lab/warm.py)."""
+    """``sweep``, with ``--warm-workers J`` compiling ahead of it (dispatch/benchmark/warm.py)."""
     if args.warm_workers <= 0:
         return sweep(plist, args.device, reps, args.budget_s, on_result=save, profile=args.profile,
                      recheck=args.recheck)
@@ -200,7 +200,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from . import report, runner
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--trace" in argv:  # its own options (dispatch/lab/trace.py)
+    if "--trace" in argv:  # its own options (dispatch/benchmark/trace.py)
         from . import trace
         return trace.main([a for a in argv if a != "--trace"])
     parser = _parser()

@@ -34,7 +34,7 @@ METHOD = (
     "Each problem runs through the public entry point (import dispatch), every available backend forced in "
     "turn (dispatch.use_backend) and the automatic choice (auto). Check: the out buffer is poisoned with NaN, "
     "one call, then the last {rows} query rows of the first, middle and last request (and their LSE) against "
-    "the fp64 oracle (dispatch/lab/oracle.py): relative Frobenius error within the band (bf16/fp16 1e-2, "
+    "the fp64 oracle (dispatch/benchmark/oracle.py): relative Frobenius error within the band (bf16/fp16 1e-2, "
     "fp8 KV 6e-2, fp32 1e-5), else the backend's row says DISAGREES and is not timed. Time: milliseconds per "
     "call, eager and warm, median of {reps} CUDA-event timings of back-to-back calls queued behind a GPU spin "
     "(host launch gaps not counted; CPU: the wall clock); host: microseconds of host time per eager call "

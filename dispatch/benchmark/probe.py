@@ -13,7 +13,7 @@ sinks / LSE / scales), the probe compares what the data declares
 * declared not OK, and refuses or disagrees                    -> ``rejected``
 
 Agreement bands (relative Frobenius error vs fp64): fp32 1e-5, fp16/bf16 1e-2,
-fp8 KV 6e-2 (dispatch/lab/oracle.py: the one fp64 oracle, which this module re-exports as
+fp8 KV 6e-2 (dispatch/benchmark/oracle.py: the one fp64 oracle, which this module re-exports as
 ``oracle``); the random batch builder is dispatch/inputs.py's.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = ["BASE", "Case", "make_batch", "oracle", "rel_error", "band", "grid", 
 # ------------------------------------------------------------------- the batch
 # Case and make_batch live in dispatch/inputs.py (autotune builds its inputs there too)
 # ------------------------------------------------------------------ the oracle
-# The one fp64 oracle (dispatch/lab/oracle.py) of the whole batch: (total_q, Hq, Dvo) output and
+# The one fp64 oracle (dispatch/benchmark/oracle.py) of the whole batch: (total_q, Hq, Dvo) output and
 # (total_q, Hq) base-2 LSE; its relative error and agreement bands.
 oracle = reference_of_batch
 rel_error = relative_error

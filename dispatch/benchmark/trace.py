@@ -48,7 +48,7 @@ host time (the warm-up pass's first step: the first call's cost), the wrappers' 
 and the steps where our host time exceeds FlashInfer's worst + 1 ms. Nothing asserts speed.
 
 Check: on ``--check-steps`` steps of the timed pass the last layer's output is compared with the
-fp64 oracle (dispatch/lab/oracle.py) on the last rows of a few requests (relative error against the
+fp64 oracle (dispatch/benchmark/oracle.py) on the last rows of a few requests (relative error against the
 dtype's band) and, when FlashInfer ran the step, with FlashInfer's whole output (printed).
 
     attn-dispatch bench --trace --device cpu --steps 20 --out DIR      # seconds, CI runs it

@@ -62,7 +62,7 @@ class Warmup:
         # no autotune in a worker: its timings would run beside the sweep's and its file is not the sweep's
         env = dict(os.environ, MAX_JOBS=str(max(1, len(spare) // workers + 1)), ATTN_DISPATCH_AUTOTUNE="0")
         self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "dispatch.lab.warm", str(self.dir), str(k), str(workers),
+            [sys.executable, "-m", "dispatch.benchmark.warm", str(self.dir), str(k), str(workers),
              ",".join(map(str, spare)), device],
             stdout=open(self.dir / f"worker-{k}.log", "w"), stderr=subprocess.STDOUT, env=env)
             for k in range(workers)]

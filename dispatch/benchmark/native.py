@@ -5,7 +5,7 @@ A ``Case`` names a scenario: storage (paged NHD/HND, ragged, dense), sizes, dtyp
 encoding, sinks, scales. ``build`` draws its random tensors on ``DEVICE`` (paged caches with shuffled
 pages and a junk tail in the block table); ``run_case`` plans and runs the native-triton backend
 directly (no router) with out/lse poisoned with NaN, and asserts that every element was written and
-that out and lse agree with the one fp64 oracle (dispatch/lab/oracle.py; ``expected`` hands it the
+that out and lse agree with the one fp64 oracle (dispatch/benchmark/oracle.py; ``expected`` hands it the
 case's masks, RoPE, ALiBi slopes, sinks and scales) within its ``BANDS``. It returns (plan, out rel.
 error, lse rel. error).
 
@@ -146,7 +146,7 @@ def oracle_masks(c: Case, extras: dict) -> Optional[list]:
 
 
 def expected(c: Case, q, dense_k, dense_v, sm_scale, out_scale, sinks, extras):
-    """The fp64 oracle's (dispatch/lab/oracle.py) out and base-2 LSE of a case's inputs."""
+    """The fp64 oracle's (dispatch/benchmark/oracle.py) out and base-2 LSE of a case's inputs."""
     starts = [0, *torch.tensor(c.q_lens).cumsum(0).tolist()]
     qs = [q[starts[b]:starts[b + 1]] for b in range(len(c.q_lens))]
     slopes = torch.tensor(alibi_slopes(c.hq), dtype=torch.float64) if c.pos == "ALIBI" else None

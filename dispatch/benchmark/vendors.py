@@ -6,7 +6,7 @@ against the same oracle.
 ``make_problem`` (an AttentionProblem, small defaults, any field overridden), ``make_batch``
 (fresh random inputs for it: paged caches with permuted pages in the problem's physical layout,
 out poisoned with NaN) and ``reference`` (fp64 out and base-2 LSE of our semantics,
-dispatch/problem.py, from ``attend``: the one fp64 oracle, dispatch/lab/oracle.py, of one
+dispatch/problem.py, from ``attend``: the one fp64 oracle, dispatch/benchmark/oracle.py, of one
 request in a vendor's terms, window bounds and natural-log LSE).
 
     problem = make_problem(phase="decode", device_type="cuda")
@@ -27,7 +27,7 @@ from ..problem import AttentionBatch, AttentionProblem
 
 
 def attend(q, k, v, *, scale, lo=None, hi=None, soft_cap=0.0, sinks=None, alibi=None, mask=None):
-    """The fp64 oracle (dispatch/lab/oracle.py) of one request in a vendor's terms: q (Lq,Hq,D),
+    """The fp64 oracle (dispatch/benchmark/oracle.py) of one request in a vendor's terms: q (Lq,Hq,D),
     k/v (Lk,Hkv,D); query row i sits at position Lk - Lq + i; key j is visible when pos - lo <= j <=
     pos + hi (None = unbounded) and mask[i, j]. Returns out (Lq,Hq,Dv) fp64 (0 on rows with no key)
     and the natural-log LSE (Lq,Hq) (the sink's term included; -inf on rows with no key nor sink)."""

@@ -1,4 +1,4 @@
-"""Inputs and public calls of one bench problem (dispatch/lab/cases.py's builders), and its fp64 check.
+"""Inputs and public calls of one bench problem (dispatch/benchmark/cases.py's builders), and its fp64 check.
 
 ``build`` draws the problem's tensors once (pages in a random order, fresh random values) and
 copies the K/V operand until the copies together outgrow the L2 (``kv_copies``), so that a
@@ -49,7 +49,7 @@ def kv_copies(p: BenchProblem, l2_bytes: int) -> int:
 @dataclass
 class Built:
     problem: BenchProblem
-    case: dict  # dispatch.lab's paged or ragged case
+    case: dict  # dispatch.benchmark's paged or ragged case
     operands: list  # the K/V operand each call takes, in copies (operands[0] is checked)
     sinks: Optional[torch.Tensor]
     out: Optional[torch.Tensor]  # the caller's out buffer (None: the entry allocates)
