@@ -238,7 +238,7 @@ class Priorities(_Frozen):
 
 
 # -- known defects: vendor versions with a wrong answer, or a measured error outside the contract --
-# The contract's relative-error bands (METHOD; dispatch/lab/oracle.py BANDS says the same: a test pins it).
+# The contract's relative-error bands (METHOD; dispatch/benchmark/oracle.py BANDS says the same: a test pins it).
 CONTRACT_BANDS = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "fp8": 6e-2}
 
 

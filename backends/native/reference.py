@@ -27,7 +27,7 @@ Semantics not fixed by the problem docstring, chosen to match FlashInfer:
   overrides CAUSAL); window_left still applies on top of them.
 * sinks enter the softmax's denominator (not the numerator) and so the LSE, which is the
   log of that whole denominator, as FlashInfer's sink variants, trtllm-gen's softmax stats and
-  cuDNN's Stats compute it (dispatch/lab/oracle.py cites them); a fully masked row gives 0
+  cuDNN's Stats compute it (dispatch/benchmark/oracle.py cites them); a fully masked row gives 0
   and LSE -inf, or with a sink LSE = sink / ln 2.
 
 Not CUDA-graph capturable: lengths are read on the host (``cuda_graph: never``).
