@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dispatch import cli
-from dispatch.benchmark import build, grids, problems, runner
+from dispatch.benchmark import build, grids, problems, report, runner
 from dispatch.benchmark.oracle import allowed_keys, band
 from dispatch.benchmark.problems import PAGED, XQA, BenchProblem
 from tools.lab import table
@@ -530,7 +530,7 @@ def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(router, "live_device", lambda tensor: capability_db.resolve_device("h100"))
     monkeypatch.setattr(bench.torch, "empty", lambda *a, **k: None)
-    env = bench.environment("cuda")
+    env = report.environment("cuda")
     assert env["timing_table"] == choice_table.describe(capability_db.resolve_device("h100"))
     assert env["timing_table"].startswith("tables/h100.json (") and env["timing_table"].endswith("; this GPU's own")
-    assert "timing_table" not in bench.environment("cpu")
+    assert "timing_table" not in report.environment("cpu")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from dispatch.benchmark import randomgrid, runner
-from dispatch.benchmark.bench import environment
+from dispatch.benchmark.report import environment
 from dispatch.benchmark.build import build, flashinfer_api
 from dispatch.benchmark.problems import problem_from_json
 from dispatch.benchmark.warm import Warmup

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import platform
 import sys
 import textwrap
 import time
@@ -106,31 +104,6 @@ def load_problems(args: argparse.Namespace) -> tuple[str, list]:
         return args.problems.stem, [problems.problem_from_json(item) for item in items]
     name = "quick" if args.quick else (args.grid or ("h100" if args.device == "cuda" else "quick"))
     return name, grids.grid(name)
-
-
-def environment(device: str) -> dict:
-    from .._version import version
-
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "torch": torch.__version__, "attn-dispatch": version()}
-    if device == "cuda":
-        env.update(gpu=torch.cuda.get_device_name(), capability="sm_%d%d" % torch.cuda.get_device_capability(),
-                   cuda=torch.version.cuda)
-    else:
-        env.update(gpu=None, cpu=platform.processor() or platform.machine())
-    for module in ("triton", "flashinfer", "cudnn"):
-        try:
-            env[module] = getattr(__import__(module), "__version__", "installed")
-        except Exception as exc:  # noqa: BLE001 - a missing package is a fact of the run
-            env[module] = f"not installed ({type(exc).__name__})"
-    if device == "cuda":  # what auto's column ranked by (an H100 ranks by the H200's table, scaled)
-        from capability_db import choice_table
-
-        from .. import router
-        env["timing_table"] = choice_table.describe(router.live_device(torch.empty(0, device="cuda")))
-    if autotune.enabled():  # ATTN_DISPATCH_AUTOTUNE=1: auto's column is what timing on this machine chose
-        env["autotune"] = f"on ({autotune.describe_cache()})"
-    return env
 
 
 def _progress(total: int):
@@ -229,7 +202,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     reps = args.reps or (10 if args.device == "cuda" else 5)
     stem = (f"bench-{name}-{args.device}" + ("-autotune" if autotune.enabled() else "")
             + (f"-from-{args.start}" if args.start else ""))  # a resume keeps the first part
-    rep = {"grid": name, "environment": environment(args.device),
+    rep = {"grid": name, "environment": report.environment(args.device),
            "method": runner.METHOD.format(rows=16, reps=reps, host_up_to=runner.HOST_ROUNDS_UP_TO_MS,
                                              host_rounds=runner.HOST_ROUNDS), "results": [], "regret": {}}
     if args.random is not None:

@@ -5,11 +5,15 @@ every backend per problem, one panel per entry point and phase, problems grouped
 of auto's regret. Both titles name the device, the grid and the versions."""
 from __future__ import annotations
 
+import datetime
 import json
 import math
+import platform
 import textwrap
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
 
 from .problems import SHORT_OF
 
@@ -262,3 +266,31 @@ def _rate_panel(ax, entry: str, phase: str, unit: str, rs: list[dict], colors: d
     ax.set_title(f"{entry} {phase}", fontsize=9, pad=14)
     ax.set_xlabel("problem: batch x q_len x kv_len", fontsize=7)
     ax.set_ylabel(unit, fontsize=8)
+
+
+def environment(device: str) -> dict:
+    """The run's machine and versions (every bench and trace report opens with them)."""
+    from .._version import version
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "torch": torch.__version__, "attn-dispatch": version()}
+    if device == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(), capability="sm_%d%d" % torch.cuda.get_device_capability(),
+                   cuda=torch.version.cuda)
+    else:
+        env.update(gpu=None, cpu=platform.processor() or platform.machine())
+    for module in ("triton", "flashinfer", "cudnn"):
+        try:
+            env[module] = getattr(__import__(module), "__version__", "installed")
+        except Exception as exc:  # noqa: BLE001 - a missing package is a fact of the run
+            env[module] = f"not installed ({type(exc).__name__})"
+    if device == "cuda":  # what auto's column ranked by (an H100 ranks by the H200's table, scaled)
+        from capability_db import choice_table
+
+        from .. import router
+        env["timing_table"] = choice_table.describe(router.live_device(torch.empty(0, device="cuda")))
+    from .. import autotune
+
+    if autotune.enabled():  # ATTN_DISPATCH_AUTOTUNE=1: auto's column is what timing on this machine chose
+        env["autotune"] = f"on ({autotune.describe_cache()})"
+    return env

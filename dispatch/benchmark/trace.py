@@ -886,7 +886,7 @@ def again(cfg: Config, seed: int, entries: list[str]) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from .bench import environment
+    from .report import environment
     from .randomgrid import new_seed
 
     p = parser()
