@@ -56,7 +56,6 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 from unittest import mock
 
-import torch
 
 import capability_db
 from capability_db.choice_table import ANCHORS
@@ -74,33 +73,8 @@ SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch
                                            source="default: PyTorch reference, unfused")}
 
 
-# Host microseconds per eager call of each backend's path where the table has no measured figure:
-# rough figures of the H100/H200 host-cost runs (python -m tools.lab.host_cost; docs/benchmarks.md),
-# a 2024 server CPU, warm calls of a repeated shape: whole calls through dispatch of 18-32 us on fa2
-# and xqa, 54 us on cuDNN (H100); native-triton's launcher costs 7.5-13 us per launch (H100), like
-# the vendors' once its plan is kept per call key;
-# the unfused PyTorch reference far more.
-DEFAULT_HOST_US = {"fa2": 25.0, "fa3": 35.0, "xqa": 25.0, "trtllm-gen": 30.0, "cudnn": 50.0, "torch-flash": 30.0,
-                   "native-triton": 25.0, "reference": 500.0}
-UNKNOWN_HOST_US = 40.0  # a backend missing from DEFAULT_HOST_US
-
-
-_CUDA = torch.cuda.is_available()  # a CPU-only torch cannot even ask (a described GPU: never capturing)
-
-
-def capturing(device: DeviceDesc) -> bool:
-    """Whether the current CUDA stream is capturing a graph (then only GPU time counts)."""
-    return device.kind == "cuda" and _CUDA and torch.cuda.is_current_stream_capturing()
-
-
-def with_properties(desc: DeviceDesc, props: Any) -> DeviceDesc:
-    """``desc`` with what the live GPU's properties say: SM count, and peak HBM bandwidth
-    (2 x memory clock x bus width) where this torch reports them (else 0: the name decides)."""
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
-    bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    bandwidth = round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e12, 3) if clock_khz and bus_bits else 0.0
-    return dataclasses.replace(desc, sm_count=int(getattr(props, "multi_processor_count", 0) or 0),
-                               peak_tb_per_s=bandwidth)
+# the defaults of host time, and the capture test, are the product's (dispatch.choice)
+from dispatch.choice import DEFAULT_HOST_US, UNKNOWN_HOST_US, capturing  # noqa: E402
 
 
 def host_us(table: TimingTable, rows: list[TimingRow], backend: str, entry: str) -> tuple[float, str]:
