@@ -53,9 +53,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 from unittest import mock
-
 
 import capability_db
 from capability_db.choice_table import ANCHORS
