@@ -145,16 +145,17 @@ class ChoiceTable:
         shown = tuple(max(1, round(n)) for n in point)
         if cells is None:
             return {}, shown
-        logs: dict[str, float] = {}
-        for corner, weight in corners(problem, point):
-            times = self._cell(cells, corner)
-            if not times:
-                continue
-            slowest = math.log2(min(times.values()) * self.data.get("keep_within", 2.5))
-            for name in set(times) | set(logs):
-                logs[name] = logs.get(name, 0.0) + weight * (math.log2(times[name]) if name in times else slowest)
-        seen = {name for corner, _ in corners(problem, point) for name in self._cell(cells, corner)}
-        return {name: self._adjusted(problem, name, 2.0 ** v) for name, v in logs.items() if name in seen}, shown
+        cells_at = [(self._cell(cells, corner), weight) for corner, weight in corners(problem, point)]
+        cells_at = [(times, weight) for times, weight in cells_at if times]
+        total = sum(weight for _, weight in cells_at)
+        names = {name for times, _ in cells_at for name in times}
+        keep = self.data.get("keep_within", 2.5)
+        out = {}
+        for name in names:
+            log2_ms = sum(weight * math.log2(times[name] if name in times else min(times.values()) * keep)
+                          for times, weight in cells_at) / total
+            out[name] = self._adjusted(problem, name, 2.0 ** log2_ms)
+        return out, shown
 
     def _cell(self, cells: dict, corner: Sizes) -> dict[str, float]:
         words = cells.get(",".join(map(str, corner)), "").split()

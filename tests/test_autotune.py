@@ -309,3 +309,20 @@ def test_autotune_inputs_carry_xqa_draft_bits_for_a_spec_bits_problem():
     assert batch.spec_mask.dtype == torch.uint16 and batch.spec_mask.shape[0] == 6
     words = batch.spec_mask.view(torch.int32)[:, 0]  # row i of a request: drafts 0..i (causal)
     assert words.tolist() == [1, 3, 7, 1, 3, 7]
+
+
+def test_a_backend_a_corner_left_out_counts_as_keep_within_times_its_fastest():
+    """A corner keeps only backends within ``keep_within`` of its fastest: one it left out is at least
+    that slow there, whichever corner the interpolation reads first."""
+    p = make_problem(entry="xqa_batch_decode_with_kv_cache", phase="decode", num_qo_heads=32, num_kv_heads=8,
+                     head_dim_qk=128, head_dim_vo=128, device_type="cuda")
+    table = synthetic_table(p, {"xqa": 1.0, "fa2": 1.0})
+    names, cells = table.data["backends"], table.data["keys"][key_of(p)]
+    for b in (16, 64):
+        cells[f"{b},1,1024"] = f"{names.index('xqa')} 0.1"  # fa2 left out here only
+        cells[f"{b},1,4096"] = f"{names.index('xqa')} 0.4 {names.index('fa2')} 0.2"
+    times, _ = table.gpu_ms(p, (32, 1, 2048))
+    t = math.log2(1536 / 1024) / 2
+    keep = table.data.get("keep_within", 2.5)
+    assert times["fa2"] == pytest.approx((0.1 * keep) ** (1 - t) * 0.2 ** t)
+    assert times["xqa"] == pytest.approx(0.1 ** (1 - t) * 0.4 ** t)
