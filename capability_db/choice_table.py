@@ -6,7 +6,8 @@ that GPU; the router only reads it: no model is evaluated and nothing is timed o
 
 * **Key**: entry point, phase (a speculative decode reads the prefill key), head dim (64, 128 or 256,
   the nearest), causal (prefill), and the GQA group for decode (1, 4 or 8, the nearest).
-* **Sizes**: a grid of powers of four, batch x q x kv. A call's size class is read at its middle
+* **Sizes**: a grid of powers of four, batch (single prefill: query heads) x q x kv. A call's size
+  class is read at its middle
   (``class_middle``), its batch in the grid's units (``reference_batch``: heads multiply the work as
   the batch does), and interpolated between the grid points around it (trilinear in log2 sizes).
 * **Other facts** (fp8 KV, a window, a soft cap, sinks, LSE) multiply a backend's time by its factor
@@ -36,6 +37,9 @@ KV_LENS = [64, 256, 1024, 4096, 16384, 65536]
 HEAD_DIMS = (64, 128, 256)
 GROUPS = (1, 4, 8)
 REFERENCE_KV_HEADS = 8
+# single prefill's first axis: its query heads (one request; its heads are its parallel work), GQA 4
+SINGLE_HEADS = [4, 16, 64]
+SINGLE = "single_prefill_with_kv_cache"
 FLAGS = ("fp8_kv", "window", "soft_cap", "sinks", "lse")
 # (batch, q_len, kv_len) a phase is judged at when the sizes are not known (the anchor workloads)
 ANCHORS = {"decode": (64, 1, 4096), "prefill": (8, 2048, 2048), "spec_decode": (64, 4, 4096)}
@@ -67,19 +71,23 @@ def representative(entry: str, phase: str, storage: str, head_dim: int, causal: 
                             out_dtype="bfloat16", page_size=16 if storage == "paged" else 0, causal=causal)
 
 
+def first_axis(problem: AttentionProblem) -> list:
+    """The grid's first axis: the batch, or single prefill's query heads (``SINGLE_HEADS``)."""
+    return SINGLE_HEADS if problem.entry == SINGLE else BATCHES
+
+
 def grid_points(problem: AttentionProblem) -> list[Sizes]:
-    """The grid a key is compiled on: one request for single prefill; q = 1 for decode; q <= kv."""
-    batches = [1] if problem.entry == "single_prefill_with_kv_cache" else BATCHES
+    """The grid a key is compiled on: q = 1 for decode; q <= kv."""
     q_lens = [1] if key_phase(problem) == "decode" else Q_LENS[1:]
-    return [(b, q, kv) for b in batches for q in q_lens for kv in KV_LENS if q <= kv]
+    return [(b, q, kv) for b in first_axis(problem) for q in q_lens for kv in KV_LENS if q <= kv]
 
 
 def reference_batch(problem: AttentionProblem, batch: float) -> float:
     """The batch in the grid's units: a decode's in ``REFERENCE_KV_HEADS`` KV heads (its group is in
-    the key), a prefill's in the reference's query heads (its work follows them); one request for
-    single prefill."""
-    if problem.entry == "single_prefill_with_kv_cache":
-        return 1.0
+    the key), a prefill's in the reference's query heads (its work follows them); single prefill's
+    first axis is its query heads."""
+    if problem.entry == SINGLE:
+        return float(problem.num_qo_heads)
     if key_phase(problem) == "decode":
         return batch * problem.num_kv_heads / REFERENCE_KV_HEADS
     return batch * problem.num_qo_heads / (REFERENCE_KV_HEADS * 4)
@@ -109,9 +117,8 @@ def corners(problem: AttentionProblem, point: tuple[float, float, float]) -> lis
     """The grid points around ``point`` with their weights (trilinear in log2 sizes); those off the
     grid (q > kv) are left out and the rest weigh for them."""
     b, q, kv = point
-    batches = [1] if problem.entry == "single_prefill_with_kv_cache" else BATCHES
     q_lens = [1] if key_phase(problem) == "decode" else Q_LENS[1:]
-    found = [((gb, gq, gk), wb * wq * wk) for gb, wb in _bracket(batches, b) for gq, wq in _bracket(q_lens, q)
+    found = [((gb, gq, gk), wb * wq * wk) for gb, wb in _bracket(first_axis(problem), b) for gq, wq in _bracket(q_lens, q)
              for gk, wk in _bracket(KV_LENS, kv) if gq <= gk and wb * wq * wk > 0]
     total = sum(w for _, w in found)
     return [(c, w / total) for c, w in found]

@@ -25,7 +25,7 @@ from typing import Iterator
 import backends
 import capability_db
 from capability_db.choice_table import (BATCHES, FLAGS, GROUPS, HEAD_DIMS, KV_LENS, Q_LENS, REFERENCE_KV_HEADS,
-                                  TABLES_DIR, grid_points, key_of, representative)
+                                  SINGLE, SINGLE_HEADS, TABLES_DIR, grid_points, key_of, representative)
 
 from . import measured
 
@@ -147,6 +147,17 @@ def servers(problem) -> set[str]:
     return {name for name in backends.REGISTRY if not backends.get_backend(name).check(problem, device)}
 
 
+def at_point(problem, point):
+    """(problem, sizes) the fit is asked at for a grid point: single prefill's first axis is its
+    query heads (one request, the key's GQA group), the others' the batch."""
+    if problem.entry != SINGLE:
+        return problem, point
+    heads, q, kv = point
+    group = problem.gqa_group
+    heads = max(heads, group)
+    return dataclasses.replace(problem, num_qo_heads=heads, num_kv_heads=heads // group), (1, q, kv)
+
+
 def compile_key(table, problem, names: list[str]) -> tuple[dict, dict]:
     """(grid point -> "<backend index> <ms> ..." fastest first, flag -> backend -> factor) of one key;
     a backend's index is its place in ``names``."""
@@ -154,7 +165,7 @@ def compile_key(table, problem, names: list[str]) -> tuple[dict, dict]:
     variants = [problem] + [flag_variant(problem, f) for f in FLAGS]
     serving = servers(problem)
     times = [{n: ms for n, ms in t.items() if n in serving}
-             for t in times_many(table, [(v, s) for v in variants for s in points])]
+             for t in times_many(table, [at_point(v, s) for v in variants for s in points])]
     base, flagged = times[:len(points)], times[len(points):]
     cells, logs = {}, {f: {} for f in FLAGS}
     for k, sizes in enumerate(points):
@@ -183,7 +194,8 @@ def compile_table(table: measured.TimingTable, target: str) -> dict:
     return {"gpu": target, "sm": table.sm, "measured_on": table.key, "keep_within": KEEP_WITHIN, "peak_tb_per_s": table.peak_tb_per_s, "peak_tflops": table.peak_tflops,
             "compiled_from": f"{table.fitted.source[:300]} ({sum(table.fitted.rows.values())} timed calls)"
                              + (f"; {table.scaling}" if table.scaling else ""),
-            "grid": {"batch": BATCHES, "q": Q_LENS, "kv": KV_LENS, "kv_heads": REFERENCE_KV_HEADS},
+            "grid": {"batch": BATCHES, "single_prefill_heads": SINGLE_HEADS, "q": Q_LENS, "kv": KV_LENS,
+                     "kv_heads": REFERENCE_KV_HEADS},
             "backends": names, "host_us": table.host_us, "launch_us": launch, "factors": factors, "keys": keys}
 
 
