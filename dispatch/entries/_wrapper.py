@@ -177,7 +177,7 @@ class PrefillWrapper:
         # (cuDNN bakes their strides) plans on the first run.
         decision = router.decide(problem, self._device_desc(), self._explicit)
         self._last = router.Planned(decision, decision.chosen, None)
-        if get_backend(decision.chosen).plans_before_run(problem):
+        if not is_dry() and get_backend(decision.chosen).plans_before_run(problem):  # explain() only decides
             self._last = self._calls.proof(problem).keep(router.plan(decision, self._plan_batch()))
 
     def _plan_batch(self) -> AttentionBatch:
