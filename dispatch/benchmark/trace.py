@@ -645,7 +645,7 @@ def run_entry(name: str, cfg: Config, seed: int, fi: tuple[Optional[SimpleNamesp
         if i in at and (result := check(i, step, x, outs, cfg)) is not None:
             checks.append(result)
     run_pass(timed, build, sides, "timed", cuda, after)
-    del pools, build
+    pools = build = None  # the K/V pools go before the next entry draws its own
     if cuda:
         torch.cuda.empty_cache()
     shapes = [s.describe() for s in timed]
