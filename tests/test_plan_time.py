@@ -3,6 +3,7 @@ plan reads only what plan() knows, the page lists and index values FlashInfer's 
 on the host (no synchronizing copy back from the device), and the first run only launches."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import dispatch
@@ -61,3 +62,17 @@ def test_flashinfers_plan_takes_the_host_copies_when_the_wrapper_kept_them():
             assert args[1:4] == w._extras["paged_csr"] and kwargs["seq_lens"] is host["kv_lens"]
         else:
             assert args[1] is host["kv_indptr"] and args[1].tolist() == r["kv"].tolist()
+
+
+def test_multi_item_scoring_is_refused_by_both_wrappers_never_dropped():
+    """FlashInfer's plan(prefix_len_ptr=..., token_pos_in_items_ptr=...) masks items; dropping those
+    arguments would compute plain attention: both wrappers refuse them before anything is planned."""
+    c, r = paged(q_lens=(3, 1, 5), kv_lens=(9, 4, 13)), ragged(q_lens=(3, 1), kv_lens=(9, 4))
+    items = [("prefix_len_ptr", torch.tensor([2, 0, 0], dtype=torch.uint32)),
+             ("token_pos_in_items_ptr", torch.zeros(9, dtype=torch.uint16)),
+             ("max_item_len_ptr", torch.tensor([3, 1, 5], dtype=torch.uint16)), ("token_pos_in_items_len", 4)]
+    for name, value in items:
+        with pytest.raises(ValueError, match=f"{name}=.*multi-item scoring"):
+            paged_wrapper(c, **{name: value})
+        with pytest.raises(ValueError, match=f"{name}=.*multi-item scoring"):
+            ragged_wrapper(r, **{name: value})

@@ -112,6 +112,19 @@ def one_of(seed_name: str, seed_value: Any, new_name: str, new_value: Any, defau
     return new_value
 
 
+def no_multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr) -> None:
+    """FlashInfer's multi-item scoring (a plan's prefix lengths and item positions) changes what is
+    attended; no backend of ours serves it, so it is refused, never dropped."""
+    given = {"prefix_len_ptr": prefix_len_ptr, "token_pos_in_items_ptr": token_pos_in_items_ptr,
+             "max_item_len_ptr": max_item_len_ptr}
+    for name, value in given.items():
+        if value is not None:
+            raise checks.bad(name, value, "None: multi-item scoring (FlashInfer's prefix and item masks) is not "
+                             "served by any backend of attn-dispatch")
+    if token_pos_in_items_len:
+        raise checks.bad("token_pos_in_items_len", token_pos_in_items_len, "0: multi-item scoring is not served")
+
+
 def required(name: str, value: Any, where: str) -> Any:
     if value is UNSET:
         raise TypeError(f"{where}() missing required argument: {name!r}")

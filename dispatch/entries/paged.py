@@ -58,6 +58,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         paged_kv_indptr (B+1,) page prefix sums; paged_kv_indices page ids; paged_kv_last_page_len
         (B,) in [1, page_size]. Index tensors may be on the CPU or the device.
         """
+        B.no_multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         if packed_custom_mask is not None:
             custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
         dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")

@@ -48,6 +48,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
         qo_indptr, kv_indptr: (B+1,) int32 prefix sums, on the CPU or the device.
         """
+        B.no_multi_item_scoring(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr)
         if packed_custom_mask is not None:
             custom_mask = None  # documented: "if provided, the custom_mask will be ignored"
         dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
