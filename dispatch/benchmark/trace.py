@@ -62,6 +62,7 @@ our side fails to run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -459,7 +460,7 @@ def flashinfer_entry_reason(name: str, device: str) -> str:
                     f"sm_{major}{minor}")
     if name == "cudnn":
         try:
-            import cudnn  # noqa: F401  (FlashInfer's cuDNN path needs the frontend)
+            importlib.import_module("cudnn")  # FlashInfer's cuDNN path needs the frontend
         except Exception as exc:
             return f"not run: cudnn frontend not importable ({type(exc).__name__}: {exc})"[:200]
     return ""

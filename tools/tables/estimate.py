@@ -72,8 +72,9 @@ SLOW_EFFICIENCY = {"reference": Efficiency(bandwidth=0.02, compute=0.005, launch
                                            source="default: PyTorch reference, unfused")}
 
 
-# the defaults of host time, and the capture test, are the product's (dispatch.choice)
-from dispatch.choice import DEFAULT_HOST_US, UNKNOWN_HOST_US, capturing  # noqa: E402
+# the defaults of host time, the capture test and plans_per_call are the product's (dispatch.choice)
+from dispatch import choice  # noqa: E402
+from dispatch.choice import DEFAULT_HOST_US, UNKNOWN_HOST_US, capturing, plans_per_call  # noqa: E402,F401
 
 
 def host_us(table: TimingTable, rows: list[TimingRow], backend: str, entry: str) -> tuple[float, str]:
@@ -91,30 +92,14 @@ def host_us(table: TimingTable, rows: list[TimingRow], backend: str, entry: str)
 
 
 @dataclass(frozen=True)
-class Estimate:
-    backend: str
-    ms: float  # expected ms per call at the sizes it was estimated for: GPU time (+ host time, eager)
-    basis: str  # "autotune" | "measured" | "fitted" | "measured, scaled" | "model"
-    sizes: Sizes
-    source: str
-    note: str = ""  # how a row at other sizes became this estimate
-    host_us: Optional[float] = None  # the host time counted in ms (None: not counted, a CUDA graph)
-    host_source: str = ""
+class Estimate(choice.Estimate):
+    """The product's estimate (``dispatch.choice.Estimate``) and how a row at other sizes became it."""
+
+    note: str = ""
 
     def short(self) -> str:
-        """The estimate without its source (explain prints the sources once, not per candidate)."""
-        b, q, kv = self.sizes
-        gpu = self.ms - (self.host_us or 0.0) / 1e3
-        text = f"{self.basis}: {gpu:.4g} ms at batch {b} x q {q} x kv {kv}" + (f" ({self.note})" if self.note else "")
-        if self.host_us is not None:  # an eager call: what its host path adds
-            text += f" + host {self.host_us:.3g} us ({self.host_source}) = {self.ms:.4g} ms"
-        return text
-
-    def describe(self) -> str:
-        return f"{self.short()} ({self.source})"
-
-    def with_host(self, us: float, source: str) -> "Estimate":
-        return dataclasses.replace(self, ms=self.ms + us / 1e3, host_us=us, host_source=source)
+        head, host, tail = super().short().partition(" + host")
+        return (f"{head} ({self.note})" if self.note else head) + host + tail
 
 
 @dataclass(frozen=True)
@@ -221,7 +206,7 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
         placed = ("; placed among the others by the pairwise model of time ratios"
                   if table.fitted.pair_trees and len(fits) > 1 else "")
         return Estimate(backend, fitted, "fitted", sizes, table.fitted.source,
-                        f"fit of {table.fitted.rows[backend]} timed problems{placed}")
+                        note=f"fit of {table.fitted.rows[backend]} timed problems{placed}")
     if measured:
         near = anchor if anchor is not None and _timed(anchor, backend, problem.entry) else min(
             measured, key=lambda r: _apart(r, problem, sizes))
@@ -230,7 +215,7 @@ def estimate(table: TimingTable, rows: list[TimingRow], backend: str, problem: A
         b, q, kv = _sizes(near)
         heads = "" if timed is problem else f", {timed.num_qo_heads}/{timed.num_kv_heads} heads"
         return Estimate(backend, near.ms[backend] * scale, "measured, scaled", sizes, near.source,
-                        f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv}{heads} times the model's ratio")
+                        note=f"{near.ms[backend]:.4g} ms at {b} x {q} x {kv}{heads} times the model's ratio")
     how = f"its efficiency on the {where}" if backend in table.efficiency else "a default efficiency"
     return Estimate(backend, model_ms(table, backend, problem, sizes), "model", sizes, f"cost model at {how}")
 
@@ -259,14 +244,6 @@ def fitted_times(table: TimingTable, problem: AttentionProblem, sizes: Sizes,
         floor = min(ms, table.efficiency[backend].launch_us / 1e3) if backend in table.efficiency else 0.0
         out[backend] = floor + (ms - floor) / ratio
     return out
-
-
-def plans_per_call(backend: str) -> list[str]:
-    """The entry points through which ``backend`` plans again on every call (capability data)."""
-    try:
-        return capability_db.backend_caps(backend).plans_per_call
-    except ValueError:  # a backend the data does not know (FlashInfer's own call, a test's fake): one path
-        return []
 
 
 def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
