@@ -59,6 +59,20 @@ def test_serving_loop_check_catches_a_wrong_model(capsys, monkeypatch):
     assert agreement < 0.99 and err > 1e-2, out
 
 
+def test_serving_loop_half_precision_is_held_to_the_fp32_model(capsys, monkeypatch):
+    """At bf16 the loop is also measured against the fp32 model beside transformers' own bf16
+    forward; a loop without RoPE fails both measures."""
+    serving = load_example("serving_loop")
+    assert serving.main(["--dtype", "bfloat16", "--requests", "8", "--new-tokens", "6", "--seed", "1"]) == 0
+    good = capsys.readouterr().out
+    fp32 = re.search(r"agreement with the fp32 model: dispatch ([\d.]+)%, transformers bfloat16 ([\d.]+)%: OK", good)
+    assert fp32 and float(fp32.group(1)) >= float(fp32.group(2)) - 2, good
+    monkeypatch.setattr(serving, "rotate", lambda x, cos, sin: x)
+    assert serving.main(["--dtype", "bfloat16", "--requests", "8", "--new-tokens", "6", "--seed", "1"]) == 1
+    bad = capsys.readouterr().out
+    assert re.search(r"agreement with the fp32 model: .*: DISAGREE", bad), bad
+
+
 def count_paged_wrapper(monkeypatch):
     """Calls of BatchPrefillWithPagedKVCacheWrapper.plan and .run (dispatch's class), counted."""
     import dispatch
