@@ -3,8 +3,9 @@
     python -m tools.profile_calls --calls 200 --top 25
 
 Three loops after a warm-up: single prefill with new lengths, xqa decode with a new batch, and the
-paged wrapper's plan + one run with a new batch. Prints the median host time per call of each loop
-and the profile's functions of dispatch/ and backends/ by internal time.
+paged wrapper's plan + one run with a new batch. Prints the median host time per call of each loop,
+the same loop's through FlashInfer's own calls where it is importable, and the profile's functions
+by internal time and those of dispatch/ and backends/ by cumulative time.
 """
 from __future__ import annotations
 
@@ -20,18 +21,18 @@ import torch
 import dispatch
 
 
-def single_loop(rng: random.Random, n: int):
+def single_loop(rng: random.Random, n: int, lib=dispatch):
     k = torch.randn(4096, 8, 128, dtype=torch.bfloat16, device="cuda")
     q = torch.randn(2048, 32, 128, dtype=torch.bfloat16, device="cuda")
 
     def call():
         kv = rng.randint(64, 4096)
         ql = rng.randint(17, min(kv, 2048))
-        dispatch.single_prefill_with_kv_cache(q[:ql], k[:kv], k[:kv], causal=True)
+        lib.single_prefill_with_kv_cache(q[:ql], k[:kv], k[:kv], causal=True)
     return call
 
 
-def xqa_loop(rng: random.Random, n: int):
+def xqa_loop(rng: random.Random, n: int, lib=dispatch):
     pages, page = 20000, 16
     cache = torch.randn(pages, 2, page, 8, 128, dtype=torch.bfloat16, device="cuda")
     ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
@@ -43,14 +44,14 @@ def xqa_loop(rng: random.Random, n: int):
         width = max(-(-n // page) for n in lens)
         table = torch.randint(0, pages, (b, width), dtype=torch.int32, device="cuda")
         seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        dispatch.xqa_batch_decode_with_kv_cache(q[:b], cache, ws, table, seq, max(lens), 128 ** -0.5)
+        lib.xqa_batch_decode_with_kv_cache(q[:b], cache, ws, table, seq, max(lens), 128 ** -0.5)
     return call
 
 
-def paged_loop(rng: random.Random, n: int):
+def paged_loop(rng: random.Random, n: int, lib=dispatch):
     pages, page = 20000, 16
     cache = torch.randn(pages, 2, page, 8, 128, dtype=torch.bfloat16, device="cuda")
-    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    wrapper = lib.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
     q = torch.randn(8192, 32, 128, dtype=torch.bfloat16, device="cuda")
 
     def call():
@@ -83,7 +84,15 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
     rng = random.Random(0)
+    try:
+        import flashinfer
+    except ImportError:
+        flashinfer = None
     for name, make in (("single", single_loop), ("xqa", xqa_loop), ("paged", paged_loop)):
+        if flashinfer is not None:
+            theirs = make(random.Random(1), args.calls, flashinfer)
+            timed(theirs, args.calls)
+            print(f"== {name}: flashinfer host ms per call p50 {timed(theirs, args.calls):.3f}")
         call = make(rng, args.calls)
         timed(call, args.calls)  # warm-up: compiles, decisions
         median = timed(call, args.calls)
@@ -92,7 +101,9 @@ def main(argv=None) -> int:
         timed(call, args.calls)
         profile.disable()
         print(f"== {name}: host ms per call p50 {median:.3f}")
-        pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
+        stats = pstats.Stats(profile)
+        stats.sort_stats("tottime").print_stats(args.top)
+        stats.sort_stats("cumulative").print_stats(r"(dispatch|backends)/", args.top)
     return 0
 
 
