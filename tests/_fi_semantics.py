@@ -1,0 +1,128 @@
+"""Shared pieces of the tests that restate FlashInfer's own attention tests through ``dispatch``.
+
+Each ``test_fi_semantics_<area>.py`` rewrites the cases of one FlashInfer test file: the same entry
+points, parameter names, layouts and kinds, checked against the fp64 oracle (tests/oracle.py) with
+FlashInfer's tolerances. A case runs on the CPU through ``auto`` (the reference serves it) with
+small sizes, and on a GPU with a larger sample both through ``auto`` and through the backend
+FlashInfer's test names. Where that backend needs other hardware, the case checks the refusal.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+import dispatch
+from oracle import attention_fp64
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+WORKSPACE_BYTES = 1 << 16
+# the compute capabilities (major) each vendor-named backend's kernels are built for
+HARDWARE = {"trtllm-gen": (10,), "fa3": (9,)}
+
+
+def ident(value) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value).replace("torch.", "")
+    if isinstance(value, (tuple, list)):
+        return "x".join(ident(v) for v in value)
+    return str(value)
+
+
+def grid(names: str, cpu_cases, gpu_cases=(), named=None):
+    """pytest.mark.parametrize over ("device", "backend", *names): every CPU case through auto; every
+    GPU case through auto and through ``named`` (the backend FlashInfer's test passes), if any."""
+    fields = tuple(n.strip() for n in names.split(","))
+    params = [pytest.param("cpu", "auto", *c, id="cpu-auto-" + "-".join(ident(v) for v in c)) for c in cpu_cases]
+    for backend in ("auto",) + ((named,) if named else ()):
+        params += [pytest.param("cuda", backend, *c, marks=GPU, id=f"cuda-{backend}-" + "-".join(ident(v) for v in c))
+                   for c in gpu_cases]
+    return pytest.mark.parametrize(("device", "backend") + fields, params)
+
+
+def randn(*shape, dtype=torch.float16, device="cpu", seed=0, scale=1.0) -> torch.Tensor:
+    """Seeded normal values drawn on the CPU (the same inputs on every device), stored in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
+
+
+def workspace(device) -> torch.Tensor:
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def indptr(lengths, device="cpu") -> torch.Tensor:
+    return torch.tensor([0] + torch.tensor(list(lengths)).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+
+
+@contextlib.contextmanager
+def forced(backend: str):
+    """For entry points without a ``backend=`` argument: the backend chosen through use_backend."""
+    if backend == "auto":
+        yield
+    else:
+        with dispatch.use_backend(backend):
+            yield
+
+
+def needs_other_hardware(device: str, backend: str) -> bool:
+    """True on a GPU whose compute capability the named backend's kernels are not built for."""
+    wanted = HARDWARE.get(backend)
+    return device == "cuda" and wanted is not None and torch.cuda.get_device_capability()[0] not in wanted
+
+
+def expect_hardware_refusal(call) -> None:
+    """The call is refused with an error that names the compute capability and what is allowed."""
+    with pytest.raises(dispatch.BackendRefusedError) as err:
+        call()
+    text = str(err.value)
+    assert "sm=" in text and "allowed" in text, text
+
+
+def close(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> None:
+    """FlashInfer's elementwise tolerance, against the fp64 oracle; every entry written (no NaN)."""
+    got = got.detach().double().cpu()
+    ref = ref.detach().double().cpu()
+    assert not torch.isnan(got).any(), "NaN in the output (an unwritten or poisoned element)"
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+
+
+def single_ref(q, k, v, **kw):
+    """fp64 (out, lse base 2) of one request in NHD, computed on q's device."""
+    sm_scale = kw.pop("sm_scale", None)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    return attention_fp64(q, k, v, sm_scale=sm_scale, **kw)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi's head slopes as FlashInfer's tests' reference states them: the geometric series
+    2^(-8/n)^i for the largest power of two n <= heads, then every other term of the series
+    for 2n (the paper's rule for head counts that are not powers of two)."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = [(2.0 ** (-8.0 / n)) ** i for i in range(1, n + 1)]
+    slopes += [(2.0 ** (-4.0 / n)) ** i for i in range(1, 1 + 2 * (num_heads - n), 2)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def paged_pool(kv_lens, page_size, num_kv_heads, head_dim, *, layout="NHD", dtype=torch.float16, device="cpu",
+               seed=1, shuffle=True):
+    """A 5-D (pages, 2, ...) cache in ``layout`` with each request's pages in a random order, and
+    FlashInfer's page lists (indptr, indices, last_page_len) and each request's K/V in NHD."""
+    pages_per = [max(1, -(-n // page_size)) for n in kv_lens]
+    total = sum(pages_per)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(total, generator=g) if shuffle else torch.arange(total)
+    nhd = torch.randn(total, 2, page_size, num_kv_heads, head_dim, generator=g).to(dtype)
+    cache = nhd if layout == "NHD" else nhd.transpose(2, 3).contiguous()
+    ks, vs, start = [], [], 0
+    for n, pages in zip(kv_lens, pages_per):
+        ids = perm[start:start + pages]
+        ks.append(nhd[ids, 0].reshape(-1, num_kv_heads, head_dim)[:n].to(device))
+        vs.append(nhd[ids, 1].reshape(-1, num_kv_heads, head_dim)[:n].to(device))
+        start += pages
+    last = torch.tensor([(n - 1) % page_size + 1 for n in kv_lens], dtype=torch.int32)
+    return dict(cache=cache.to(device), indptr=indptr(pages_per), indices=perm.to(torch.int32), last=last,
+                ks=ks, vs=vs, pages_per=pages_per)
