@@ -21,6 +21,7 @@ device data say so.
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 from typing import Any, Literal, Optional, Sequence, Union
 
@@ -29,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_
 
 from backends._device import BoundedCache, kept_views
 
-from .policy import getenv
 from .problem import dtype_name
 
 ENV_VALIDATE = "ATTN_DISPATCH_VALIDATE"
@@ -75,7 +75,7 @@ def dtypes_text(dtypes: Sequence[torch.dtype]) -> str:
 def full_validation() -> bool:
     """ATTN_DISPATCH_VALIDATE=full: device-data checks on every call, not once per key
     ('' or 'first', the default: CPU tensors every call, device tensors on a key's first call)."""
-    value = getenv(ENV_VALIDATE)
+    value = os.environ.get(ENV_VALIDATE)
     if not value:  # empty: the default
         return False
     mode = value.strip().lower()

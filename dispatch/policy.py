@@ -8,14 +8,14 @@
   is a ValueError rather than a guess).
 
 An explicit choice is honoured or refused with that backend's reasons: never
-silently replaced.
+silently replaced. The variables are read on every call (os.environ.get), so a change
+between calls counts on the next call.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import os
-import sys
 from typing import Iterator, Optional
 
 from capability_db import BACKEND_NAMES, backend_aliases
@@ -31,50 +31,13 @@ _scoped_strict: contextvars.ContextVar[Optional[bool]] = contextvars.ContextVar(
 _ALIASES = backend_aliases()
 
 TRUE_WORDS = ("1", "true", "yes", "on")
-
-# os.environ.get encodes the name and decodes the value on every call (~0.7 us); every call of an
-# entry point reads three variables. So the values read are kept, and forgotten whenever
-# os.environ is written: its writes call os.putenv / os.unsetenv, which raise the audit events
-# of PEP 578 (sys.addaudithook, public since Python 3.8); monkeypatch.setenv included. The hook
-# does a set lookup per audit event of the process. A write through C (setenv) was never seen
-# by os.environ either.
-_ENV: dict[str, Optional[str]] = {}  # variable -> its value (None: unset), as last read
-_ENV_EVENTS = frozenset(("os.putenv", "os.unsetenv"))
-_written = [0]  # os.environ writes seen (a read that raced with one is not kept)
-
-
-def _env_audit(event: str, args: tuple) -> None:
-    if event in _ENV_EVENTS:
-        _written[0] += 1
-        _ENV.clear()
-
-
-sys.addaudithook(_env_audit)
-
-
-def read_environment() -> dict:
-    """The values read so far (variable -> value, None: unset), forgotten on a write (read-only)."""
-    return _ENV
-
-
-def getenv(variable: str) -> Optional[str]:
-    """os.environ.get(variable), read again only after os.environ was written."""
-    try:
-        return _ENV[variable]
-    except KeyError:
-        seen = _written[0]
-        value = os.environ.get(variable)
-        if seen == _written[0]:
-            _ENV[variable] = value
-        return value
-
-
 FALSE_WORDS = ("0", "false", "no", "off", "")
 
 
 def env_flag(variable: str, default: bool = False) -> bool:
-    """A boolean environment variable; a value that is neither on nor off is an error, not a guess."""
-    raw = getenv(variable)
+    """A boolean environment variable, read now (a change between calls counts on the next call);
+    a value that is neither on nor off is an error, not a guess."""
+    raw = os.environ.get(variable)
     if raw is None:
         return default
     text = raw.strip().lower()
@@ -126,7 +89,7 @@ def explicit_choice(argument: Optional[str] = None) -> Optional[tuple[str, str]]
     scoped = _scoped_backend.get()
     if scoped is not None:
         return scoped, "dispatch.use_backend()"
-    env = getenv(ENV_BACKEND)
+    env = os.environ.get(ENV_BACKEND)
     if env:
         name = normalize_backend_name(env, ENV_BACKEND)
         if name is not None:
@@ -134,13 +97,9 @@ def explicit_choice(argument: Optional[str] = None) -> Optional[tuple[str, str]]
     return None
 
 
-scoped_strict = _scoped_strict.get  # the block's strict mode, None outside strict(): a C call, no frame
-
-
 def strict_mode() -> bool:
+    """strict() inside its block, else ATTN_DISPATCH_STRICT as it is now."""
     scoped = _scoped_strict.get()
     if scoped is not None:
         return scoped
-    if _ENV.get(ENV_STRICT, "") is None:  # read and unset: the hot path
-        return False
     return env_flag(ENV_STRICT)

@@ -196,6 +196,30 @@ def test_the_latest_lane_follows_strict_mode_and_a_cleared_cache(gpu_like):
     assert single.DECLARATION.calls.latest[1] is not kept and not torch.equal(changed, out)
 
 
+def test_an_environment_change_counts_on_the_next_repeat(gpu_like, monkeypatch):
+    """ATTN_DISPATCH_STRICT / ATTN_DISPATCH_BACKEND are read on every call, an exact repeat's too."""
+    from _api_cases import xqa_args
+    from dispatch import policy
+    monkeypatch.delenv(policy.ENV_BACKEND, raising=False)
+    monkeypatch.delenv(policy.ENV_STRICT, raising=False)
+    args, kw = xqa_args(paged())
+    first = dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)  # the latest lane: a repeat
+    monkeypatch.setenv(policy.ENV_STRICT, "maybe")
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_STRICT='maybe'"):
+        dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    monkeypatch.setenv(policy.ENV_STRICT, "1")
+    assert torch.equal(dispatch.xqa_batch_decode_with_kv_cache(*args, **kw), first)
+    assert dispatch.last_decision().strict
+    monkeypatch.setenv(policy.ENV_BACKEND, "flash-magic")
+    with pytest.raises(ValueError, match="ATTN_DISPATCH_BACKEND='flash-magic'"):
+        dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    monkeypatch.delenv(policy.ENV_BACKEND)
+    monkeypatch.delenv(policy.ENV_STRICT)
+    dispatch.xqa_batch_decode_with_kv_cache(*args, **kw)
+    assert not dispatch.last_decision().strict
+
+
 def test_a_wrapper_repeat_makes_a_new_dense_out_whatever_q_strides(gpu_like):
     """A repeat's ``out`` is a new contiguous tensor of the output's shape: made like q when q is
     dense (``out_like_q``), else from the plan's sizes (a q with padded rows here)."""

@@ -60,7 +60,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 import torch
 
 from backends._device import BoundedCache
-from ..checks import ENV_VALIDATE, cache_halves, full_validation, paged_nhd, split_kv
+from ..checks import cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected
 
@@ -434,9 +434,6 @@ class _Form:
 
 MISS = object()  # a form's match: the values have another form
 _NONE = type(None)
-_READ_ENV = policy.read_environment()  # variable -> value as last read (None: unset)
-_SCOPED_STRICT = policy.scoped_strict
-ENV_STRICT = policy.ENV_STRICT
 
 
 class _NoForm:
@@ -571,11 +568,8 @@ class Declaration:
         # mode. None for a CPU query while CPU value checks are on, under ATTN_DISPATCH_VALIDATE=full,
         # or in a dry run (explain). Inline (a repeat's frames count): the latest form's compiled match.
         query, key = values[0], None
-        if type(query) is _TENSOR and not ((CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or (
-                _READ_ENV.get(ENV_VALIDATE, "") is not None and full_validation())):  # read and unset: no call
-            strict = _SCOPED_STRICT()  # policy.strict_mode(), its common cases without a frame
-            if strict is None:
-                strict = _READ_ENV.get(ENV_STRICT, "") is not None and policy.strict_mode()
+        if type(query) is _TENSOR and not ((CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation()):
+            strict = policy.strict_mode()
             forms = self.forms
             key = forms.latest.match(values, explicit, strict)
             if key is MISS:
