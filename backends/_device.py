@@ -56,13 +56,9 @@ def on_device_launch(device: DeviceLike, launch: Callable[[Any], None]) -> Calla
     return launch_on_device
 
 
-_KEPT_VIEWS: dict = {}  # (_identity(tensor), what) -> (the tensor's facts, its weak reference, the views)
-_SEEN: dict = {}  # (_identity(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
+_KEPT_VIEWS: dict = {}  # (id(tensor), what) -> (the tensor's facts, its weak reference, the views)
+_SEEN: dict = {}  # (id(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
 _SEEN_MAX = 1024
-# The object's identity as an int without id(): object.__hash__ is the address rotated (one value
-# per live object, as id's), and id() raises an audit event that an installed hook pays for
-# (dispatch.policy watches os.environ writes through one) on every call of every layer.
-_identity = object.__hash__
 
 
 def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple],
@@ -78,7 +74,7 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
     call that passes it, the tensor's dtype, device, shape and strides (a lane: its key holds them),
     so an entry there checks the data pointer alone (a view's storage stays alive with the view,
     so the same pointer on the same live object is the same memory)."""
-    key = (_identity(t), what)
+    key = (id(t), what)
     if store is None:
         store, facts = _KEPT_VIEWS, (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
     else:

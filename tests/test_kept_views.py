@@ -33,7 +33,7 @@ def test_a_dropped_cache_drops_its_kept_views_and_its_memory():
     cache = torch.randn(6, 2, 4, 3, 8)
     for _ in range(2):
         _device.kept_views(cache, "t2", _halves)
-    key = (_device._identity(cache), "t2")
+    key = (id(cache), "t2")
     assert key in _device._KEPT_VIEWS
     view_ref = _device.weakref.ref(_device._KEPT_VIEWS[key][2][0])
     del cache
@@ -72,7 +72,7 @@ def test_a_callers_store_checks_the_pointer_and_drops_with_the_cache():
     for _ in range(3):
         k, v = cache_halves(cache, "NHD", store)
     assert k._base is None and len(store) == 1  # kept in the caller's store, not the shared one:
-    assert (_device._identity(cache), "NHD") not in _device._KEPT_VIEWS
+    assert (id(cache), "NHD") not in _device._KEPT_VIEWS
     other = torch.randn(6, 2, 4, 3, 8)
     cache.set_(other)  # the same object and shape, another memory
     k2, v2 = cache_halves(cache, "NHD", store)
