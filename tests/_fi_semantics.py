@@ -33,10 +33,11 @@ def ident(value) -> str:
 
 def grid(names: str, cpu_cases, gpu_cases=(), named=None):
     """pytest.mark.parametrize over ("device", "backend", *names): every CPU case through auto; every
-    GPU case through auto and through ``named`` (the backend FlashInfer's test passes), if any."""
+    GPU case through auto and through ``named`` (the backend or backends FlashInfer's test passes)."""
     fields = tuple(n.strip() for n in names.split(","))
+    named = (named,) if isinstance(named, str) else tuple(named or ())
     params = [pytest.param("cpu", "auto", *c, id="cpu-auto-" + "-".join(ident(v) for v in c)) for c in cpu_cases]
-    for backend in ("auto",) + ((named,) if named else ()):
+    for backend in ("auto",) + named:
         params += [pytest.param("cuda", backend, *c, marks=GPU, id=f"cuda-{backend}-" + "-".join(ident(v) for v in c))
                    for c in gpu_cases]
     return pytest.mark.parametrize(("device", "backend") + fields, params)
