@@ -24,6 +24,9 @@ library), so ``capability_db``, ``backends`` and ``dispatch`` all build on it wi
     base 2, is written in place when not None. Fully masked rows: out 0, lse -inf.
   - fp8 KV is read as stored; its dequantization scales are folded into
     ``sm_scale`` (k) and ``out_scale`` (v) by the entry point.
+  - NVFP4 KV (``kv_dtype`` "uint8"): ``k``/``v`` hold two fp4 e2m1 values a byte (last dim
+    D/2), ``k_sf``/``v_sf`` their fp8 scale factors (last dim D/16); the problem's head dims
+    are the unpacked ones; the global scales fold into ``sm_scale`` / ``out_scale`` as for fp8.
 * ``DeviceDesc`` describes a device for the capability checks (never the live GPU).
 * ``Reason`` is why a backend cannot serve a problem: the field, its value, what is allowed.
 """
@@ -110,6 +113,11 @@ class AttentionProblem:
     def kv_fp8(self) -> bool:
         return self.kv_dtype.startswith("float8")
 
+    @property
+    def kv_nvfp4(self) -> bool:
+        """K/V stored as NVFP4: packed fp4 values (uint8) with fp8 scale factors."""
+        return self.kv_dtype == "uint8"
+
     def facts(self) -> dict:
         """Field values by name, plus derived facts the capability data may test."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sizes"}
@@ -171,6 +179,10 @@ class AttentionBatch:
     mask_indptr: Optional[torch.Tensor] = None  # (B+1,) offsets into custom_mask
     spec_mask: Optional[torch.Tensor] = None  # xqa uint16 bit rows, see calling conventions
     extras: dict = field(default_factory=dict)  # entry-specific hints (e.g. cuDNN lengths)
+    # NVFP4 K/V (kv_dtype "uint8"): fp8 e4m3 scale factors, one per 16 values of a row, with the
+    # leading dims of k/v (logical NHD views like them); backends/native/nvfp4.py has the format
+    k_sf: Optional[torch.Tensor] = None
+    v_sf: Optional[torch.Tensor] = None
 
     @property
     def total_q(self) -> int:

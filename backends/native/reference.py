@@ -46,6 +46,7 @@ import torch
 from backends import _numerics
 from backends.base import Backend, DeviceDesc, Reason
 from backends.native import _torch_ops as ops
+from backends.native import nvfp4
 
 if TYPE_CHECKING:  # pragma: no cover
     from capability_db.vocabulary import AttentionProblem
@@ -123,6 +124,8 @@ def _validate(problem, batch) -> None:
         raise ValueError("spec_mask=None: mask='spec_bits' needs the xqa uint16 bit-row mask")
     if problem.has_sinks and batch.sinks is None:
         raise ValueError("sinks=None: has_sinks=True needs a (num_qo_heads,) fp32 tensor")
+    if problem.kv_nvfp4 and (batch.k_sf is None or batch.v_sf is None):
+        raise ValueError("k_sf/v_sf=None: NVFP4 K/V (kv_dtype 'uint8') need their fp8 scale factors")
     if batch.out.shape[1:] != (problem.num_qo_heads, problem.head_dim_vo):
         raise ValueError(f"out shape={tuple(batch.out.shape)}: allowed (total_q, {problem.num_qo_heads}, "
                          f"{problem.head_dim_vo})")
@@ -175,11 +178,16 @@ class _Context:
             idx = torch.arange(k0, k1, device=batch.block_table.device)
             pages = batch.block_table[req.index, idx // page_size].to(device=batch.k.device, dtype=torch.long)
             slots = (idx % page_size).to(batch.k.device)
-            k, v = _gather_rows(batch.k, pages, slots), _gather_rows(batch.v, pages, slots)
+
+            def rows(cache: torch.Tensor) -> torch.Tensor:
+                return _gather_rows(cache, pages, slots)
         else:
-            k = batch.k[req.kv_start + k0: req.kv_start + k1]
-            v = batch.v[req.kv_start + k0: req.kv_start + k1]
-        return k.to(self.dtype), v.to(self.dtype)
+            def rows(cache: torch.Tensor) -> torch.Tensor:
+                return cache[req.kv_start + k0: req.kv_start + k1]
+        if self.problem.kv_nvfp4:  # packed fp4 rows and their scale factors, read alike
+            return (nvfp4.dequantize(rows(batch.k), rows(batch.k_sf), self.dtype),
+                    nvfp4.dequantize(rows(batch.v), rows(batch.v_sf), self.dtype))
+        return rows(batch.k).to(self.dtype), rows(batch.v).to(self.dtype)
 
 
 def _gather_rows(cache: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

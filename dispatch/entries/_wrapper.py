@@ -25,6 +25,7 @@ from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, ba
                       cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
                       need_sinks, need_soft_cap, need_tensor, need_window, out_dtype_of, parse_dtype, unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
+from .. import nvfp4
 from . import _base as B
 from ._base import is_dry
 from ._captures import Captured
@@ -213,7 +214,8 @@ class PrefillWrapper:
     def _unplanned(self) -> RuntimeError:
         return RuntimeError(f"{type(self).__name__}.run() before plan(): call plan(...) first")
 
-    def _launch(self, lane: B.Lane, q, k, v, out, lse, return_lse, sinks, q_scale, k_scale, v_scale, o_scale):
+    def _launch(self, lane: B.Lane, q, k, v, out, lse, return_lse, sinks, q_scale, k_scale, v_scale, o_scale,
+                kv_sf=None):
         """Fold the per-call scales (a tensor's value is not in the key), allocate what the caller
         did not give, build the batch, launch through the lane."""
         base = lane.sizes.sm_scale
@@ -234,6 +236,8 @@ class PrefillWrapper:
         batch = AttentionBatch(q, k, v, p.qo_indptr, p.kv_lens, out, p.batch_size, p.max_q, p.max_kv, sm_scale,
                                out_scale, p.kv_indptr, p.block_table, lse, sinks, p.custom_mask, p.mask_indptr, None,
                                self._extras)
+        if kv_sf is not None:  # NVFP4: the scale factors' logical NHD views
+            batch.k_sf, batch.v_sf = kv_sf
         planned = lane.launch(batch)
         if _CUDA and p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             self._captured(planned, batch)
@@ -405,8 +409,12 @@ class PlanSpecBase(Spec):
         if q_dtype not in Q_DTYPES:
             raise bad("q_data_type", q_dtype, "float16, bfloat16, float32 or an fp8 dtype")
         kv_dtype = parse_dtype(self.kv_data_type, "kv_data_type") if self.kv_data_type is not None else q_dtype
-        if kv_dtype != q_dtype and kv_dtype not in FP8_DTYPES:
-            raise bad("kv_data_type", kv_dtype, f"{q_dtype} (q_data_type) or an fp8 dtype")
+        if kv_dtype == torch.uint8:  # NVFP4: packed fp4 values with fp8 scale factors (dispatch/nvfp4.py)
+            nvfp4.need_query_dtype("q_data_type", q_dtype)
+            nvfp4.need_head_dim("head_dim_qk", self.head_dim_qk)
+            nvfp4.need_head_dim("head_dim_vo", self.head_dim_vo or self.head_dim_qk)
+        elif kv_dtype != q_dtype and kv_dtype not in FP8_DTYPES:
+            raise bad("kv_data_type", kv_dtype, f"{q_dtype} (q_data_type), an fp8 dtype or torch.uint8 (NVFP4)")
         out_dtype = out_dtype_of(q_dtype, self.o_data_type)
         if out_dtype not in OUT_DTYPES:
             raise bad("o_data_type", out_dtype, "float16, bfloat16, float32 or an fp8 dtype")
@@ -471,8 +479,9 @@ class RunSpecBase(Spec):
             raise bad("q.shape", tuple(self.q.shape), f"(n, {p.hq}, {p.dqk}) = (tokens, num_qo_heads, head_dim_qk)")
         if self.extra_args:
             raise bad("*args", self.extra_args, "none (JIT-variant arguments are not supported)", TypeError)
-        if self.kv_cache_sf is not None:
-            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+        if self.kv_cache_sf is not None and p.kv_dtype != torch.uint8:
+            raise bad("kv_cache_sf", self.kv_cache_sf, f"None with a {dtype_name(p.kv_dtype)} cache (NVFP4 scale "
+                      "factors go with plan(kv_data_type=torch.uint8) on the paged wrapper)")
         need_sinks(self.sinks, p.hq, self.q.device)
 
     def io_checks(self, d):

@@ -6,7 +6,7 @@ from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from .. import checks, ops
+from .. import checks, nvfp4, ops
 from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, host_ints, host_lists,
                       lens_shapes, need_index, need_int, need_tensor, paged_kv_spec, paged_nhd, split_kv)
 from . import _base as B
@@ -135,7 +135,8 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         # a whole (pages, 2, ...) cache: its halves kept per lane (the lane key proves its facts)
         k, v = (cache_halves(paged_kv_cache, sizes.halves, lane.kept) if sizes.halves is not None
                 else self._kv_views(paged_kv_cache))
-        return self._launch(lane, q, k, v, out, lse, return_lse, sinks, q_scale, k_scale, v_scale, None)
+        kv_sf = None if kv_cache_sf is None else nvfp4.paged_sf_views(kv_cache_sf, self._plan.layout)[:2]
+        return self._launch(lane, q, k, v, out, lse, return_lse, sinks, q_scale, k_scale, v_scale, None, kv_sf)
 
     def _kv_views(self, paged_kv_cache) -> tuple:
         """The logical NHD views of a cache whose key already passed the checks (as the spec's)."""
@@ -249,7 +250,10 @@ class PagedRunSpec(RunSpecBase):
         p = self.planned
         if p.cudnn:  # cuDNN reads (pages, Hkv, P, D) whatever the wrapper's kv_layout
             return paged_kv_spec(self.paged_kv_cache, "HND", allow_squeezed=False, name="paged_kv_cache")
-        return paged_kv_spec(self.paged_kv_cache, p.layout, allow_squeezed=True, name="paged_kv_cache")
+        d = paged_kv_spec(self.paged_kv_cache, p.layout, allow_squeezed=True, name="paged_kv_cache")
+        if d.kv_dtype == nvfp4.PACKED:  # NVFP4: head_dim // 2 bytes a row
+            d.dqk, d.dvo = d.dqk * 2, d.dvo * 2
+        return d
 
     def static_checks(self, d):
         p = self.planned
@@ -258,6 +262,11 @@ class PagedRunSpec(RunSpecBase):
             raise bad("paged_kv_cache.device", d.k.device, f"{self.q.device}, the device of q")
         if d.kv_dtype != p.kv_dtype:
             raise bad("paged_kv_cache.dtype", d.kv_dtype, f"{p.kv_dtype} (plan's kv_data_type)")
+        if p.kv_dtype == nvfp4.PACKED:
+            if self.kv_cache_sf is None:
+                raise bad("kv_cache_sf", None, f"the NVFP4 scale factors of the uint8 paged_kv_cache (planned with "
+                          f"kv_data_type=torch.uint8): {nvfp4.SF_TEXT} tensors like the cache's halves")
+            nvfp4.need_paged_sf(self.kv_cache_sf, d)
         got = (d.page_size, d.hkv, d.dqk, d.dvo)
         if got != (p.page_size, p.hkv, p.dqk, p.dvo):
             cache = self.paged_kv_cache

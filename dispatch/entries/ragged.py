@@ -137,6 +137,9 @@ class RaggedPlanSpec(PlanSpecBase):
 
     def derive(self):
         d = self.common()
+        if d.kv_dtype == torch.uint8:
+            raise bad("kv_data_type", d.kv_dtype, "float16, bfloat16 or an fp8 dtype: NVFP4 (uint8) K/V are served "
+                      "on single_prefill_with_kv_cache and BatchPrefillWithPagedKVCacheWrapper")
         need_index("kv_indptr", self.kv_indptr, d.batch + 1, None)
         qo, kv = host_lists(self.qo_indptr, self.kv_indptr)  # one read of both
         d.qo = self.qo_host(d, qo)

@@ -11,7 +11,7 @@ from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from .. import ops, policy
+from .. import nvfp4, ops, policy
 from ..checks import (Layout, OUT_DTYPES, PosMode, Scale, Spec, bad, check_scale, fold_scale, layout_read,
                       need_finite, need_heads, need_kv_dtype, need_query, need_soft_cap, need_tensor, need_window,
                       out_dtype_of, uniform_indptr, unpack_bits)
@@ -59,7 +59,9 @@ def single_prefill_with_kv_cache(
     -------
     out (qo_len, num_qo_heads, head_dim_vo), or (out, lse) with lse (qo_len, num_qo_heads) fp32
     base 2 when ``return_lse``. ``allow_fp16_qk_reduction`` is a speed hint and never lowers
-    precision here. Per-head fp8 ``scale_q/k/v`` and NVFP4 ``kv_cache_sf`` are refused.
+    precision here. Per-head fp8 ``scale_q/k/v`` are refused. NVFP4 K/V: uint8 ``k``/``v`` of
+    head_dim // 2 bytes a row with ``kv_cache_sf=(k_sf, v_sf)``, their fp8 scale factors
+    (dispatch/nvfp4.py); ``k_scale``/``v_scale`` are then the global scales.
     """
     if use_fp16_qk_reduction is not UNSET:  # a speed hint; given twice is an error
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
@@ -88,6 +90,8 @@ def single_prefill_with_kv_cache(
                            z.sm_scale if k_scale is None else fold_scale(z.sm_scale, k_scale),
                            1.0 if v_scale is None else fold_scale(1.0, v_scale), z.kv_indptr, None, lse, None,
                            _flat_mask(custom_mask, packed_custom_mask, z), z.mask_indptr, None, B.NO_EXTRAS)
+    if kv_cache_sf is not None:  # NVFP4: the scale factors as logical NHD views, like k and v
+        batch.k_sf, batch.v_sf = (sf.transpose(0, 1) if kv_layout == "HND" else sf for sf in kv_cache_sf)
     lane.launch(batch)
     return (out, lse) if return_lse else out
 
@@ -114,7 +118,8 @@ _HND_ROWS = (1,)  # (num_kv_heads, kv_len, head_dim): kv_len varies
 
 def _vary(args: dict) -> dict:
     kv_dim = _HND_ROWS if _hnd(args) else B.ROWS
-    return {"k": kv_dim, "v": kv_dim, "custom_mask": B.ALL_DIMS, "packed_custom_mask": B.ALL_DIMS}
+    return {"k": kv_dim, "v": kv_dim, "kv_cache_sf": kv_dim, "custom_mask": B.ALL_DIMS,
+            "packed_custom_mask": B.ALL_DIMS}
 
 
 def _problem(spec, d, size: tuple) -> AttentionProblem:
@@ -191,8 +196,9 @@ class SinglePrefillSpec(Spec):
         k = self.k.transpose(0, 1) if self.kv_layout == "HND" else self.k
         v = self.v.transpose(0, 1) if self.kv_layout == "HND" else self.v
         out_dtype = out_dtype_of(self.q.dtype, self.o_dtype)
+        unpack = 2 if nvfp4.packed(self.k) else 1  # NVFP4: head_dim // 2 bytes a row
         return SimpleNamespace(k=k, v=v, qo_len=self.q.shape[0], kv_len=k.shape[0], hq=self.q.shape[1],
-                               hkv=k.shape[1], dqk=k.shape[2], dvo=v.shape[2], out_dtype=out_dtype)
+                               hkv=k.shape[1], dqk=k.shape[2] * unpack, dvo=v.shape[2] * unpack, out_dtype=out_dtype)
 
     def static_checks(self, d):
         q, dev = self.q, self.q.device
@@ -200,15 +206,18 @@ class SinglePrefillSpec(Spec):
             if getattr(self, name) is not None:
                 raise bad(name, getattr(self, name), "None (per-head fp8 scales are not supported; "
                           "pass the scalar k_scale / v_scale)")
-        if self.kv_cache_sf is not None:
-            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+        nvfp4.need_cache_pair(self.k, self.v, self.kv_cache_sf, "k", "v")
         for name, t in (("k", self.k), ("v", self.v)):
             need_tensor(name, t, device=dev)
-            need_kv_dtype(name, t, q.dtype)
+            if not nvfp4.packed(t):
+                need_kv_dtype(name, t, q.dtype)
             if t.stride(-1) != 1:
                 raise bad(f"{name}.stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
         if d.dqk != q.shape[2]:
-            raise bad("k.shape", tuple(self.k.shape), f"head_dim {q.shape[2]} = q.shape[2]")
+            raise bad("k.shape", tuple(self.k.shape), f"head_dim {q.shape[2]} = q.shape[2]" + (
+                f" ({q.shape[2] // 2} bytes a row: NVFP4 holds two values a byte)" if nvfp4.packed(self.k) else ""))
+        if nvfp4.packed(self.k):
+            self.nvfp4_static_checks()
         if self.v.dtype != self.k.dtype:
             raise bad("v.dtype", self.v.dtype, f"{dtype_name(self.k.dtype)}, the dtype of k")
         need_heads(d.hq, d.hkv, "q.shape[1] (num_qo_heads)", "num_kv_heads",
@@ -240,6 +249,16 @@ class SinglePrefillSpec(Spec):
                 raise bad("packed_custom_mask.shape", tuple(self.packed_custom_mask.shape), f"({nbytes},)")
         check_scale("k_scale", self.k_scale, dev, values=False)
         check_scale("v_scale", self.v_scale, dev, values=False)
+        if nvfp4.packed(self.k):  # kv_len varies per call: the scale factors' rows with it
+            for i, (sf, name, t) in enumerate(zip(self.kv_cache_sf, ("k", "v"), (self.k, self.v))):
+                nvfp4.need_sf_shape(f"kv_cache_sf[{i}]", sf, name, t)
+
+    def nvfp4_static_checks(self):
+        """A 16-bit query and fp8 scale factors beside uint8 K/V (their shapes: size_checks)."""
+        nvfp4.need_query_dtype("q.dtype", self.q.dtype)
+        for i, (sf, name, t) in enumerate(zip(nvfp4.sf_pair(self.kv_cache_sf), ("k", "v"), (self.k, self.v))):
+            nvfp4.need_sf_static(f"kv_cache_sf[{i}]", sf, name, t)
+        nvfp4.need_head_dim("v.shape[-1] * 2 (head_dim_vo)", self.v.shape[-1] * 2)
 
     def value_checks(self, d):
         check_scale("k_scale", self.k_scale, self.q.device, values=True)
