@@ -127,3 +127,20 @@ def paged_pool(kv_lens, page_size, num_kv_heads, head_dim, *, layout="NHD", dtyp
     last = torch.tensor([(n - 1) % page_size + 1 for n in kv_lens], dtype=torch.int32)
     return dict(cache=cache.to(device), indptr=indptr(pages_per), indices=perm.to(torch.int32), last=last,
                 ks=ks, vs=vs, pages_per=pages_per)
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def nvfp4(shape, device="cpu", seed=3):
+    """NVFP4 values as FlashInfer's tests draw them: ``shape`` (..., D / 2) packed fp4 e2m1 pairs
+    (sign bits clear) and (..., D / 16) fp8 e4m3 scale bytes from {0.125, 0.25, 0.5, 1}; with the
+    fp64 values they stand for (element 2i in the low nibble, times its 16-element block's scale)."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8) & 0x77
+    choices = torch.tensor([56, 48, 40, 32], dtype=torch.uint8)
+    sf = choices[torch.randint(0, 4, (*shape[:-1], shape[-1] // 8), generator=g)]
+    low, high = E2M1[(packed & 0x7).long()], E2M1[(packed >> 4 & 0x7).long()]
+    values = torch.stack([low, high], dim=-1).reshape(*shape[:-1], shape[-1] * 2)
+    scale = sf.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=-1)
+    return packed.to(device), sf.to(device), (values * scale).to(device)

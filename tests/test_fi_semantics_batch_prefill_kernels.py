@@ -9,11 +9,17 @@ and the edge rows (a single huge score, rows with no key: out 0 and lse -inf). O
 FlashInfer runs with ``backend="fa2"`` run with it too. NVFP4 KV (``kv_cache_sf``) and multi-item
 scoring are refused, with errors that name the argument and what is allowed.
 """
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
 import dispatch
-from _fi_semantics import alibi_slopes, close, grid, indptr, paged_pool, randn, single_ref, workspace
+from _fi_semantics import GPU, alibi_slopes, close, grid, indptr, paged_pool, randn, single_ref, workspace
 
 HKV = 4
 
@@ -218,3 +224,177 @@ def test_batch_prefill_with_ragged_kv_cache_custom_mask(device, backend, batch_s
     check_requests(o_custom, None, q, pool, [qo_len] * batch_size, causal=True, soft_cap=logits_soft_cap,
                    pos_encoding="NONE" if alibi is not None else pos_encoding_mode, alibi_slopes=alibi,
                    alibi_query="row")  # FlashInfer's FA2: the bias counts from the query's row in its request
+
+
+MULTI_ITEM = [(54, 37, 17, list(range(17)) + list(range(19)) + [0], 100, [18]),
+              (97, 81, 16, list(range(80)) + [0], 97, [79])]
+
+
+@grid("kv_len, qo_len, prefix_len, token_pos_in_items, token_pos_in_items_len, max_item_len", MULTI_ITEM, MULTI_ITEM)
+def test_batch_prefill_with_paged_kv_cache_multi_item_scoring_refused(device, backend, kv_len, qo_len, prefix_len,
+                                                                      token_pos_in_items, token_pos_in_items_len,
+                                                                      max_item_len):
+    pool = paged_pool([kv_len], 16, HKV, 128, device=device)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), "NHD", backend=backend)
+    with pytest.raises(ValueError, match=r"prefix_len_ptr=.*allowed None: multi-item scoring"):
+        wrapper.plan(indptr([qo_len]), pool["indptr"], pool["indices"], pool["last"], 4, HKV, 128, 16, causal=True,
+                     pos_encoding_mode="ROPE_LLAMA",
+                     prefix_len_ptr=torch.tensor([prefix_len], dtype=torch.uint32, device=device),
+                     token_pos_in_items_ptr=torch.tensor(token_pos_in_items, dtype=torch.uint16, device=device),
+                     token_pos_in_items_len=token_pos_in_items_len,
+                     max_item_len_ptr=torch.tensor(max_item_len, dtype=torch.uint16, device=device))
+
+
+QK448 = [(torch.float16,), (torch.float8_e4m3fn,)]
+
+
+@grid("kv_dtype", QK448, QK448, named="fa2")
+def test_batch_prefill_paged_cta_tile_q_smem_probe_qk448_vo256(device, backend, kv_dtype):
+    """Head dims (448, 256) with fp16 or fp8 KV (FlashInfer only plans the fp8 case; here it runs,
+    checked against the oracle over the fp8 values)."""
+    batch_size, qo_len, kv_len, page_size, heads, dqk, dvo = 2, 8, 65, 16, 2, 448, 256
+    pages = -(-kv_len // page_size)
+    q = randn(batch_size * qo_len, heads, dqk, device=device)
+    k = randn(batch_size * pages, page_size, heads, dqk, dtype=kv_dtype, device=device, seed=1)
+    v = randn(batch_size * pages, page_size, heads, dvo, dtype=kv_dtype, device=device, seed=2)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), "NHD", backend=backend)
+    wrapper.plan(indptr([qo_len] * batch_size), indptr([pages] * batch_size), torch.arange(batch_size * pages).int(),
+                 torch.full((batch_size,), (kv_len - 1) % page_size + 1, dtype=torch.int32), heads, heads, dqk,
+                 page_size, head_dim_vo=dvo, causal=False, pos_encoding_mode="NONE", q_data_type=torch.float16,
+                 kv_data_type=kv_dtype)
+    o = wrapper.run(q, (k, v))
+    assert o.shape == (batch_size * qo_len, heads, dvo)
+    for i in range(batch_size):
+        ki = k[i * pages:(i + 1) * pages].reshape(-1, heads, dqk)[:kv_len]
+        vi = v[i * pages:(i + 1) * pages].reshape(-1, heads, dvo)[:kv_len]
+        ref, _ = single_ref(q[i * qo_len:(i + 1) * qo_len], ki.double(), vi.double())
+        close(o[i * qo_len:(i + 1) * qo_len], ref, rtol=2e-3, atol=2e-3)
+
+
+STRIDES = [(layout, qo) for layout in ("NHD", "HND") for qo in (17, 65)]
+
+
+@grid("kv_layout, qo_len", STRIDES, STRIDES, named="fa2")
+def test_batch_prefill_paged_shared_kv_smem_unequal_kv_strides(device, backend, kv_layout, qo_len):
+    """K and V pools as views of parents padded differently along the heads: equal shapes, unequal
+    strides (V must be read through its own strides)."""
+    batch_size, kv_len, page_size, heads, head_dim = 2, 97, 16, 2, 512
+    pool = paged_pool([kv_len] * batch_size, page_size, heads, head_dim, layout=kv_layout, device=device,
+                      shuffle=False)
+    head_dim_index = 2 if kv_layout == "NHD" else 1
+
+    def padded(half: torch.Tensor, extra_heads: int) -> torch.Tensor:
+        shape = list(half.shape)
+        shape[head_dim_index] += extra_heads
+        parent = randn(*shape, device=device, seed=7 + extra_heads)
+        view = parent.narrow(head_dim_index, 0, heads)
+        view.copy_(half)
+        return view
+    k, v = padded(pool["cache"][:, 0], 1), padded(pool["cache"][:, 1], 3)
+    assert k.stride() != v.stride()
+    q = randn(batch_size * qo_len, heads, head_dim, device=device)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), kv_layout, backend=backend)
+    wrapper.plan(indptr([qo_len] * batch_size), pool["indptr"], pool["indices"], pool["last"], heads, heads,
+                 head_dim, page_size, causal=True, q_data_type=torch.float16, kv_data_type=torch.float16)
+    o = wrapper.run(q, (k, v))
+    check_requests(o, None, q, pool, [qo_len] * batch_size, rtol=2e-3, atol=2e-3, causal=True)
+
+
+DTYPES = [(torch.float16,), (torch.bfloat16,)]
+
+
+@grid("dtype", DTYPES, DTYPES, named="fa2")
+def test_ragged_prefill_one_valid_key(device, backend, dtype):
+    """One key whose scaled score is about -46341: the output is exactly v and the LSE the score
+    over ln 2 (masked logits are -inf, so any finite logit wins)."""
+    hq, hkv, d = 32, 8, 128
+    q = torch.full((1, hq, d), 64.0, dtype=dtype, device=device)
+    k = torch.full((1, hkv, d), -64.0, dtype=dtype, device=device)
+    v = torch.ones(1, hkv, d, dtype=dtype, device=device)
+    wrapper = dispatch.BatchPrefillWithRaggedKVCacheWrapper(workspace(device), kv_layout="NHD", backend=backend)
+    wrapper.plan(qo_indptr=indptr([1], device), kv_indptr=indptr([1], device), num_qo_heads=hq, num_kv_heads=hkv,
+                 head_dim_qk=d, causal=True, sm_scale=d ** -0.5, q_data_type=dtype, kv_data_type=dtype)
+    o, lse = wrapper.run(q, k, v, return_lse=True)
+    assert torch.equal(o.cpu(), torch.ones(1, hq, d, dtype=dtype))
+    close(lse, torch.full((1, hq), -64.0 * 64.0 * d * d ** -0.5 / math.log(2.0), dtype=torch.float64),
+          rtol=1e-5, atol=1e-3)
+
+
+@grid("dtype", DTYPES, DTYPES, named="fa2")
+def test_paged_prefill_fully_masked_rows(device, backend, dtype):
+    """34 queries over 1 key, causal bottom-right: 33 rows see no key (out 0, LSE -inf), the last
+    row sees the key (out v = 1, LSE 0 for a zero score)."""
+    qo_len, hq, hkv, d = 34, 32, 8, 128
+    q = torch.zeros(qo_len, hq, d, dtype=dtype, device=device)
+    k_cache = torch.zeros(2, 1, hkv, d, dtype=dtype, device=device)
+    v_cache = torch.ones_like(k_cache)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), kv_layout="NHD", backend=backend)
+    wrapper.plan(qo_indptr=indptr([qo_len], device), paged_kv_indptr=indptr([1], device),
+                 paged_kv_indices=torch.tensor([1], dtype=torch.int32, device=device),
+                 paged_kv_last_page_len=torch.tensor([1], dtype=torch.int32, device=device), num_qo_heads=hq,
+                 num_kv_heads=hkv, head_dim_qk=d, page_size=1, causal=True, sm_scale=d ** -0.5, q_data_type=dtype,
+                 kv_data_type=dtype)
+    o, lse = wrapper.run(q, (k_cache, v_cache), return_lse=True)
+    o, lse = o.cpu(), lse.cpu()
+    assert not o.isnan().any() and not lse.isnan().any()
+    assert torch.equal(o[:-1], torch.zeros_like(o[:-1])) and torch.isneginf(lse[:-1]).all()
+    assert torch.equal(o[-1:], torch.ones_like(o[-1:])) and torch.equal(lse[-1:], torch.zeros_like(lse[-1:]))
+
+
+@grid("dtype", DTYPES, DTYPES, named="fa2")
+def test_paged_prefill_split_kv_empty_chunk(device, backend, dtype):
+    """Two causal rows over 129 keys in pages of 16: a row with no key in the last chunk merges
+    without NaN (FlashInfer's tolerance 1e-2)."""
+    qo_len, kv_len, hq, hkv, d, page_size = 2, 129, 8, 2, 128, 16
+    pages = -(-kv_len // page_size)
+    q = randn(qo_len, hq, d, dtype=dtype, device=device, scale=0.1)
+    kv_data = randn(pages, 2, page_size, hkv, d, dtype=dtype, device=device, seed=1, scale=0.1)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), kv_layout="NHD", backend=backend)
+    wrapper.plan(qo_indptr=indptr([qo_len], device), paged_kv_indptr=indptr([pages], device),
+                 paged_kv_indices=torch.arange(pages, dtype=torch.int32, device=device),
+                 paged_kv_last_page_len=torch.tensor([(kv_len - 1) % page_size + 1], dtype=torch.int32, device=device),
+                 num_qo_heads=hq, num_kv_heads=hkv, head_dim_qk=d, page_size=page_size, causal=True,
+                 q_data_type=dtype, kv_data_type=dtype)
+    o, lse = wrapper.run(q, kv_data, return_lse=True)
+    k = kv_data[:, 0].reshape(-1, hkv, d)[:kv_len]
+    v = kv_data[:, 1].reshape(-1, hkv, d)[:kv_len]
+    ref, ref_lse = single_ref(q, k, v, causal=True)
+    close(o, ref, rtol=1e-2, atol=1e-2)
+    close(lse, ref_lse, rtol=1e-2, atol=1e-2)
+
+
+COMPILE_SCRIPT = textwrap.dedent("""\
+    import torch
+    from dispatch import single_prefill_with_kv_cache
+
+    torch.library.define("fi_semantics::op", "(Tensor q, Tensor k, Tensor v) -> Tensor")
+
+    @torch.library.impl("fi_semantics::op", "cuda")
+    def _impl(q, k, v):
+        return single_prefill_with_kv_cache(q, k, v, causal=True)
+
+    @torch.library.register_fake("fi_semantics::op")
+    def _fake(q, k, v):
+        return torch.empty_like(q)
+
+    compiled = torch.compile(lambda q, k, v: torch.ops.fi_semantics.op(q, k, v), mode="reduce-overhead",
+                             fullgraph=True)
+    for _ in range(3):
+        q, k, v = (torch.randn(128, 8, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+        o = compiled(q, k, v)
+        assert o.shape == (128, 8, 128)
+        ref = single_prefill_with_kv_cache(q, k, v, causal=True, backend="reference")
+        assert (o.float() - ref.float()).abs().max().item() < 1e-2
+    torch.cuda.synchronize()
+    print("PASS")
+""")
+
+
+@GPU
+def test_single_prefill_torch_compile_cuda_graph():
+    """single_prefill_with_kv_cache inside a custom op under torch.compile(mode="reduce-overhead")
+    (CUDA graphs): no error about the graph pool, and the replayed answers are right."""
+    env = dict(os.environ, USER=os.environ.get("USER", "ci"))
+    done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stderr[-2000:]
