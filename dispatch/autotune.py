@@ -1,128 +1,134 @@
-"""Opt-in online autotune: time the accepted candidates of a new bucket on this machine, keep the times.
+"""Measure in the warm-up, look up afterwards: ``with dispatch.autotune(tune_mode=True, cache=None):``.
 
-On with ``ATTN_DISPATCH_AUTOTUNE=1`` or ``dispatch.autotune()`` (``dispatch.autotune(False)`` turns
-it off). When the router ranks the candidates of a problem it has not decided before
-(``choice.rank``, inside ``router.decide``'s cached step: never per call), the bucket — the
-problem's facts and its sizes rounded up to powers of two; without sizes the phase's anchor
-sizes — is looked up in a JSON file; a miss times every accepted candidate on fresh random
-inputs at the middle of the bucket (plan, one warm call, then ``timing.device_ms``: GPU time;
-on a GPU also the host time of the backend's launcher, what an eager repeat calls) and stores the
-times. The ranking (``choice.rank``) adds that host time for an eager call (the table's figure for
-the entry point where none was timed), GPU time alone in a CUDA graph.
+The contract of ``flashinfer.autotune`` (``tune_mode``, ``cache``; ``skip_ops`` too), so an engine
+that wraps its warm-up in FlashInfer's context wraps it in ours the same way:
 
-Never inside CUDA-graph capture or torch.compile tracing (the table or model decides then and
-nothing is stored). The file is keyed by the GPU, driver, torch and library versions (a new
-driver or FlashInfer starts a new file): ``$ATTN_DISPATCH_CACHE_DIR/autotune-<key>.json``,
-default ``~/.cache/attn-dispatch``.
+* **Inside a context with tune_mode=True**, each new bucket an entry point decides (its problem's
+  facts and its sizes rounded up to powers of two; ``choice.rank``, once per decision, never per
+  call) times the table's leading candidates: the three it predicts fastest, and any more predicted
+  within 15% of the best (every accepted one where the GPU has no table). Each is timed on a
+  faithful input at the middle of the bucket: its own plan and workspace, a paged cache whose pages
+  are shuffled over the pool (no request's pages adjacent, none shared), the L2 cache flushed before
+  each repetition, the median of ``REPS``; the warm call before the timing compiles what the bucket
+  needs. The times decide the bucket from then on.
+* **Outside a context, with tune_mode=False, inside CUDA-graph capture or torch.compile
+  tracing**: lookups only, never a timing. A bucket nobody timed is decided by the table.
+* **Under torch.distributed** (an initialized process group of more than one rank; or the group
+  given to ``set_process_group``), every bucket decided inside a tuning context is agreed: rank 0
+  times it (or reads it from its cache) and broadcasts the times (``broadcast_object_list``), so
+  every rank makes the same choice however its own timings would have fallen. As with FlashInfer's
+  reduction, every rank must run the same warm-up (the same buckets in the same order).
+
+**The cache.** ``cache=None``: the default file, ``$ATTN_DISPATCH_CACHE_DIR`` (default
+``~/.cache/attn-dispatch``) ``/autotune-<fingerprint digest>.json``, read at first use (outside any
+context too); ``cache=PATH``: that file is read when the context opens. Either way, on exit from a
+tuning context the buckets it timed are merged into the file: read again under a lock, merged
+(this process's entries win), capped at ``MAX_BUCKETS`` (the oldest measured go), written to a
+temporary file and renamed over it. The header (``environment``) is the fingerprint: GPU name, SM,
+SM count, driver, CUDA, cuDNN (and its frontend), FlashInfer, torch, Triton and attn-dispatch
+versions; a file made in another environment is ignored with one log line, and never overwritten.
+``ATTN_DISPATCH_AUTOTUNE=0``: the default file is neither read nor written (a context's own
+``cache=PATH`` still is); no value of it times anything.
+
+Unlike FlashInfer's, ``cache=None`` keeps the times in the default file rather than in this
+process only; ``tuning_buckets`` and ``round_up`` are refused (our buckets are powers of two of
+batch, query and key lengths).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Iterable, NamedTuple, Optional, Union
 
 import torch
 
 import capability_db
 from capability_db.choice_table import ANCHORS
 
-from . import policy
-
 from .inputs import Case, make_batch
 from .problem import AttentionProblem, DeviceDesc, class_middle
 
-ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"
+ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"  # "0": the default cache file is neither read nor written
 ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
-REPS = 5
+FORMAT = 2  # the file's layout: {"format", "environment", "buckets": {key: {"measured", "times"}}}
+MAX_BUCKETS = 4096  # a file keeps at most this many buckets, the most recently measured
+LEADING = 3  # a new bucket times the table's fastest LEADING candidates ...
+WITHIN = 0.15  # ... and every other one predicted within 15% of the fastest
+REPS = 7  # timed repetitions per candidate; the median counts
 SHORT_MS = 0.2  # a call shorter than this is timed over back-to-back calls (at most MAX_CALLS)
 MAX_CALLS = 64
 HOST_CALLS = 20
 log = logging.getLogger("attn_dispatch")
 
-_switch: Optional[bool] = None  # set by autotune(); None: the environment decides
-_on_switch: list[Callable[[], None]] = []  # the router's clear_caches: decisions made before are stale
-_lock = threading.Lock()
-_files: dict[Path, dict] = {}
+_on_switch: list[Callable[[], None]] = []  # the router's and entries' caches: decisions made before are stale
+_lock = threading.RLock()
+_known: dict[str, dict[str, dict]] = {}  # environment digest -> bucket key -> {"measured", "times"}
+_read_default: set[str] = set()  # digests whose default file was read (first use)
+_logged: set[str] = set()  # files whose mismatch or damage was logged (one line each)
 _replayed: Optional[Path] = None  # replaying(): decide from this kept file, never time
+_group = None  # set_process_group(); None: the default group when one is initialized
 
 
-def autotune(enabled: bool = True) -> None:
-    """Turn online autotune on (or off) for this process; decisions made so far are forgotten."""
-    global _switch
-    _switch = bool(enabled)
-    for forget in _on_switch:
-        forget()
+@dataclasses.dataclass
+class _Context:
+    tune: bool
+    cache: Optional[Path]  # None: the default file of the environment
+    skip: frozenset  # entry points not timed (FlashInfer's skip_ops)
+    digest: str
+    environment: dict
+    new: dict = dataclasses.field(default_factory=dict)  # bucket key -> entry timed inside it
 
 
-def enabled() -> bool:
-    if _replayed is not None:
-        return True
-    return _switch if _switch is not None else policy.env_flag(ENV_AUTOTUNE)
+_contexts: list[_Context] = []
 
 
+# -- the context ------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def replaying(path: Path):
-    """Decide from the buckets of a kept autotune file (a sweep's ``-cache.json``) and never time:
-    an autotune sweep's choice replayed off its GPU (``bench --replay ... --autotune-file``), so each
-    miss is named against the times the autotune acted on. A bucket the file lacks: the table decides."""
-    global _replayed
-    before, _replayed = _replayed, Path(path)
-    for forget in _on_switch:
-        forget()
+def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None, tuning_buckets=None,
+             round_up=None, skip_ops: Union[str, Iterable[str], None] = None):
+    """Time each new bucket decided inside (``tune_mode``) and keep the times in ``cache`` (module doc)."""
+    for name, value in (("tuning_buckets", tuning_buckets), ("round_up", round_up)):
+        if value is not None:
+            raise ValueError(f"autotune({name}={value!r}): allowed only None; dispatch's buckets are powers of "
+                             "two of batch, query and key lengths")
+    device = _live_device()
+    env = fingerprint(device)
+    ctx = _Context(bool(tune_mode), Path(cache) if cache is not None else None,
+                   frozenset([skip_ops] if isinstance(skip_ops, str) else skip_ops or ()), digest(env), env)
+    with _lock:
+        known = _known_for(device)
+        if ctx.cache is not None:
+            for key, entry in (read_file(ctx.cache, env) or {}).items():
+                known.setdefault(key, entry)  # what this process timed since is newer
+        _contexts.append(ctx)
+    _forget()  # a bucket decided before the context opened is decided again: timed, or read from the file
     try:
         yield
     finally:
-        _replayed = before
-        for forget in _on_switch:
-            forget()
+        with _lock:
+            _contexts.remove(ctx)
+        if ctx.tune and ctx.new:
+            path = ctx.cache or (default_file(device) if _default_on() else None)
+            if path is not None:
+                save(path, ctx.new, env)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "attn-dispatch")
-
-
-def environment_key(device: DeviceDesc) -> dict[str, str]:
-    """What a timing depends on besides the problem: GPU, driver, torch and library versions."""
-    import backends
-
-    key = {"device": device.name, "sm": str(device.sm), "torch": torch.__version__}
-    driver = getattr(torch._C, "_cuda_getDriverVersion", None)
-    key["driver"] = str(driver()) if driver is not None and device.kind == "cuda" else "none"
-    for name in backends.REGISTRY:
-        try:
-            key[name] = str(backends.get_backend(name).version())
-        except Exception as exc:  # noqa: BLE001 - a version that cannot be read is part of the key
-            key[name] = f"unknown ({type(exc).__name__})"
-    return key
-
-
-def cache_file(device: DeviceDesc) -> Path:
-    digest = hashlib.sha256(json.dumps(environment_key(device), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / f"autotune-{digest}.json"
-
-
-def describe_cache() -> str:
-    return f"autotune cache under {cache_dir()}"
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
-def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
-    """The problem's facts and its sizes rounded up to powers of two. Not ``cuda_graph``: a call
-    declared for a graph runs the same backends at the same sizes, and the ranking decides what
-    counts (GPU time alone), so one timing serves both."""
-    return f"{dataclasses.replace(problem, cuda_graph=False)!r}|" + "x".join(str(_pow2(n)) for n in sizes)
+def tuning(entry: str = "") -> bool:
+    """Whether a new bucket of ``entry`` is timed now: inside a tuning context that does not skip it."""
+    with _lock:
+        return any(c.tune and entry not in c.skip for c in _contexts)
 
 
 def may_measure() -> bool:
@@ -132,42 +138,332 @@ def may_measure() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+def set_process_group(group) -> None:
+    """The ranks that agree on every tuned bucket (rank 0 of ``group`` times, all adopt); None: the
+    default group whenever torch.distributed is initialized."""
+    global _group
+    _group = group
+
+
+def _forget() -> None:
+    for forget in _on_switch:
+        forget()
+
+
+@contextlib.contextmanager
+def replaying(path: Path):
+    """Decide from the buckets of a kept autotune file (a sweep's ``-cache.json``) and never time:
+    an autotune sweep's choice replayed off its GPU (``bench --replay ... --autotune-file``), so each
+    miss is named against the times the autotune acted on. A bucket the file lacks: the table decides."""
+    global _replayed
+    before, _replayed = _replayed, Path(path)
+    _forget()
+    try:
+        yield
+    finally:
+        _replayed = before
+        _forget()
+
+
+def enabled() -> bool:
+    """Whether kept times can decide here: a replay, an open context, or the default file read."""
+    return _replayed is not None or bool(_contexts) or _default_on()
+
+
+def _default_on() -> bool:
+    return os.environ.get(ENV_AUTOTUNE, "").strip() != "0"
+
+
+# -- the environment's fingerprint and the files ----------------------------------------------------
+def _live_device() -> DeviceDesc:
+    if not torch.cuda.is_available():
+        return capability_db.CPU_DEVICE
+    from . import router
+
+    return router.live_device(torch.empty(0, device="cuda"))
+
+
+@functools.lru_cache(maxsize=None)
+def _package(module: str) -> str:
+    """The installed version of the distribution providing ``module`` (package metadata: nothing imported)."""
+    from importlib import metadata
+
+    for dist in metadata.packages_distributions().get(module, []):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(dist)
+    return "none"
+
+
+@functools.lru_cache(maxsize=64)
+def fingerprint(device: DeviceDesc) -> dict[str, str]:
+    """What a timing depends on besides the problem: the GPU and every version on the path."""
+    from ._version import version
+
+    cuda = device.kind == "cuda"
+    driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+    cudnn = torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None
+    return {"gpu": device.name, "sm": str(device.sm), "sm_count": str(device.sm_count),
+            "driver": str(driver()) if cuda and driver is not None else "none",
+            "cuda": (torch.version.cuda or "none") if cuda else "none", "cudnn": str(cudnn or "none"),
+            "cudnn_frontend": _package("cudnn"), "flashinfer": _package("flashinfer"), "torch": torch.__version__,
+            "triton": _package("triton"), "attn_dispatch": version()}
+
+
+def digest(env: dict) -> str:
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "attn-dispatch")
+
+
+def default_file(device: DeviceDesc) -> Path:
+    return cache_dir() / f"autotune-{digest(fingerprint(device))}.json"
+
+
+cache_file = default_file  # the name tools and older scripts use
+
+
+def describe_cache() -> str:
+    return f"autotune cache under {cache_dir()}"
+
+
+def describe_kept() -> str:
+    """What kept times can decide in this process ("" where none): a benchmark's record says so."""
+    if tuning():
+        return "tuning: new buckets timed in a dispatch.autotune context"
+    with _lock:
+        count = sum(len(buckets) for buckets in _known.values())
+    if not count and _default_on():
+        count = len(_known_for(_live_device()))
+    return f"kept times of {count} buckets ({describe_cache()})" if count else ""
+
+
+def _known_for(device: DeviceDesc) -> dict[str, dict]:
+    """The buckets known for ``device``'s environment; its default file is read at first use."""
+    key = digest(fingerprint(device))
+    with _lock:
+        known = _known.setdefault(key, {})
+        if key not in _read_default and _default_on():
+            _read_default.add(key)
+            for bucket, entry in (read_file(default_file(device), fingerprint(device)) or {}).items():
+                known.setdefault(bucket, entry)
+        return known
+
+
+def _log_once(path: Path, text: str, *args) -> None:
+    if str(path) not in _logged:
+        _logged.add(str(path))
+        log.warning(text, path, *args)
+
+
+def mismatch(saved: object, env: dict) -> dict[str, tuple]:
+    """{field: (saved, here)} where a file's header differs from ``env`` ("*" matches anything)."""
+    saved = saved if isinstance(saved, dict) else {}
+    return {k: (saved.get(k), v) for k, v in env.items() if saved.get(k) not in (v, "*")}
+
+
+def load(path: Path) -> Optional[dict]:
+    """The file's JSON (None: no file; ValueError: not a cache file)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("buckets"), dict):
+        raise ValueError("not an attn-dispatch autotune cache (no 'buckets' object)")
+    data["buckets"] = {k: _normal(v) for k, v in data["buckets"].items()}
+    return data
+
+
+def read_file(path: Path, env: Optional[dict]) -> Optional[dict[str, dict]]:
+    """The buckets of ``path`` if its header matches ``env`` (None: skip the check); else None, with
+    one log line for a file made elsewhere or damaged."""
+    try:
+        data = load(path)
+    except (OSError, ValueError) as exc:
+        _log_once(path, "attn_dispatch: autotune cache %s ignored: %s", exc)
+        return None
+    if data is None:
+        return None
+    differs = mismatch(data.get("environment"), env) if env is not None else {}
+    if differs:
+        _log_once(path, "attn_dispatch: autotune cache %s ignored: made in another environment (%s)",
+                  ", ".join(f"{k}: {a} there, {b} here" for k, (a, b) in differs.items()))
+        return None
+    return data["buckets"]
+
+
+def _normal(value) -> dict:
+    """A bucket as this version writes it; files of the online autotune held the times alone."""
+    if isinstance(value, dict) and isinstance(value.get("times"), dict):
+        return value
+    return {"measured": None, "times": value if isinstance(value, dict) else {}}
+
+
+def newest(buckets: dict[str, dict], cap: Optional[int] = None) -> dict[str, dict]:
+    """At most ``cap`` (default MAX_BUCKETS) buckets: the most recently measured (undated ones count as oldest)."""
+    cap = MAX_BUCKETS if cap is None else cap
+    if len(buckets) <= cap:
+        return buckets
+    kept = sorted(buckets, key=lambda k: buckets[k].get("measured") or "", reverse=True)[:cap]
+    return {k: buckets[k] for k in sorted(kept)}
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive lock on ``path``.lock where the platform has fcntl (else none: the rename is atomic)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save(path: Path, buckets: dict[str, dict], env: dict) -> bool:
+    """Merge ``buckets`` into ``path`` (read again under its lock; these win; capped) and replace it
+    atomically. A file made in another environment is left as it is (one log line). Returns whether written."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _file_lock(path):
+            try:
+                disk = load(path) or {"buckets": {}}
+            except ValueError:
+                disk = {"buckets": {}}  # a damaged cache is replaced
+            differs = mismatch(disk.get("environment"), env) if "environment" in disk else {}
+            if differs:
+                _log_once(path, "attn_dispatch: autotune cache %s not written: made in another environment (%s)",
+                          ", ".join(differs))
+                return False
+            merged = newest({**disk["buckets"], **buckets})
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump({"format": FORMAT, "environment": env, "buckets": merged}, out, indent=1, sort_keys=True)
+            os.replace(tmp, path)
+        return True
+    except OSError as exc:  # a read-only home: the times still serve this process
+        log.warning("attn_dispatch: autotune cache %s not written: %s", path, exc)
+        return False
+
+
+# -- the lookup -----------------------------------------------------------------------------------------
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
+    """The problem's facts and its sizes rounded up to powers of two. Not ``cuda_graph``: a call
+    declared for a graph runs the same backends at the same sizes, and the ranking decides what
+    counts (GPU time alone), so one timing serves both; nor ``replay_kv`` (which buckets a graph's
+    choice weighs, not what one bucket's timing is)."""
+    return f"{dataclasses.replace(problem, cuda_graph=False, replay_kv=0)!r}|" + "x".join(str(_pow2(n)) for n in sizes)
+
+
 class Timed(NamedTuple):
     ms: float  # GPU time per call
     sizes: tuple  # where it was timed (the bucket's middle)
     host_us: Optional[float]  # host time per eager repeat (the backend's launcher, else its run); None: not timed
+    measured: Optional[str] = None  # when (ISO 8601, UTC); None: a file that did not say
 
 
 def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
            sizes: Optional[tuple[int, int, int]]) -> Optional[dict[str, Timed]]:
-    """{backend: Timed} for the bucket (timed now on a miss), or None when off or not allowed."""
-    if not enabled():
-        return None
-    accepted = timed_on(device, accepted)
+    """{backend: Timed} kept for the bucket (timed now when tuning; module doc); None: nothing kept."""
     sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
-    path, key = _replayed or cache_file(device), bucket_key(problem, sizes)
-    with _lock:
-        data = _files.get(path) or _read(path)
-        _files[path] = data
-        hit = data["buckets"].get(key)
-    if _replayed is not None:  # what was timed then: the candidates a replay's rebuilt problem adds are untimed
-        hit = hit or {}
-    elif hit is None or any(n not in hit for n in accepted):
-        if not may_measure():
-            return None
-        hit = {**(hit or {}), **measure(problem, [n for n in accepted if n not in (hit or {})], class_middle(sizes))}
+    key, middle = bucket_key(problem, sizes), class_middle(sizes)
+    if _replayed is not None:
+        entry = (read_file(_replayed, None) or {}).get(key)
+    elif not (_default_on() or _contexts):
+        return None
+    else:
         with _lock:
-            data["buckets"][key] = hit
-            _write(path, data, device)
-    times = {n: _entry(hit[n], class_middle(sizes)) for n in accepted if hit.get(n) is not None}
-    return times or None
+            entry = _known_for(device).get(key)
+        if tuning(problem.entry) and may_measure():
+            entry = _tuned(problem, device, accepted, sizes, key, entry)
+    times = (entry or {}).get("times", {})
+    found = {n: _timed_entry(times[n], middle, entry.get("measured")) for n in accepted if times.get(n) is not None}
+    return found or None
 
 
-def _entry(value, sizes: tuple) -> Timed:
-    """A cache value: {"ms", "host_us"}, or the GPU ms alone (files written before host times)."""
+def _tuned(problem, device, accepted, sizes, key, entry) -> Optional[dict]:
+    """The bucket's entry with the leading candidates timed (what it lacks of them); agreed across ranks."""
+    def complete() -> Optional[dict]:
+        wanted = leading(problem, device, timed_on(device, accepted), sizes)
+        missing = [n for n in wanted if n not in (entry or {}).get("times", {})]
+        if not missing:
+            return entry
+        times = {**(entry or {}).get("times", {}), **measure(problem, missing, class_middle(sizes))}
+        return {"measured": now(), "times": times}
+    group = _ranks()
+    tuned = complete() if group is None else _agreed(group, complete)
+    if tuned is not None and tuned is not entry:
+        with _lock:
+            known = _known_for(device)
+            known[key] = tuned
+            if len(known) > MAX_BUCKETS:  # bounded in memory as in the file: the oldest measured go
+                kept = newest(known)
+                known.clear()
+                known.update(kept)
+            for ctx in _contexts:
+                if ctx.tune and ctx.digest == digest(fingerprint(device)):
+                    ctx.new[key] = tuned
+    return tuned
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _ranks():
+    """The process group whose ranks must agree, or None (no torch.distributed, or one rank)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = _group or dist.group.WORLD
+    return group if dist.get_world_size(group) > 1 else None
+
+
+def _agreed(group, complete: Callable[[], Optional[dict]]) -> Optional[dict]:
+    """Rank 0 of ``group`` completes the entry (times it, or has it); every rank adopts rank 0's."""
+    import torch.distributed as dist
+
+    box = [complete() if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    return box[0]
+
+
+def _timed_entry(value, sizes: tuple, measured: Optional[str]) -> Timed:
+    """A kept time: {"ms", "host_us"}, or the GPU ms alone (files written before host times)."""
     if isinstance(value, dict):
-        return Timed(value["ms"], sizes, value.get("host_us"))
-    return Timed(value, sizes, None)
+        return Timed(value["ms"], sizes, value.get("host_us"), measured)
+    return Timed(value, sizes, None, measured)
+
+
+def leading(problem: AttentionProblem, device: DeviceDesc, accepted: list[str], sizes: tuple) -> list[str]:
+    """The candidates a new bucket times: the table's LEADING fastest at the bucket, and any other
+    predicted within WITHIN of the fastest (GPU time, plus host time for an eager call); every
+    accepted one where there is no table or it knows none of them."""
+    from . import choice
+
+    table = choice.table_for(device) if len(accepted) > LEADING else None
+    if table is None:
+        return list(accepted)
+    gpu_ms, _ = table.gpu_ms(problem, sizes, of_class=True)
+    eager = not problem.cuda_graph
+    est = {n: gpu_ms[n] + (choice.host_us(table, n, problem.entry)[0] / 1e3 if eager else 0.0)
+           for n in accepted if n in gpu_ms}
+    if not est:
+        return list(accepted)
+    order = sorted(est, key=lambda n: (est[n], accepted.index(n)))
+    best = est[order[0]]
+    return [n for i, n in enumerate(order) if i < LEADING or est[n] <= best * (1 + WITHIN)]
 
 
 def timed_on(device: DeviceDesc, accepted: list[str]) -> list[str]:
@@ -185,27 +481,7 @@ def timed_on(device: DeviceDesc, accepted: list[str]) -> list[str]:
     return gpu or accepted
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        if isinstance(data.get("buckets"), dict):
-            return data
-    except (OSError, ValueError):
-        pass  # no file yet, or a broken one: start over (the file is a cache)
-    return {"buckets": {}}
-
-
-def _write(path: Path, data: dict, device: DeviceDesc) -> None:
-    data["environment"] = environment_key(device)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError as exc:  # a read-only home: tuning still serves this process
-        log.warning("attn_dispatch: autotune cache %s not written: %s", path, exc)
-
-
+# -- the timing -----------------------------------------------------------------------------------------
 def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int]) -> dict[str, Optional[dict]]:
     """Per backend, on fresh random inputs of these sizes: {"ms": GPU time per call, "host_us": host
     time per eager repeat on a GPU (its launcher, what a lane's repeats call; else its run), None on
@@ -215,18 +491,18 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
     b, q, kv = sizes
     device = torch.device("cuda" if problem.device_type == "cuda" else "cpu")
     case = Case("autotune", problem, (q,) * b, (kv,) * b)
-    batch = make_batch(case, device, seed=0)
+    batch = make_batch(case, device, seed=0)  # paged: pages shuffled over the pool (dispatch/inputs.py)
     if problem.has_sinks and batch.sinks is None:
         batch.sinks = torch.zeros(problem.num_qo_heads, device=device)
     out: dict[str, Optional[dict]] = {}
     for name in names:
         backend, start = get_backend(name), time.perf_counter()
         try:
-            plan = backend.plan(problem, batch)
-            backend.run(plan, batch)  # warm: compiles, workspaces
+            plan = backend.plan(problem, batch)  # its own workspace, as a call's plan allocates it
+            backend.run(plan, batch)  # warm: compiles what the bucket needs
             out[name] = {"ms": _timed(lambda: backend.run(plan, batch), device.type),
                          "host_us": _host_us(backend, plan, batch) if device.type == "cuda" else None,
-                         "tune_s": round(time.perf_counter() - start, 3)}  # what this bucket's first call waited
+                         "tune_s": round(time.perf_counter() - start, 3)}
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is not chosen by its time
             log.info("attn_dispatch: autotune of %s on %s failed: %s", name, problem.describe(), exc)
             out[name] = None
@@ -234,16 +510,31 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
     return out
 
 
+_flush_buffer: dict[int, torch.Tensor] = {}
+
+
+def flush_l2() -> None:
+    """Overwrite twice the GPU's L2 cache, so a repetition does not find its inputs cached."""
+    index = torch.cuda.current_device()
+    buf = _flush_buffer.get(index)
+    if buf is None:
+        l2 = getattr(torch.cuda.get_device_properties(index), "L2_cache_size", 0) or (64 << 20)
+        buf = _flush_buffer[index] = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+    buf.zero_()
+
+
 def _timed(run: Callable[[], object], device_type: str) -> float:
-    """ms per call; a short call is timed again over back-to-back calls filling about SHORT_MS, so
-    the events' resolution (about a microsecond) does not decide between kernels of a few."""
+    """ms per call, the median of REPS with the L2 flushed before each; a short call is timed again
+    over back-to-back calls filling about SHORT_MS, so the events' resolution (about a microsecond)
+    does not decide between kernels of a few."""
     from . import timing
 
-    once = timing.device_ms(run, device_type, reps=REPS)
+    flush = flush_l2 if device_type == "cuda" else None
+    once = timing.device_ms(run, device_type, reps=REPS, before_rep=flush)
     if device_type != "cuda" or once >= SHORT_MS:
         return once
     calls = min(MAX_CALLS, math.ceil(SHORT_MS / max(once, 1e-3)))
-    return timing.device_ms(run, device_type, reps=REPS, calls=calls)
+    return timing.device_ms(run, device_type, reps=REPS, calls=calls, before_rep=flush)
 
 
 def _host_us(backend, plan, batch) -> float:
@@ -258,11 +549,11 @@ def _host_us(backend, plan, batch) -> float:
 
 
 class _CallableModule(sys.modules[__name__].__class__):
-    """``dispatch.autotune(...)`` turns it on or off while ``dispatch.autotune.<name>`` stays this
+    """``with dispatch.autotune(...):`` opens the context while ``dispatch.autotune.<name>`` stays this
     module (a function of the same name would hide the module from ``from dispatch import autotune``)."""
 
-    def __call__(self, enabled: bool = True) -> None:
-        autotune(enabled)
+    def __call__(self, tune_mode: bool = True, cache=None, **options):
+        return autotune(tune_mode, cache, **options)
 
 
 sys.modules[__name__].__class__ = _CallableModule

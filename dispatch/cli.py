@@ -1,4 +1,4 @@
-"""``attn-dispatch``: info | query | explain | matrix | probe | bench.
+"""``attn-dispatch``: info | query | explain | matrix | probe | bench | tune.
 
 * ``info``    this machine: torch, CUDA, the GPU, and per backend installed / usable / why not.
 * ``query``   which backend would serve a problem on any GPU (``--gpu h100``); never touches a
@@ -10,6 +10,8 @@
               (``dispatch.benchmark.probe``).
 * ``bench``   the one benchmark runner (``dispatch.benchmark.bench``): every backend forced in turn and the
               automatic choice, checked against the fp64 oracle and timed.
+* ``tune``    the warm-up autotune offline, from a list of shapes or a recorded trace, and its cache
+              files: ``tune show``, ``tune export``, ``tune merge`` (``dispatch.tune``).
 
 Every inspecting command takes ``--json``. Bad arguments exit with status 2 and a message
 naming the option, its value and the allowed values. Human output fits 100 columns, and a
@@ -156,7 +158,7 @@ def _add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attn-dispatch", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attn-dispatch {version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,query,explain,matrix,probe,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{info,query,explain,matrix,probe,bench,tune}")
 
     def add(name: str, **options: Any) -> argparse.ArgumentParser:
         command = sub.add_parser(name, **options)
@@ -177,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("--update-readme", action="store_true", help="rewrite the README's matrix block")
     matrix.add_argument("--readme", type=Path, default=None, help="README to update (default: the repo's)")
     for name, text in (("probe", "check the capability data against this GPU, outputs against fp64"),
-                       ("bench", "the benchmark: every backend and the automatic choice, checked, timed")):
+                       ("bench", "the benchmark: every backend and the automatic choice, checked, timed"),
+                       ("tune", "time the candidates of shapes or a trace into the autotune cache; show, export, merge")):
         hook = add(name, help=text, add_help=False)
         hook.add_argument("args", nargs=argparse.REMAINDER)
     return parser
@@ -490,8 +493,14 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return int(bench.main(args.args) or 0)
 
 
+def cmd_tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import tune
+
+    return int(tune.main(args.args) or 0)
+
+
 COMMANDS = {"info": cmd_info, "query": cmd_query, "explain": cmd_explain, "matrix": cmd_matrix,
-            "probe": cmd_probe, "bench": cmd_bench}
+            "probe": cmd_probe, "bench": cmd_bench, "tune": cmd_tune}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -509,7 +518,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("probe", "bench"):
+    if argv and argv[0] in ("probe", "bench", "tune"):
         # everything after the hook's name is its own (argparse REMAINDER stops at options)
         return COMMANDS[argv[0]](argparse.Namespace(command=argv[0], args=argv[1:]), parser)
     args = parser.parse_args(argv)

@@ -129,6 +129,16 @@ class Decision:
     ran: Optional[str] = None  # the backend that served the latest call (differs from chosen after a fallback)
     ranking: str = ""  # what ordered the accepted candidates (measured time, cost model, priority list)
 
+    @property
+    def evidence(self) -> str:
+        """Which evidence decided: "measured here (<ISO time>)" (the autotune's times), "the table"
+        (its expected times), "the static order" (the priority list), or "an explicit choice"."""
+        if self.explicit:
+            return "an explicit choice"
+        if self.ranking.startswith("measured here"):
+            return self.ranking.split(";")[0]
+        return "the table" if self.ranking and not self.ranking.startswith("priority list") else "the static order"
+
     def accepted(self) -> list[str]:
         """The automatic order: ranked candidates that accept the problem (fallbacks follow it)."""
         return [c.backend for c in self.candidates if c.accepted and c.ranked]
@@ -142,6 +152,7 @@ class Decision:
             "explicit": {"backend": self.explicit[0], "from": self.explicit[1]} if self.explicit else None,
             "strict": self.strict,
             "ranking": self.ranking,
+            "evidence": self.evidence,
             "candidates": [c.to_json() for c in self.candidates],
             "fallbacks": [{"backend": b, "reasons": [str(r) for r in rs]} for b, rs in self.fallbacks],
         }
@@ -158,6 +169,8 @@ class Decision:
         """The summary, the problem, one line per rejected candidate; ``verbose``: every reason with
         its source."""
         lines = [self.summary()] + wrap(f"problem: {describe_on(self.problem, self.device)}", 0)
+        if not self.explicit:
+            lines.append(f"decided by: {self.evidence}")
         if self.ranking and not self.explicit:
             lines.extend(wrap(f"ranked by: {self.ranking}", 0))
         for c in self.candidates:

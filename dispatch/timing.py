@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 SPIN_CYCLES_PER_US = 2000  # torch.cuda._sleep counts SM clock cycles: ~2 GHz on an H100/H200
 
 
-def time_ms(fn: Callable[[], Any], reps: int = 30, warmup: int = 5, calls: int = 1, ahead_us: float = 0.0) -> float:
+def time_ms(fn: Callable[[], Any], reps: int = 30, warmup: int = 5, calls: int = 1, ahead_us: float = 0.0,
+            before_rep: Optional[Callable[[], Any]] = None) -> float:
     """Median of ``reps`` CUDA-event timings of ``fn`` after ``warmup`` calls (compiles, caches),
     in ms per call of ``fn``.
 
@@ -20,6 +21,7 @@ def time_ms(fn: Callable[[], Any], reps: int = 30, warmup: int = 5, calls: int =
     the host has queued every call before the GPU reaches them and the events time the GPU's
     work alone, not the host's launch gaps (for problems smaller than their host cost; pass
     about twice the host time of the ``calls`` calls).
+    ``before_rep``: run before each repetition, outside its events (the autotune flushes the L2).
     """
     for _ in range(warmup):
         fn()
@@ -27,6 +29,8 @@ def time_ms(fn: Callable[[], Any], reps: int = 30, warmup: int = 5, calls: int =
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before_rep is not None:
+            before_rep()
         if ahead_us > 0:
             torch.cuda._sleep(int(ahead_us * SPIN_CYCLES_PER_US))
         start.record()
@@ -51,7 +55,8 @@ def wall_ms(fn: Callable[[], Any], reps: int = 5, warmup: int = 1, calls: int = 
     return statistics.median(times)
 
 
-def device_ms(fn: Callable[[], Any], device: str, reps: int, calls: int = 1) -> float:
+def device_ms(fn: Callable[[], Any], device: str, reps: int, calls: int = 1,
+              before_rep: Optional[Callable[[], Any]] = None) -> float:
     """ms per call on ``device``: CUDA events behind a spin of twice the host time (so launch
     gaps of small problems are not counted), or the wall clock on the CPU. ``fn`` is warm."""
     if device != "cuda":
@@ -62,7 +67,8 @@ def device_ms(fn: Callable[[], Any], device: str, reps: int, calls: int = 1) -> 
         fn()
     host_us = (time.perf_counter() - t0) * 1e6
     torch.cuda.synchronize()
-    return time_ms(fn, reps=reps, warmup=0, calls=calls, ahead_us=min(5e5, max(2000.0, 2 * host_us)))
+    return time_ms(fn, reps=reps, warmup=0, calls=calls, ahead_us=min(5e5, max(2000.0, 2 * host_us)),
+                   before_rep=before_rep)
 
 
 def graph_ms(calls: Sequence[Callable[[], Any]], reps: int) -> tuple[float, torch.cuda.CUDAGraph]:

@@ -1,5 +1,6 @@
 """Ranking from measurements: the GPU's choice table, ties, backends the table leaves out, one
-ranking per decision (never per call), and the opt-in online autotune with its cache file."""
+ranking per decision (never per call), and the warm-up autotune: its context, what it times, its
+cache file."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,10 @@ H100 = capability_db.resolve_device("h100")
 def fresh(monkeypatch, tmp_path):
     monkeypatch.setenv(autotune.ENV_CACHE_DIR, str(tmp_path))
     monkeypatch.delenv(autotune.ENV_AUTOTUNE, raising=False)
-    monkeypatch.setattr(autotune, "_switch", None)
-    autotune._files.clear()
+    monkeypatch.setattr(autotune, "_known", {})
+    monkeypatch.setattr(autotune, "_read_default", set())
+    monkeypatch.setattr(autotune, "_logged", set())
+    monkeypatch.setattr(autotune, "_contexts", [])
     router.clear_caches()
     yield
     router.clear_caches()
@@ -92,47 +95,160 @@ def test_cpu_choice_is_the_priority_list():
 
 
 # -- autotune -----------------------------------------------------------------------------------
-def test_autotune_is_off_by_default_and_follows_env_and_api(monkeypatch):
-    assert not autotune.enabled()
-    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "1")
-    assert autotune.enabled()
-    autotune.autotune(False)
-    assert not autotune.enabled()
-    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "maybe")
-    autotune.autotune(True)
-    assert autotune.enabled()
+def cpu_problem(**kw):
+    return make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32", **kw)
 
 
-def test_autotune_times_a_new_bucket_once_and_keeps_it_in_the_cache_file(monkeypatch, tmp_path):
-    autotune.autotune(True)
-    p = make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
-    got = autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40))
-    ms, sizes, host_us = got["reference"]
+def fake_measure(monkeypatch, ms: dict, timed: list | None = None):
+    """``autotune.measure`` returns ``ms`` (backend -> GPU ms) for the names asked; ``timed`` collects them."""
+    def measure(problem, names, sizes):
+        (timed if timed is not None else []).extend(names)
+        return {n: ms.get(n) for n in names}
+    monkeypatch.setattr(autotune, "measure", measure)
+
+
+def never_measure(monkeypatch):
+    monkeypatch.setattr(autotune, "measure", lambda *a: pytest.fail("timed outside a tuning context"))
+
+
+def test_outside_a_context_nothing_is_timed(monkeypatch):
+    never_measure(monkeypatch)
+    assert autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference", "native-triton"], (2, 1, 40)) is None
+    with autotune.autotune(False):  # tune_mode=False: lookups only, as FlashInfer's
+        assert autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference", "native-triton"],
+                               (2, 1, 40)) is None
+    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "1")  # the old switch: no value of it times anything now
+    assert autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference", "native-triton"], (2, 1, 40)) is None
+
+
+def test_a_context_times_a_new_bucket_once_and_keeps_it_in_the_default_file(monkeypatch, tmp_path):
+    p = cpu_problem()
+    with dispatch.autotune(True):  # the module is callable: dispatch.autotune(...) is the context
+        got = autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40))
+        assert not list(tmp_path.glob("autotune-*.json"))  # written when the context closes
+    ms, sizes, host_us, measured = got["reference"]
     assert ms > 0 and sizes == (2, 1, 48) and host_us is None  # the bucket (2, 1, 64)'s middle; no host on the CPU
-    files = list(tmp_path.glob("autotune-*.json"))
-    assert len(files) == 1
-    data = json.loads(files[0].read_text())
-    assert {"device", "driver", "torch", "reference"} <= set(data["environment"])
+    [path] = tmp_path.glob("autotune-*.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == autotune.FORMAT and set(data["environment"]) == {
+        "gpu", "sm", "sm_count", "driver", "cuda", "cudnn", "cudnn_frontend", "flashinfer", "torch", "triton",
+        "attn_dispatch"}
     [bucket] = data["buckets"].values()
-    assert bucket == {"reference": {"ms": ms, "host_us": None, "tune_s": bucket["reference"]["tune_s"]}}
-    autotune._files.clear()  # a new process reads the file instead of measuring
-    monkeypatch.setattr(autotune, "measure", lambda *a: pytest.fail("measured a known bucket"))
-    assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 33))["reference"][0] == ms
+    assert bucket["measured"] == measured and bucket["times"]["reference"]["ms"] == ms
+    monkeypatch.setattr(autotune, "_known", {})  # a new process reads the file at first use, times nothing
+    monkeypatch.setattr(autotune, "_read_default", set())
+    never_measure(monkeypatch)
+    assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 33))["reference"].ms == ms
+    with autotune.autotune(True):  # a known bucket is not timed again
+        assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 33))["reference"].ms == ms
 
 
-def test_autotune_never_measures_while_compiling(monkeypatch, tmp_path):
-    autotune.autotune(True)
-    monkeypatch.setattr(autotune.torch.compiler, "is_compiling", lambda: True)
-    p = make_problem(phase="decode", q_dtype="float32", kv_dtype="float32", out_dtype="float32")
-    assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference"], (2, 1, 40)) is None
+def test_a_context_cache_is_read_at_entry_and_merged_at_exit(monkeypatch, tmp_path):
+    """FlashInfer's cache=: loaded when the context opens, merged back (read again: what another
+    process wrote meanwhile stays) when it closes."""
+    env = autotune.fingerprint(capability_db.CPU_DEVICE)
+    path = tmp_path / "shared" / "tuned.json"
+    kept = autotune.bucket_key(cpu_problem(), (4, 1, 64))
+    autotune.save(path, {kept: {"measured": "2026-01-01T00:00:00+00:00", "times": {"native-triton": {"ms": 1.0}}}}, env)
+    fake_measure(monkeypatch, {"reference": 3.0, "native-triton": 2.0})
+    with autotune.autotune(True, cache=path):
+        hit = autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["native-triton"], (4, 1, 64))
+        assert hit["native-triton"].ms == 1.0 and hit["native-triton"].measured.startswith("2026-01-01")
+        autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference", "native-triton"], (8, 1, 64))
+        other = autotune.bucket_key(cpu_problem(), (16, 1, 64))
+        autotune.save(path, {other: {"measured": "2026-01-02T00:00:00+00:00", "times": {"reference": 9.0}}}, env)
+    buckets = json.loads(path.read_text())["buckets"]
+    assert set(buckets) == {kept, other, autotune.bucket_key(cpu_problem(), (8, 1, 64))}
+    assert not list(tmp_path.glob("autotune-*.json"))  # cache= given: the default file is not written
+
+
+def test_a_file_of_another_environment_is_ignored_with_one_line_and_kept(monkeypatch, tmp_path, caplog):
+    path = tmp_path / "elsewhere.json"
+    env = {**autotune.fingerprint(capability_db.CPU_DEVICE), "torch": "1.0", "gpu": "NVIDIA H200"}
+    key = autotune.bucket_key(cpu_problem(), (2, 1, 64))
+    autotune.save(path, {key: {"measured": autotune.now(), "times": {"native-triton": {"ms": 0.1}}}}, env)
+    before = path.read_text()
+    fake_measure(monkeypatch, {"reference": 3.0, "native-triton": 2.0})
+    with caplog.at_level("WARNING", logger="attn_dispatch"):
+        for _ in range(2):
+            with autotune.autotune(True, cache=path):
+                hit = autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference", "native-triton"],
+                                      (2, 1, 64))
+                assert hit["native-triton"].ms == 2.0  # timed here, not read from the other environment's file
+    lines = [r.getMessage() for r in caplog.records if "elsewhere.json" in r.getMessage()]
+    assert len(lines) == 1 and "another environment" in lines[0] and "torch: 1.0 there" in lines[0]
+    assert path.read_text() == before  # never overwritten
+
+
+def test_a_cache_keeps_the_most_recently_measured_buckets(monkeypatch, tmp_path):
+    monkeypatch.setattr(autotune, "MAX_BUCKETS", 3)
+    env, path = autotune.fingerprint(capability_db.CPU_DEVICE), tmp_path / "capped.json"
+    days = {f"b{d}": {"measured": f"2026-01-0{d}T00:00:00+00:00", "times": {"reference": 1.0}} for d in range(1, 6)}
+    autotune.save(path, {k: days[k] for k in ("b2", "b4")}, env)
+    autotune.save(path, {k: days[k] for k in ("b1", "b3", "b5")}, env)
+    assert sorted(json.loads(path.read_text())["buckets"]) == ["b3", "b4", "b5"]  # b1, b2: the oldest out
+
+
+def test_the_default_file_is_off_with_the_variable_at_0(monkeypatch, tmp_path):
+    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "0")
+    fake_measure(monkeypatch, {"reference": 3.0, "native-triton": 2.0})
+    with autotune.autotune(True):
+        assert autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference", "native-triton"],
+                               (2, 1, 64))["native-triton"].ms == 2.0
     assert not list(tmp_path.glob("autotune-*.json"))
 
 
+def test_autotune_never_measures_while_compiling(monkeypatch, tmp_path):
+    monkeypatch.setattr(autotune.torch.compiler, "is_compiling", lambda: True)
+    never_measure(monkeypatch)
+    with autotune.autotune(True):
+        assert autotune.lookup(cpu_problem(), capability_db.CPU_DEVICE, ["reference"], (2, 1, 40)) is None
+    assert not list(tmp_path.glob("autotune-*.json"))
+
+
+def test_skip_ops_names_entry_points_left_untimed_and_tuning_buckets_are_refused(monkeypatch):
+    never_measure(monkeypatch)
+    p = cpu_problem()
+    with autotune.autotune(True, skip_ops={p.entry}):
+        assert not autotune.tuning(p.entry)
+        assert autotune.lookup(p, capability_db.CPU_DEVICE, ["reference", "native-triton"], (2, 1, 64)) is None
+    with pytest.raises(ValueError, match=r"tuning_buckets=\(64, 128\)\): allowed only None"):
+        with autotune.autotune(True, tuning_buckets=(64, 128)):
+            pass
+
+
+def test_a_new_bucket_times_the_tables_three_leaders_or_all_within_15_percent(monkeypatch):
+    timed = []
+    fake_measure(monkeypatch, {}, timed)
+    names = ["fa2", "fa3", "cudnn", "xqa", "native-triton"]
+    graph = decode_problem(cuda_graph=True)  # GPU time alone: the table's figures are the estimates
+    use_table(monkeypatch, synthetic_table(graph, dict(zip(names, (1.0, 2.0, 3.0, 4.0, 5.0)))))
+    with autotune.autotune(True):
+        autotune.lookup(graph, H100, names, (8, 1, 1024))
+    assert timed == ["fa2", "fa3", "cudnn"]
+    timed.clear()
+    use_table(monkeypatch, synthetic_table(graph, dict(zip(names, (1.0, 1.05, 1.1, 1.14, 1.2)))))
+    with autotune.autotune(True):
+        autotune.lookup(graph, H100, names, (8, 1, 2048))
+    assert timed == ["fa2", "fa3", "cudnn", "xqa"]  # native-triton: 20% off
+
+
+def test_explain_says_which_evidence_decided(monkeypatch):
+    p = with_times(monkeypatch, {"fa2": 0.40, "xqa": 0.20, "cudnn": 0.41, "native-triton": 0.30})
+    assert router.decide(p, H100, live=False).evidence == "the table"
+    fake_measure(monkeypatch, {"fa2": 0.1, "xqa": 0.3, "cudnn": 0.4, "native-triton": 0.5})
+    with autotune.autotune(True):  # entering forgets the decision made from the table
+        d = router.decide(p, H100, live=False)
+    assert d.chosen == "fa2" and d.evidence.startswith("measured here (20") and d.to_json()["evidence"] == d.evidence
+    assert "decided by: measured here (" in d.explain()
+    assert router.decide(make_problem(phase="decode"), capability_db.CPU_DEVICE, live=False).evidence == "the static order"
+
+
 def test_autotune_times_order_the_candidates(monkeypatch):
-    autotune.autotune(True)
     monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {"reference": 5.0, "native-triton": 1.0})
-    r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
-    assert r.order == ["native-triton", "reference"] and r.basis.startswith("autotune")
+    with autotune.autotune(True):
+        r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
+    assert r.order == ["native-triton", "reference"] and r.basis.startswith("measured here (")
     assert r.estimates["native-triton"].describe().startswith("autotune: 1 ms")
 
 
@@ -143,8 +259,12 @@ def _tuned_table(monkeypatch, gpu_ms: dict[str, float], host: dict[str, float]):
     table = synthetic_table(decode_problem(), opposite or {"fa2": 1.0},
                             {n: {e: us for e in measured_entries()} for n, us in host.items()})
     use_table(monkeypatch, table)
-    autotune.autotune(True)
     monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: gpu_ms.get(n) for n in names})
+
+
+def tuned_rank(*args):
+    with autotune.autotune(True):
+        return choice.rank(*args)
 
 
 def measured_entries() -> list[str]:
@@ -154,8 +274,8 @@ def measured_entries() -> list[str]:
 def test_autotune_counts_the_host_path_of_an_eager_call_and_not_in_a_cuda_graph(monkeypatch):
     # fa2's kernel is 2 us faster, its host path 25 us slower: an eager call costs more on fa2
     _tuned_table(monkeypatch, {"fa2": 0.010, "native-triton": 0.012}, {"fa2": 30.0, "native-triton": 5.0})
-    eager = choice.rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
-    graph = choice.rank(decode_problem(cuda_graph=True), H100, ["fa2", "native-triton"], (8, 1, 1024))
+    eager = tuned_rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
+    graph = tuned_rank(decode_problem(cuda_graph=True), H100, ["fa2", "native-triton"], (8, 1, 1024))
     assert eager.order == ["native-triton", "fa2"] and "host time per eager call" in eager.basis
     assert eager.estimates["fa2"].host_us == 30.0
     assert graph.order == ["fa2", "native-triton"] and "GPU time only" in graph.basis
@@ -167,9 +287,9 @@ def test_autotune_counts_its_own_host_times_over_the_tables(monkeypatch):
     _tuned_table(monkeypatch, {}, {"fa2": 5.0, "native-triton": 30.0})
     monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {
         "fa2": {"ms": 0.010, "host_us": 30.0}, "native-triton": {"ms": 0.012, "host_us": 5.0}})
-    r = choice.rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
+    r = tuned_rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
     assert r.order == ["native-triton", "fa2"] and r.estimates["fa2"].host_source == "autotune"
-    assert autotune._entry(0.25, (1, 1, 1)) == autotune.Timed(0.25, (1, 1, 1), None)
+    assert autotune._timed_entry(0.25, (1, 1, 1), None) == autotune.Timed(0.25, (1, 1, 1), None)
 
 
 def test_autotune_times_outrank_the_priority_list_and_the_table(monkeypatch):
@@ -178,14 +298,14 @@ def test_autotune_times_outrank_the_priority_list_and_the_table(monkeypatch):
     _tuned_table(monkeypatch, {"cudnn": 0.030, "native-triton": 0.020, "fa2": 0.005},
                  {"cudnn": 5.0, "native-triton": 5.0, "fa2": 5.0})
     p = dataclasses.replace(decode_problem(), entry="cudnn_batch_prefill_with_kv_cache")
-    r = choice.rank(p, H100, ["cudnn", "fa2", "native-triton"], (8, 1, 1024))
-    assert r.order == ["fa2", "native-triton", "cudnn"] and r.basis.startswith("autotune")
+    r = tuned_rank(p, H100, ["cudnn", "fa2", "native-triton"], (8, 1, 1024))
+    assert r.order == ["fa2", "native-triton", "cudnn"] and r.basis.startswith("measured here")
     assert r.estimates["cudnn"].describe().startswith("autotune: 0.03 ms")
 
 
 def test_a_backend_whose_autotune_failed_goes_last(monkeypatch):
     _tuned_table(monkeypatch, {"fa2": None, "native-triton": 0.020, "cudnn": 0.015}, {})
-    r = choice.rank(decode_problem(cuda_graph=True), H100, ["fa2", "native-triton", "cudnn"], (8, 1, 1024))
+    r = tuned_rank(decode_problem(cuda_graph=True), H100, ["fa2", "native-triton", "cudnn"], (8, 1, 1024))
     assert r.order == ["cudnn", "native-triton", "fa2"] and "fa2" not in r.estimates
 
 
@@ -195,7 +315,7 @@ def test_autotune_never_times_the_cpu_only_reference_on_a_gpu(monkeypatch):
     _tuned_table(monkeypatch, {"fa2": 0.010, "reference": 0.001}, {})
     measure = autotune.measure
     monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: timed.extend(names) or measure(problem, names, sizes))
-    r = choice.rank(decode_problem(cuda_graph=True), H100, ["fa2", "reference"], (8, 1, 1024))
+    r = tuned_rank(decode_problem(cuda_graph=True), H100, ["fa2", "reference"], (8, 1, 1024))
     assert timed == ["fa2"] and r.order == ["fa2", "reference"]
     assert autotune.timed_on(capability_db.CPU_DEVICE, ["reference"]) == ["reference"]
 
@@ -246,21 +366,21 @@ def test_between_grid_points_the_table_interpolates_in_log_sizes():
     assert times["xqa"] == pytest.approx(0.1 * 4 ** t) and times["fa2"] == pytest.approx(0.2)
 
 
-def test_switching_autotune_forgets_the_entry_points_call_plans():
-    """autotune() says decisions made so far are forgotten: the entry points' call plans (which
-    hold their decisions, and their lanes and launchers) go too, not only the router's cache."""
+def test_opening_a_context_forgets_the_entry_points_call_plans():
+    """A bucket decided before the warm-up is decided again inside it: the entry points' call plans
+    (which hold their decisions, and their lanes and launchers) go, not only the router's cache."""
     from dispatch.entries import _base
     from dispatch.benchmark.cases import ragged
     r = ragged()
     dispatch.single_prefill_with_kv_cache(r["q"], r["k"], r["v"], causal=True)
     assert len(_base.PROOFS) > 0
-    autotune.autotune(False)
-    assert len(_base.PROOFS) == 0 and len(_base.LANES) == 0
+    with autotune.autotune(True):
+        assert len(_base.PROOFS) == 0 and len(_base.LANES) == 0
 
 
-def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):
+def test_opening_a_context_makes_planned_wrappers_decide_again(monkeypatch):
     """A planned wrapper's variants (each a decision and a backend plan) are forgotten too: its
-    next run decides again, under the switched setting."""
+    next run decides again, inside the context."""
     from dispatch.benchmark.cases import paged, paged_wrapper
     c = paged()
     w = paged_wrapper(c)
@@ -269,9 +389,9 @@ def test_switching_autotune_makes_planned_wrappers_decide_again(monkeypatch):
     decided = []
     real = router.decide
     monkeypatch.setattr(router, "decide", lambda *a, **k: decided.append(1) or real(*a, **k))
-    autotune.autotune(False)
-    assert len(w._variants) == 0
-    assert torch.equal(w.run(c["q"], c["cache"]), expected) and decided == [1]
+    with autotune.autotune(True):
+        assert len(w._variants) == 0
+        assert torch.equal(w.run(c["q"], c["cache"]), expected) and decided == [1]
 
 
 @pytest.mark.parametrize("phase, q_len", [("prefill", 3), ("decode", 1)])

@@ -502,21 +502,21 @@ def test_plot_titles_name_device_grid_and_versions():
     assert "attn-dispatch 0.1.0, torch 2.9.0, triton 3.5.0, flashinfer not installed" in title
 
 
-def test_a_sweep_with_the_opt_in_autotune_says_so(tmp_path, monkeypatch):
-    """ATTN_DISPATCH_AUTOTUNE=1: auto's column is what timing on this machine chose; the run's
-    environment and file names say so, so its figures are never read as the table's choice."""
+def test_a_sweep_with_the_warm_up_autotune_says_so(tmp_path, monkeypatch):
+    """--tune: the sweep runs inside the autotune context (auto's column is what timing on this
+    machine chose); the run's environment and file names say so, and its times are kept beside it."""
     from dispatch import autotune, router
-    monkeypatch.setenv(autotune.ENV_AUTOTUNE, "1")
     monkeypatch.setenv(autotune.ENV_CACHE_DIR, str(tmp_path / "cache"))
-    monkeypatch.setattr(autotune, "_switch", None)
-    monkeypatch.setattr(autotune, "_files", {})
+    monkeypatch.setattr(autotune, "_known", {})
+    monkeypatch.setattr(autotune, "_read_default", set())
     router.clear_caches()
     try:
-        assert cli.main(["bench", "--device", "cpu", "--quick", "--limit", "1", "--out", str(tmp_path)]) == 0
+        assert cli.main(["bench", "--device", "cpu", "--quick", "--limit", "1", "--tune", "--out", str(tmp_path)]) == 0
     finally:
         router.clear_caches()
     rep = json.loads((tmp_path / "bench-quick-cpu-autotune.json").read_text())
-    assert rep["environment"]["autotune"].startswith("on") and rep["results"][0]["auto"]
+    assert rep["environment"]["autotune"].startswith("tuning") and rep["results"][0]["auto"]
+    assert not autotune.tuning()
 
 
 def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):

@@ -14,7 +14,7 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
     attn-dispatch bench --grid h100 --out $OUT --budget-s 500 # one H100, JIT compiles included
     attn-dispatch bench --random 60 --out $OUT                # a fresh seed, printed and recorded
     attn-dispatch bench --random 60 --seed 1234 --start 40    # resume that sweep at problem 40
-    ATTN_DISPATCH_AUTOTUNE=1 attn-dispatch bench --random 60  # auto with the opt-in autotune (-autotune files)
+    attn-dispatch bench --random 60 --tune    # auto after the warm-up autotune (-autotune files, -cache.json)
     attn-dispatch bench --trace --device cpu --steps 20       # an engine-shaped trace, ours vs FlashInfer (trace.py)
 
 Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
@@ -45,7 +45,7 @@ from .. import autotune
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
-         "                           [--warm-workers J] [--profile N] [--list] [--recheck] [--json]\n"
+         "                           [--warm-workers J] [--profile N] [--tune] [--list] [--recheck] [--json]\n"
          "       %(prog)s --trace [its own options: --trace --help]")
 
 
@@ -85,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recheck", action="store_true",
                    help="time only each problem's listed backends (no auto, no FlashInfer call): in a table built "
                         "from an earlier sweep and this file, these rows replace those backends'")
+    p.add_argument("--tune", action="store_true",
+                   help="the sweep runs inside dispatch.autotune(True, cache=DIR/<stem>-cache.json): each new "
+                        "bucket's first auto call (a warm call, before any timing) times its leading candidates")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p
@@ -200,7 +203,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("\n".join(p.name for p in plist))
         return 0
     reps = args.reps or (10 if args.device == "cuda" else 5)
-    stem = (f"bench-{name}-{args.device}" + ("-autotune" if autotune.enabled() else "")
+    stem = (f"bench-{name}-{args.device}" + ("-autotune" if args.tune else "")
             + (f"-from-{args.start}" if args.start else ""))  # a resume keeps the first part
     rep = {"grid": name, "environment": report.environment(args.device),
            "method": runner.METHOD.format(rows=16, reps=reps, host_up_to=runner.HOST_ROUNDS_UP_TO_MS,
@@ -212,7 +215,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     def save(results: list[dict]) -> list[Path]:
         rep.update(results=results, regret=report.regret_figures(results))
         return report.write(rep, args.out, stem)
-    paths = save(_warm_sweep(plist, args, reps, save))
+    tuned = autotune.autotune(True, cache=args.out / f"{stem}-cache.json") if args.tune else contextlib.nullcontext()
+    if args.tune:
+        rep["environment"]["autotune"] = f"tuning: this sweep's buckets, kept in {stem}-cache.json"
+    with tuned:
+        paths = save(_warm_sweep(plist, args, reps, save))
     if args.json:
         print(json.dumps({"regret": rep["regret"], "outputs": [str(p) for p in paths]}, indent=1))
     else:

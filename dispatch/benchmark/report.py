@@ -291,6 +291,7 @@ def environment(device: str) -> dict:
         env["timing_table"] = choice_table.describe(router.live_device(torch.empty(0, device="cuda")))
     from .. import autotune
 
-    if autotune.enabled():  # ATTN_DISPATCH_AUTOTUNE=1: auto's column is what timing on this machine chose
-        env["autotune"] = f"on ({autotune.describe_cache()})"
+    kept = autotune.describe_kept()
+    if kept:  # auto's column is (partly) what timing on this machine chose: the run says so
+        env["autotune"] = kept
     return env
