@@ -156,9 +156,10 @@ class AttentionProblem:
 Scale = Union[float, torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttentionBatch:
-    """The tensors of one call, in the convention described in the module docstring."""
+    """The tensors of one call, in the convention described in the module docstring; built with
+    keywords only (nineteen fields: a positional call would be read by counting)."""
 
     q: torch.Tensor
     k: torch.Tensor

@@ -19,6 +19,13 @@ time: the table's measured figure for (backend, entry point), else ``DEFAULT_HOS
 A size class is judged at its middle (``class_middle``); without sizes at the phase's anchor sizes.
 Estimates within ``TIE`` of the fastest keep the priority order; a backend the table leaves out at
 that point (slower there than the ones it keeps) goes after those it has, in priority order.
+
+**A CUDA graph fixes its backend.** A graph replays kv lengths up to a bound (the problem's
+``replay_kv``: a graph wrapper's capacity, a call's kv length bound such as ``max_seq_len``) with the
+backend chosen once for all of them: a graph's candidates are ranked by their expected time summed
+over the table's kv buckets from the shortest a replay may read up to that bound, at the plan's batch
+and q length (``replay_points``), not by the best of one bucket. The decision is still made once (a
+wrapper's at plan time) and cached with the problem; a replay looks nothing up.
 """
 from __future__ import annotations
 
@@ -29,10 +36,10 @@ from typing import Any, Optional
 import torch
 
 import capability_db
-from capability_db.choice_table import ANCHORS, ChoiceTable, Sizes, table_for
+from capability_db.choice_table import ANCHORS, KV_LENS, ChoiceTable, Sizes, key_phase, table_for
 
 from . import autotune
-from .problem import AttentionProblem, DeviceDesc
+from .problem import AttentionProblem, DeviceDesc, class_middle
 
 TIE = 0.03  # estimates within 3% are a tie: the priority list decides
 
@@ -70,11 +77,16 @@ class Estimate:
     source: str
     host_us: Optional[float] = None  # the host time counted in ms (None: not counted, a CUDA graph)
     host_source: str = ""
+    # a CUDA graph's estimate: the kv lengths of the buckets it spans (ms: their mean; sizes: the longest)
+    replay_kvs: tuple = ()
 
     def short(self) -> str:
         """The estimate without its source (explain prints the sources once, not per candidate)."""
         b, q, kv = self.sizes
         gpu = self.ms - (self.host_us or 0.0) / 1e3
+        if self.replay_kvs:
+            return (f"{self.basis}: {gpu:.4g} ms per replay, mean over kv {self.replay_kvs[0]}..{kv} "
+                    f"({len(self.replay_kvs)} buckets) at batch {b} x q {q}")
         text = f"{self.basis}: {gpu:.4g} ms at batch {b} x q {q} x kv {kv}"
         if self.host_us is not None:  # an eager call: what its host path adds
             text += f" + host {self.host_us:.3g} us ({self.host_source}) = {self.ms:.4g} ms"
@@ -123,8 +135,10 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         why = "one candidate" if len(accepted) <= 1 else f"no choice table for {device.name} (sm {device.sm})"
         return Ranking(list(accepted), {}, f"priority list ({why})")
     wanted = sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])
-    gpu_ms, point = table.gpu_ms(problem, wanted, of_class=bool(sizes))
     graph = problem.cuda_graph or capturing(device)
+    if graph and problem.replay_kv:
+        return _over_replays(problem, table, accepted, replay_points(problem, wanted, of_class=bool(sizes)))
+    gpu_ms, point = table.gpu_ms(problem, wanted, of_class=bool(sizes))
     ests = {}
     for n in accepted:
         if n in gpu_ms:
@@ -135,6 +149,46 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     basis = (f"expected time ({table.source}; {where})" if ests
              else f"priority list (no table entry for this problem in {table.source})")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
+    return _ordered(accepted, ests, basis)
+
+
+def replay_bound(max_kv: int) -> int:
+    """The ``replay_kv`` of a graph that replays kv lengths up to ``max_kv``: rounded up to a power of
+    two, as a size class is, so that the plans of one graph wrapper share one decision."""
+    return 1 << max(int(max_kv) - 1, 0).bit_length()
+
+
+def replay_points(problem: AttentionProblem, sizes: Sizes, of_class: bool = True) -> list[Sizes]:
+    """The sizes a CUDA graph of ``problem`` may replay, one per kv bucket: the plan's batch and q
+    length (a class at its middle), kv at the shortest a replay reads (the table's first bucket; a
+    prefill's kv holds its own queries), every grid bucket between, and ``replay_kv``."""
+    b, q, _ = class_middle(tuple(sizes)) if of_class else sizes
+    shortest = KV_LENS[0] if key_phase(problem) == "decode" else max(KV_LENS[0], q)
+    longest = max(problem.replay_kv, shortest)
+    kvs = [shortest] + [g for g in KV_LENS if shortest < g < longest] + ([longest] if longest > shortest else [])
+    return [(b, q, kv) for kv in kvs]
+
+
+def _over_replays(problem: AttentionProblem, table: ChoiceTable, accepted: list[str],
+                  points: list[Sizes]) -> Ranking:
+    """``accepted`` ordered by expected GPU time summed over ``points`` (``replay_points``): a graph
+    runs its one backend at every kv length it replays. Where the table leaves a backend out at a
+    point (slower there than those it keeps), it counts as ``keep_within`` times that point's fastest,
+    as between grid points; one the table has at no point goes after the rest."""
+    read = [table.gpu_ms(problem, p, of_class=False) for p in points]
+    read = [(gpu_ms, at) for gpu_ms, at in read if gpu_ms]
+    basis = f"CUDA graph: lowest total expected time over kv buckets {points[0][2]}..{points[-1][2]}"
+    if not read:
+        return Ranking(list(accepted), {}, f"priority list (no table entry for this problem in {table.source})")
+    keep = table.data.get("keep_within", 2.5)
+    kvs = tuple(at[2] for _, at in read)
+    ests = {}
+    for n in (n for n in accepted if any(n in gpu_ms for gpu_ms, _ in read)):
+        total = sum(gpu_ms.get(n, min(gpu_ms.values()) * keep) for gpu_ms, _ in read)
+        ests[n] = Estimate(n, total / len(read), "table", read[-1][1], table.source, replay_kvs=kvs)
+    b, q, _ = read[-1][1]
+    basis += (f" ({', '.join(map(str, kvs))}) at batch {b} x q {q}: the graph runs its one backend at every "
+              f"kv length it replays, up to {problem.replay_kv} ({table.source}); GPU time only")
     return _ordered(accepted, ests, basis)
 
 

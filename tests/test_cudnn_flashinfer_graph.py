@@ -71,10 +71,12 @@ def _entry_call(q_lens, kv_lens, return_lse=True, seed=0):
                  pool_k=k_cache, pool_v=v_cache)
     if padded is not None:
         given["lse_padded"] = padded
-    batch = AttentionBatch(c["q"], k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3), c["qo"], c["seq"],
-                           torch.full((sum(q_lens), hq, d), float("nan")), b, max_q, max_kv, 0.25, 1.0,
-                           block_table=c["table"], lse=torch.full((sum(q_lens), hq), float("nan")) if return_lse
-                           else None, extras={"cudnn": given})
+    batch = AttentionBatch(q=c["q"], k=k_cache.permute(0, 2, 1, 3), v=v_cache.permute(0, 2, 1, 3),
+                           qo_indptr=c["qo"], kv_lens=c["seq"], out=torch.full((sum(q_lens), hq, d), float("nan")),
+                           batch_size=b, max_q_len=max_q, max_kv_len=max_kv, sm_scale=0.25, out_scale=1.0,
+                           block_table=c["table"],
+                           lse=torch.full((sum(q_lens), hq), float("nan")) if return_lse else None,
+                           extras={"cudnn": given})
     expected = flashinfer_graph(c["q"], k_cache, max_q, max_kv, b, c["table"].shape[1], 0.25, True, return_lse)
     return problem, batch, padded, expected
 

@@ -211,9 +211,10 @@ def test_xqa_launcher_passes_what_the_direct_launch_passes(sinks, abi, n, q_at):
     q = torch.randn(3, 4, 16)
     k, v = _base.paged_kv(c["cache"], "NHD")
     from dispatch.problem import AttentionBatch
-    batch = AttentionBatch(q, k, v, torch.arange(4, dtype=torch.int32), torch.tensor([9, 4, 13], dtype=torch.int32),
-                           torch.empty(3, 4, 16), 3, 1, 13, 0.25, 1.0, None, c["table"], None,
-                           torch.randn(4) if sinks else None)
+    batch = AttentionBatch(q=q, k=k, v=v, qo_indptr=torch.arange(4, dtype=torch.int32),
+                           kv_lens=torch.tensor([9, 4, 13], dtype=torch.int32), out=torch.empty(3, 4, 16), batch_size=3,
+                           max_q_len=1, max_kv_len=13, sm_scale=0.25, out_scale=1.0, block_table=c["table"],
+                           sinks=torch.randn(4) if sinks else None)
     calls: list = []
     plan = XqaPlan(None, None, direct=_recording_xqa(calls, abi))
     XqaBackend._launch_direct(plan.direct, batch)
@@ -235,8 +236,9 @@ def test_xqa_direct_reads_strided_index_tensors_row_major():
     wide = torch.cat([c["table"], torch.full_like(c["table"], 10**6)], dim=1)
     lens = torch.tensor([[9, -1], [4, -1], [13, -1]], dtype=torch.int32)
     from dispatch.problem import AttentionBatch
-    batch = AttentionBatch(torch.randn(3, 4, 16), k, v, torch.arange(4, dtype=torch.int32), lens[:, 0],
-                           torch.empty(3, 4, 16), 3, 1, 13, 0.25, 1.0, None, wide[:, :c["table"].shape[1]])
+    batch = AttentionBatch(q=torch.randn(3, 4, 16), k=k, v=v, qo_indptr=torch.arange(4, dtype=torch.int32),
+                           kv_lens=lens[:, 0], out=torch.empty(3, 4, 16), batch_size=3, max_q_len=1, max_kv_len=13,
+                           sm_scale=0.25, out_scale=1.0, block_table=wide[:, :c["table"].shape[1]])
     calls: list = []
     plan = XqaPlan(None, None, direct=_recording_xqa(calls))
     XqaBackend._launch_direct(plan.direct, batch)

@@ -162,8 +162,9 @@ def xqa_call(layout: str, sinks: bool, window: int, fp8: bool, tensor_scale: boo
     q, out = torch.randn(3, 8, HEAD_DIM, dtype=torch.bfloat16), torch.empty(3, 8, HEAD_DIM, dtype=torch.bfloat16)
     table, lens = torch.tensor([[0, 1], [2, 3], [4, 0]], dtype=torch.int32), torch.tensor([20, 17, 9], dtype=torch.int32)
     scale = torch.tensor(0.125) if tensor_scale else 0.125
-    batch = AttentionBatch(q, *logical, torch.tensor([0, 1, 2, 3], dtype=torch.int32), lens, out, 3, 1, 20, scale,
-                           1.0, None, table, None, torch.randn(8) if sinks else None)
+    batch = AttentionBatch(q=q, k=logical[0], v=logical[1], qo_indptr=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+                           kv_lens=lens, out=out, batch_size=3, max_q_len=1, max_kv_len=20, sm_scale=scale,
+                           out_scale=1.0, block_table=table, sinks=torch.randn(8) if sinks else None)
     fi_args = ((q, (k, v), None, table, lens, 32, scale, 1.0, window),
                dict(out=out, sinks=batch.sinks, kv_layout=layout))
     return problem, batch, fi_args

@@ -120,10 +120,11 @@ def _batch(z, q, k_cache, v_cache, sm_scale, out_scale, max_q, max_kv, seq_q, se
     qo_indptr, kv_indptr, kv_lens = _indices(q, z, tokens, seq_q, seq_kv, offsets_q, offsets_k)
     out = out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=q.device)
     given = _cudnn_buffers(z, tokens, seq_q, q, offsets_q, out, offsets_o, k_cache, v_cache, padded_lse)
-    # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     kind = AttentionBatch if qo_indptr is not None else _DividedOnRead
-    batch = kind(q, k, v, qo_indptr, kv_lens, out, z.batch, max_q, max_kv, sm_scale, out_scale, kv_indptr,
-                 block_tables, B.new_lse(packed_lse, z.total_q, z.hq, q.device, return_lse), None, None, None, None, given)
+    batch = kind(q=q, k=k, v=v, qo_indptr=qo_indptr, kv_lens=kv_lens, out=out, batch_size=z.batch, max_q_len=max_q,
+                 max_kv_len=max_kv, sm_scale=sm_scale, out_scale=out_scale, kv_indptr=kv_indptr,
+                 block_table=block_tables, lse=B.new_lse(packed_lse, z.total_q, z.hq, q.device, return_lse),
+                 extras=given)
     if qo_indptr is None:
         batch.__dict__["_qo_offsets"] = (offsets_q, z.hq * z.dqk)
     return batch

@@ -82,9 +82,10 @@ def trtllm_batch_context_with_kv_cache(
         out = torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=device)
     if lse is None and return_lse:
         lse = torch.empty(z.total_q, z.hq, dtype=torch.float32, device=device)
-    # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
-    lane.launch(AttentionBatch(query, k, v, cum_seq_lens_q, seq_lens, out, batch_size, max_q_len, max_kv_len,
-                               bmm1_scale, bmm2_scale, None, block_tables, lse, sinks, None, None, None, B.NO_EXTRAS))
+    lane.launch(AttentionBatch(q=query, k=k, v=v, qo_indptr=cum_seq_lens_q, kv_lens=seq_lens, out=out,
+                               batch_size=batch_size, max_q_len=max_q_len, max_kv_len=max_kv_len, sm_scale=bmm1_scale,
+                               out_scale=bmm2_scale, block_table=block_tables, lse=lse, sinks=sinks,
+                               extras=B.NO_EXTRAS))
     return (out, lse) if return_lse else out
 
 

@@ -61,12 +61,12 @@ def xqa_batch_decode_with_kv_cache(
                              q_cu_seq_lens), policy.explicit_choice())
     k, v = B.paged_kv(kv_cache, kv_layout)
     z = lane.sizes
-    # positional: AttentionBatch's field order (keywords cost ~0.5 us a call on this path)
     batch = AttentionBatch(
-        query, k, v, q_cu_seq_lens if q_cu_seq_lens is not None else z.qo_indptr, seq_lens,
-        out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=query.device),
-        z.batch, q_len_per_req, max_seq_len, bmm1_scale, bmm2_scale, None, block_tables, None, sinks, None, None,
-        mask if q_len_per_req > 1 else None, B.NO_EXTRAS)
+        q=query, k=k, v=v, qo_indptr=q_cu_seq_lens if q_cu_seq_lens is not None else z.qo_indptr, kv_lens=seq_lens,
+        out=out if out is not None else torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=query.device),
+        batch_size=z.batch, max_q_len=q_len_per_req, max_kv_len=max_seq_len, sm_scale=bmm1_scale,
+        out_scale=bmm2_scale, block_table=block_tables, sinks=sinks, spec_mask=mask if q_len_per_req > 1 else None,
+        extras=B.NO_EXTRAS)
     lane.launch(batch)
     return batch.out
 
