@@ -3,7 +3,7 @@
 Called by ``router.decide`` once per (problem, size class, device): the decision is cached, so none
 of this is on the per-call path, and what it does is a lookup. Evidence, best first:
 
-1. autotune (``dispatch.autotune``, opt-in): times measured on this machine for the bucket;
+1. autotune (``dispatch.autotune``: timed in a warm-up, kept in a file): times measured here for the bucket;
 2. the GPU's choice table (capability_db/tables/<gpu>.json, ``capability_db.choice_table``): each
    backend's expected GPU time at the size class, compiled ahead of time from the fit of every call
    timed on that GPU (its own table, or its SM's scaled to its bandwidth and compute);
@@ -213,7 +213,8 @@ def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str
             est = est.with_host(*host_us(table, n, problem.entry))
         ests[n] = est
     counted = table is not None or any(t.host_us is not None for t in tuned.values())
-    basis = "autotune (timed on this machine)" + ("; GPU time only (CUDA graph)" if graph
+    when = max((t.measured for t in tuned.values() if t.measured), default="at a time the file does not say")
+    basis = f"measured here ({when})" + ("; GPU time only (CUDA graph)" if graph
                                                   else "; GPU time + host time per eager call" if counted else "")
     return _ordered(accepted, ests, basis)
 
