@@ -31,14 +31,15 @@ _PLAN_NEW = dict(head_dim_qk=None, head_dim_vo=None, use_fp16_qk_reduction=None,
                  max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False)
 _SINGLE_NEW = dict(use_fp16_qk_reduction=None, scale_q=None, scale_k=None, scale_v=None, o_dtype=None,
                    backend="auto", kv_cache_sf=None, k_scale=None, v_scale=None)
-_INIT_NEW = dict(mask_indptr_buf=None, jit_args=None, jit_kwargs=None)
+_INIT_NEW = dict(mask_indptr_buf=None, jit_args=None, jit_kwargs=None, variant_owns_mask=False)
 # target -> (dispatch object, seed parameters, newer keyword-only parameters with their defaults)
 TARGETS = {
     "cudnn": (dispatch.cudnn_batch_prefill_with_kv_cache, SEED["cudnn"],
-              dict(q_scale=None, k_scale=None, v_scale=None, batch_offsets_units="elements", o_data_type=None)),
+              dict(q_scale=None, k_scale=None, v_scale=None, batch_offsets_units="elements", o_data_type=None,
+                   lse_base="log2")),
     "trtllm": (dispatch.trtllm_batch_context_with_kv_cache, SEED["trtllm"],
                dict(kv_cache_sf=None, causal=True, lse=None, return_lse=False, multi_ctas_kv_counter_buffer=None,
-                    use_fp16_softmax=None, uses_spcompress=None)),
+                    use_fp16_softmax=None, uses_spcompress=None, backend="auto")),
     "xqa": (dispatch.xqa_batch_decode_with_kv_cache, SEED["xqa"], dict(q_cu_seq_lens=None)),
     "single": (dispatch.single_prefill_with_kv_cache,
                [p if p[0] != "return_lse" else ("return_lse", "P", False) for p in SEED["single_return_lse"]],
@@ -51,14 +52,14 @@ TARGETS = {
     "paged.run": (PAGED.run, SEED["paged.run"],
                   dict(q_scale=None, out=None, lse=None, enable_pdl=None, window_left=None, sinks=None,
                        kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None,
-                       uses_spcompress=None)),
+                       uses_spcompress=None, lse_base="log2", lse_layout="NH")),
     "paged.reset_workspace_buffer": (PAGED.reset_workspace_buffer, SEED["paged.reset_workspace_buffer"], {}),
     "ragged.__init__": (RAGGED.__init__, SEED["ragged.__init__"], _INIT_NEW),
     "ragged.class": (RAGGED, SEED["ragged.class"], _INIT_NEW),
     "ragged.plan": (RAGGED.plan, SEED["ragged.plan"], dict(_PLAN_NEW, non_blocking=True, v_indptr=None, o_indptr=None)),
     "ragged.run": (RAGGED.run, SEED["ragged.run"],
                    dict(q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None, lse=None, enable_pdl=None,
-                        kv_cache_sf=None)),
+                        kv_cache_sf=None, lse_base="log2", lse_layout="NH")),
     "ragged.reset_workspace_buffer": (RAGGED.reset_workspace_buffer, SEED["ragged.reset_workspace_buffer"], {}),
 }
 KIND = {"P": inspect.Parameter.POSITIONAL_OR_KEYWORD, "K": inspect.Parameter.KEYWORD_ONLY}

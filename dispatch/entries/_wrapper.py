@@ -27,6 +27,7 @@ from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, ba
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from .. import nvfp4
 from . import _base as B
+from . import _lse
 from ._base import is_dry
 from ._captures import Captured
 
@@ -78,7 +79,8 @@ class PrefillWrapper:
     _entry = ""
     _storage = ""
 
-    def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs) -> None:
+    def _init(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs,
+              variant_owns_mask=False) -> None:
         if not isinstance(float_workspace_buffer, torch.Tensor):
             raise bad("float_workspace_buffer", float_workspace_buffer, "a torch.Tensor", TypeError)
         if kv_layout not in ("NHD", "HND"):
@@ -86,6 +88,9 @@ class PrefillWrapper:
         if jit_args is not None or jit_kwargs is not None:
             raise bad("jit_args" if jit_args is not None else "jit_kwargs", jit_args if jit_args is not None
                       else jit_kwargs, "None (JIT variants are not supported)")
+        if variant_owns_mask:  # FlashInfer: True hands the whole mask to a custom variant's LogitsMask hook
+            raise bad("variant_owns_mask", variant_owns_mask, "False (True needs a custom attention variant "
+                      "through jit_args with backend='fa2', as FlashInfer 0.7 requires; JIT variants are not supported)")
         self._backend = policy.normalize_backend_name(backend)  # unknown names fail here, with the options
         self._float_workspace = float_workspace_buffer
         self._int_workspace: Optional[torch.Tensor] = None
@@ -280,8 +285,32 @@ class PrefillWrapper:
                 ("rope_theta", float(rope_theta or 1e4)))
 
     @staticmethod
-    def _compiled_result(res, res_lse, out, lse, return_lse):
+    def _lse_option_checks(lse_base, lse_layout, lse, q) -> None:
+        """The options' values and, for ``lse_layout='HN'``, the caller's ``lse`` against q's tokens
+        and heads: before anything runs (a compiled call's op included)."""
+        _lse.need_lse_options(lse_base, lse_layout)
+        if isinstance(q, torch.Tensor) and q.dim() == 3:
+            _lse.stage(lse, lse_layout, q.shape[0], q.shape[1], q.device)
+
+    def _with_lse_options(self, run, lse, return_lse, lse_base, lse_layout):
+        """A run with FlashInfer's ``lse_base``/``lse_layout`` (checked by the caller): ``run(lse,
+        return_lse)`` is the wrapper's run with the seeds' LSE (base 2, (tokens, Hq)); its LSE is
+        then given in the asked base and layout (dispatch.entries._lse), for every backend."""
+        if not (return_lse or lse is not None):
+            return run(None, False)  # no LSE written: the options change nothing
+        if self._plan is None:
+            raise self._unplanned()
+        p = self._plan
+        written, dest = _lse.stage(lse, lse_layout, p.total_q, p.hq, p.device)
+        out, base2 = run(written, True)
+        result = _lse.finish(base2, lse_base, lse_layout, dest)
+        return (out, result) if return_lse else out
+
+    @staticmethod
+    def _compiled_result(res, res_lse, out, lse, return_lse, lse_base="log2", lse_layout="NH"):
         """Under torch.compile: the caller's out/lse buffers filled from the op's results."""
+        if (return_lse or lse is not None) and (lse_base != "log2" or lse_layout != "NH"):
+            res_lse = _lse.traced(res_lse, lse_base, lse_layout)
         res = ops.fill(res, out)
         if lse is not None:
             ops.fill(res_lse, lse)

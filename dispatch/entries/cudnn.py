@@ -21,6 +21,8 @@ from ..checks import (OUT_DTYPES, Scale, Spec, Units, bad, check_indptr_values, 
                       token_offsets, uniform_indptr)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from . import _base as B
+from . import _lse
+from ._base import UNSET
 
 ENTRY = "cudnn_batch_prefill_with_kv_cache"
 _INDEX_ARGS = ("actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "batch_offsets_q", "batch_offsets_o",
@@ -39,13 +41,14 @@ def cudnn_batch_prefill_with_kv_cache(q: torch.Tensor, *args: Any,
 def cudnn_batch_prefill_with_kv_cache(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: Union[float, torch.Tensor],
     workspace_buffer: torch.Tensor, *, max_token_per_sequence: int, max_sequence_kv: int,
-    actual_seq_lens_q: torch.Tensor, actual_seq_lens_kv: torch.Tensor, block_tables: Optional[torch.Tensor] = None,
+    actual_seq_lens_q: Optional[torch.Tensor] = UNSET, actual_seq_lens_kv: Optional[torch.Tensor] = UNSET,
+    block_tables: Optional[torch.Tensor] = None,
     causal: bool, return_lse: bool, batch_offsets_q: Optional[torch.Tensor] = None,
     batch_offsets_o: Optional[torch.Tensor] = None, batch_offsets_k: Optional[torch.Tensor] = None,
     batch_offsets_v: Optional[torch.Tensor] = None, batch_offsets_stats: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None, is_cuda_graph_compatible: bool = False,
     backend: Optional[str] = None, q_scale=None, k_scale=None, v_scale=None, batch_offsets_units: str = "elements",
-    o_data_type=None,
+    o_data_type=None, lse_base: str = "log2",
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Batch prefill with cuDNN's calling convention.
 
@@ -55,22 +58,38 @@ def cudnn_batch_prefill_with_kv_cache(
     k_cache, v_cache : paged (pages, num_kv_heads, page_size, head_dim) with ``block_tables``
         (batch, max_pages) int32, or ragged (total_kv, num_kv_heads, head_dim)
     actual_seq_lens_q, actual_seq_lens_kv : (batch,) or (batch, 1, 1, 1) int32, on the CPU or
-        on q's device
+        on q's device. The seed shows them required; as in FlashInfer 0.7 they may be left out
+        where the batch offsets imply them (the lengths are then the offsets' spans); paged K/V
+        needs actual_seq_lens_kv
     batch_offsets_q/o/k/v : optional (batch + 1,) offsets (elements by default)
+    backend : None (the router picks), one of our backend names, or FlashInfer's ``"cubin"``
+        (cuDNN's own prebuilt kernels there): our cuDNN backend, as an explicit choice
+    lse_base : "log2" (default, the seeds' base 2) or "ln" (natural log)
 
     Returns
     -------
-    (out, lse or None): out (total_q, num_qo_heads, head_dim_vo); lse fp32 BASE 2 of shape
-    (batch, max_token_per_sequence, num_qo_heads), rows past a request's length -inf.
-    ``batch_offsets_stats`` is accepted and ignored (the LSE layout is always padded).
+    (out, lse or None): out (total_q, num_qo_heads, head_dim_vo); lse fp32 base 2 (or as
+    ``lse_base`` asks) of shape (batch, max_token_per_sequence, num_qo_heads), rows past a
+    request's length -inf. ``batch_offsets_stats`` is accepted and ignored (the LSE layout is
+    always padded).
     """
-    if torch.compiler.is_compiling() and not any(isinstance(s, torch.Tensor) or s is not None
-                                                 for s in (q_scale, k_scale, v_scale)):
+    if actual_seq_lens_q is UNSET:
+        actual_seq_lens_q = None
+    if actual_seq_lens_kv is UNSET:
+        actual_seq_lens_kv = None
+    if lse_base != "log2":
+        _lse.need_lse_base(lse_base)
+    if backend == "cubin":  # FlashInfer's selector of cuDNN's prebuilt kernels: cuDNN's kernels, our cuDNN backend
+        backend = "cudnn"
+    if torch.compiler.is_compiling() and actual_seq_lens_q is not None and actual_seq_lens_kv is not None and not any(
+            isinstance(s, torch.Tensor) or s is not None for s in (q_scale, k_scale, v_scale)):
         scale_f, scale_t = ops.split_scale(scale)
         res, res_lse = ops.cudnn_prefill(
             q, k_cache, v_cache, scale_f, scale_t, workspace_buffer, max_token_per_sequence, max_sequence_kv,
             actual_seq_lens_q, actual_seq_lens_kv, block_tables, causal, return_lse, batch_offsets_q, batch_offsets_o,
             batch_offsets_k, batch_offsets_v, is_cuda_graph_compatible, backend, batch_offsets_units, o_data_type)
+        if return_lse and lse_base != "log2":
+            res_lse = _lse.traced(res_lse, lse_base)
         return ops.fill(res, out), (ops.fill(res_lse, lse) if return_lse else None)
     explicit = policy.explicit_choice(backend)
     if isinstance(q, torch.Tensor) and not q.is_cpu:  # lengths may come on the CPU (the seed's example)
@@ -94,6 +113,8 @@ def cudnn_batch_prefill_with_kv_cache(
         return batch.out, None
     if not B.is_dry() and ran.backend != "cudnn" and packed is None:
         scatter_padded_lse(batch.lse, batch.qo_indptr, padded)
+    if lse_base != "log2" and not B.is_dry():
+        _lse.finish(padded, lse_base)  # every backend's LSE is base 2 here: the asked base, in place
     return batch.out, padded
 
 
@@ -253,6 +274,8 @@ def _indices(q, d, tokens: bool, seq_q, seq_kv, offsets_q, offsets_k):
     return qo, kv_indptr, kv_lens
 
 
+B.seed_signature(cudnn_batch_prefill_with_kv_cache, {"actual_seq_lens_q": B.REQUIRED_SHOWN,
+                                                     "actual_seq_lens_kv": B.REQUIRED_SHOWN})
 ops.register_eager('cudnn_batch_prefill_with_kv_cache', cudnn_batch_prefill_with_kv_cache)
 
 
@@ -423,6 +446,19 @@ class CudnnPrefillSpec(Spec):
         return kv_lens if kv_lens is not None else spans
 
 
+def _batch_rows(args: dict) -> Any:
+    """The batch size of a call's size class: its lengths' rows, or its offsets' rows less one
+    where the lengths are left out (None while neither is a tensor: the checks name it)."""
+    for name in ("actual_seq_lens_kv", "actual_seq_lens_q"):
+        if args[name] is not None:
+            return B.rows(args[name])
+    for name in ("batch_offsets_q", "batch_offsets_k"):
+        n = B.rows(args[name])
+        if n is not None:
+            return n - 1
+    return 1
+
+
 DECLARATION = B.Declaration(
     ENTRY, CudnnPrefillSpec, ("q", "k_cache", "v_cache", "scale", "workspace_buffer", "max_token_per_sequence",
                               "max_sequence_kv", "actual_seq_lens_q", "actual_seq_lens_kv", "block_tables", "causal",
@@ -430,7 +466,7 @@ DECLARATION = B.Declaration(
                               "batch_offsets_k", "batch_offsets_v", "batch_offsets_units", "out", "lse",
                               "is_cuda_graph_compatible", "o_data_type"),
     problem=_problem, sizes=_sizes, unread=("workspace_buffer",),
-    size=lambda a: (B.rows(a["actual_seq_lens_kv"]), a["max_token_per_sequence"], a["max_sequence_kv"]),
+    size=lambda a: (_batch_rows(a), a["max_token_per_sequence"], a["max_sequence_kv"]),
     vary={**{name: B.ALL_DIMS for name in _INDEX_ARGS}, "lse": B.ALL_DIMS},
     per_call=("max_token_per_sequence", "max_sequence_kv", "scale", "q_scale", "k_scale", "v_scale"),
     facts=lambda a: (a["max_token_per_sequence"] == 1,))

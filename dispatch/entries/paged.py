@@ -31,12 +31,13 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
                  paged_kv_last_page_len_buf: Optional[torch.Tensor] = None,
                  custom_mask_buf: Optional[torch.Tensor] = None, qk_indptr_buf: Optional[torch.Tensor] = UNSET,
                  backend: str = "auto", *, mask_indptr_buf: Optional[torch.Tensor] = UNSET, jit_args=None,
-                 jit_kwargs=None) -> None:
+                 jit_kwargs=None, variant_owns_mask: bool = False) -> None:
         """float_workspace_buffer: any tensor on the inputs' device (kept, not needed by our
         backends); kv_layout: 'NHD' or 'HND'; backend: 'auto' or a backend name or alias. The
         CUDA-graph buffers are accepted; plans live in buffers of their own."""
         B.one_of("qk_indptr_buf", qk_indptr_buf, "mask_indptr_buf", mask_indptr_buf, None)
-        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs)
+        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs,
+                   variant_owns_mask)
 
     def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
              paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int = UNSET,
@@ -108,18 +109,28 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             return_lse: bool = False, *, q_scale=None, out: Optional[torch.Tensor] = None,
             lse: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, window_left: Optional[int] = None,
             sinks: Optional[torch.Tensor] = None, kv_cache_sf=None, skip_softmax_threshold_scale_factor=None,
-            use_fp16_softmax=None, uses_spcompress=None):
+            use_fp16_softmax=None, uses_spcompress=None, lse_base: str = "log2", lse_layout: str = "NH"):
         """Attention of q (total_q, Hq, D) over the planned paged cache: a 5-D (pages, 2, ...)
         tensor or a (k_cache, v_cache) tuple in the wrapper's layout. k_scale multiplies the
-        logits, v_scale the output. Returns out, or (out, lse) with lse fp32 base 2."""
+        logits, v_scale the output. Returns out, or (out, lse) with lse fp32 base 2 (tokens, Hq);
+        lse_base='ln' gives it in natural log, lse_layout='HN' as its contiguous (Hq, tokens)
+        transpose (a caller's lse then has that shape)."""
+        options = lse_base != "log2" or lse_layout != "NH"
+        if options:
+            self._lse_option_checks(lse_base, lse_layout, lse, q)
         if torch.compiler.is_compiling() and kv_cache_sf is None and not any(
                 isinstance(s, torch.Tensor) for s in (q_scale, k_scale, v_scale)):
             k_cache, v_cache = ops.split_kv(paged_kv_cache)
             res, res_lse = ops.paged_run(self._handle, q, k_cache, v_cache, k_scale, v_scale, return_lse or lse is not None, q_scale,
                                          window_left, sinks)
-            return self._compiled_result(res, res_lse, out, lse, return_lse)
-        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left,
-                         sinks if sinks is None else B.sinks_tensor(sinks, q), kv_cache_sf, None)
+            return self._compiled_result(res, res_lse, out, lse, return_lse, lse_base, lse_layout)
+        sinks = sinks if sinks is None else B.sinks_tensor(sinks, q)
+        if options:
+            return self._with_lse_options(
+                lambda buf, want: self._run(q, paged_kv_cache, k_scale, v_scale, want, q_scale, out, buf, window_left,
+                                            sinks, kv_cache_sf, None), lse, return_lse, lse_base, lse_layout)
+        return self._run(q, paged_kv_cache, k_scale, v_scale, return_lse, q_scale, out, lse, window_left, sinks,
+                         kv_cache_sf, None)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

@@ -26,10 +26,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
                  qo_indptr_buf: Optional[torch.Tensor] = None, kv_indptr_buf: Optional[torch.Tensor] = None,
                  custom_mask_buf: Optional[torch.Tensor] = None, qk_indptr_buf: Optional[torch.Tensor] = UNSET,
                  backend: str = "auto", *, mask_indptr_buf: Optional[torch.Tensor] = UNSET, jit_args=None,
-                 jit_kwargs=None) -> None:
+                 jit_kwargs=None, variant_owns_mask: bool = False) -> None:
         """See BatchPrefillWithPagedKVCacheWrapper.__init__."""
         B.one_of("qk_indptr_buf", qk_indptr_buf, "mask_indptr_buf", mask_indptr_buf, None)
-        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs)
+        self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs,
+                   variant_owns_mask)
 
     def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
              head_dim: int = UNSET, custom_mask: Optional[torch.Tensor] = None,
@@ -80,14 +81,24 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, return_lse: bool = False, *, q_scale=None,
             k_scale=None, v_scale=None, o_scale=None, out: Optional[torch.Tensor] = None,
-            lse: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, kv_cache_sf=None):
+            lse: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None, kv_cache_sf=None,
+            lse_base: str = "log2", lse_layout: str = "NH"):
         """Attention of q (total_q, Hq, Dqk) over k (total_kv, Hkv, Dqk) and v (total_kv, Hkv, Dvo):
-        out = v_scale/o_scale * softmax(sm_scale*q_scale*k_scale q.k) v; (out, lse) with return_lse."""
+        out = v_scale/o_scale * softmax(sm_scale*q_scale*k_scale q.k) v; (out, lse) with return_lse,
+        lse fp32 base 2 (tokens, Hq), or as lse_base / lse_layout ask (see the paged wrapper's run)."""
+        options = lse_base != "log2" or lse_layout != "NH"
+        if options:
+            self._lse_option_checks(lse_base, lse_layout, lse, q)
         if torch.compiler.is_compiling() and kv_cache_sf is None and not any(
                 isinstance(s, torch.Tensor) for s in (q_scale, k_scale, v_scale, o_scale)):
             res, res_lse = ops.ragged_run(self._handle, q, k, v, return_lse or lse is not None, q_scale, k_scale,
                                            v_scale, o_scale)
-            return self._compiled_result(res, res_lse, out, lse, return_lse)
+            return self._compiled_result(res, res_lse, out, lse, return_lse, lse_base, lse_layout)
+        if options:
+            return self._with_lse_options(
+                lambda buf, want: self.run(q, k, v, want, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                           o_scale=o_scale, out=out, lse=buf, kv_cache_sf=kv_cache_sf),
+                lse, return_lse, lse_base, lse_layout)
         if self._plan is None:
             raise self._unplanned()
         # the run's lane on the plan's call cache (the full run checks once per call key, the size

@@ -41,7 +41,7 @@ def trtllm_batch_context_with_kv_cache(
     skip_softmax_threshold_scale_factor: Optional[float] = None, uses_shared_paged_kv_idx: bool = True, *,
     kv_cache_sf=UNSET, causal: bool = True, lse: Optional[torch.Tensor] = None, return_lse: bool = False,
     multi_ctas_kv_counter_buffer=None, use_fp16_softmax: Optional[bool] = None,
-    uses_spcompress: Optional[bool] = None,
+    uses_spcompress: Optional[bool] = None, backend: Optional[str] = "auto",
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Paged context (prefill) attention.
 
@@ -55,6 +55,9 @@ def trtllm_batch_context_with_kv_cache(
     cum_seq_lens_q : (batch_size + 1,) int32 token prefix sums of the queries
     sinks : (num_qo_heads,) fp32 tensor, or a list of floats / of one such tensor
     lse : (num_tokens, num_qo_heads) fp32 base 2, filled whenever given
+    backend : "auto" (the router picks; FlashInfer's default is its "trtllm-gen" kernels) or a
+        backend name: "trtllm-gen" or any of ours, an explicit choice (honoured or refused with
+        the fact that fails); FlashInfer's "cake" has no adapter here and is refused
 
     Returns
     -------
@@ -64,7 +67,9 @@ def trtllm_batch_context_with_kv_cache(
     """
     block_scales = None if kv_block_scales is UNSET and kv_cache_sf is UNSET else B.one_of(
         "kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
-    if torch.compiler.is_compiling() and block_scales is None and o_sf_scale is None and o_sf_vec_size is None:
+    explicit = policy.explicit_choice(backend)  # unknown names fail here, with the options
+    if (torch.compiler.is_compiling() and block_scales is None and o_sf_scale is None and o_sf_vec_size is None
+            and (backend is None or backend == "auto")):
         return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
                          bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
                          causal, lse, return_lse)
@@ -74,7 +79,7 @@ def trtllm_batch_context_with_kv_cache(
     lane = DECLARATION.lane((query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len,
                              bmm1_scale, bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype,
                              o_sf_scale, o_sf_vec_size, kv_layout, sinks, block_scales, uses_shared_paged_kv_idx,
-                             causal, lse, return_lse), policy.explicit_choice())
+                             causal, lse, return_lse), explicit)
     k, v = B.paged_kv(kv_cache, kv_layout)
     z = lane.sizes
     device = query.device
