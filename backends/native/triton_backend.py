@@ -257,6 +257,8 @@ def fixup_refusal(problem: AttentionProblem) -> str:
         return f"phase {problem.phase!r} (the fix-up serves 'decode')"
     if problem.mask != "none" or problem.pos_encoding != "NONE":
         return f"mask {problem.mask!r}, pos_encoding {problem.pos_encoding!r} (the fix-up serves 'none', 'NONE')"
+    if problem.kv_nvfp4:
+        return "kv_dtype 'uint8' (NVFP4: the fix-up's bound reads K as stored)"
     return ""
 
 
@@ -641,7 +643,9 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int, fixup: 
     mask_mode = {"none": 0, "custom": 1, "spec_bits": 2}[problem.mask]
     # Dots in fp16 whenever q or K/V are fp8 (fp8 -> fp16 is exact and one instruction per pair). The
     # interpreter's bf16 dot is wrong (Triton 3.9): there only bf16 dots run in fp32 instead.
-    f16_dots = problem.q_dtype != "float32" and (problem.q_dtype.startswith("float8") or problem.kv_fp8)
+    # NVFP4 K/V too: their values (e2m1 x e4m3, at most 6 significant bits in [2^-10, 2688]) are exact in fp16.
+    f16_dots = problem.q_dtype != "float32" and (problem.q_dtype.startswith("float8") or problem.kv_fp8
+                                                 or problem.kv_nvfp4)
     return dict(
         GROUP=problem.gqa_group, HPP=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         HEAD_DQK=problem.head_dim_qk, HEAD_DV=problem.head_dim_vo,
@@ -653,7 +657,7 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int, fixup: 
         SOFT_CAP=problem.logits_soft_cap > 0, HAS_SINKS=problem.has_sinks, MASK_MODE=mask_mode,
         HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
         DOT_F32=problem.q_dtype == "float32" or (interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
-        F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits), FIXUP=fixup,
+        F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits), FIXUP=fixup, NVFP4=problem.kv_nvfp4,
     )
 
 
@@ -762,14 +766,19 @@ def _attention_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tup
     out_scale_ptr = isinstance(out_scale, torch.Tensor)
     sm_scale = sm_scale if scale_ptr else float(sm_scale)
     out_scale = out_scale if out_scale_ptr else float(out_scale)
-    spec = custom = None
+    spec = custom = k_sf = v_sf = None
     if p.mask == "spec_bits":
         spec = batch.spec_mask.view(torch.int16)
     elif p.mask == "custom":
         custom = batch.custom_mask.view(torch.uint8)
+    if p.kv_nvfp4:  # the kernel assembles the fp8 scale factors from their bytes
+        if batch.k_sf is None or batch.v_sf is None:
+            raise ValueError("k_sf/v_sf=None: NVFP4 K/V (kv_dtype 'uint8') need their fp8 scale factors")
+        k_sf, v_sf = batch.k_sf.view(torch.uint8), batch.v_sf.view(torch.uint8)
     head = (batch.q, batch.k, batch.v, batch.out, batch.lse, plan.part_o, plan.part_lse, plan.split_count,
             batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table, batch.sinks, custom,
-            batch.mask_indptr, spec, plan.alibi, plan.rope_freq, sm_scale, out_scale, float(p.logits_soft_cap))
+            batch.mask_indptr, spec, plan.alibi, plan.rope_freq, k_sf, v_sf, sm_scale, out_scale,
+            float(p.logits_soft_cap))
     return head, _attention_ints(plan, batch, spec), (batch.lse is not None, scale_ptr, out_scale_ptr)
 
 
@@ -785,8 +794,8 @@ def _merge_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tuple, 
 
 # The batch fields the attention kernel's head takes per call, by position (None: plan-held or a float).
 _ATTENTION_FIELDS = ("q", "k", "v", "out", "lse", None, None, None, "qo_indptr", "kv_lens", "kv_indptr",
-                     "block_table", "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None, "sm_scale",
-                     "out_scale", None)
+                     "block_table", "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None, "k_sf", "v_sf",
+                     "sm_scale", "out_scale", None)
 _MERGE_FIELDS = (None, None, "out", "lse", "sinks", "out_scale")
 
 
@@ -839,7 +848,8 @@ def _tma_launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[Attentio
 
 def _attention_ints(plan: TritonPlan, batch: AttentionBatch, spec: Optional[torch.Tensor]) -> tuple:
     """The attention kernel's integer arguments, in its parameter order: the plan's leading three,
-    the strides of this call's tensors, the plan's split-buffer strides."""
+    the strides of this call's tensors, the plan's split-buffer strides, the NVFP4 scale factors'
+    (page, token, head) strides (their last is 1: the entry points check it)."""
     paged = plan.problem.kv_storage == "paged"
     spec_strides = (0, 0, 0)  # (request, row, ragged?) in int16 elements
     if spec is not None:
@@ -847,4 +857,10 @@ def _attention_ints(plan: TritonPlan, batch: AttentionBatch, spec: Optional[torc
     lead, part_strides = plan.fixed_ints
     return (*lead, *batch.q.stride(), *_kv_strides(batch.k, paged), *_kv_strides(batch.v, paged),
             *batch.out.stride(), *(batch.lse.stride() if batch.lse is not None else (0, 0)),
-            batch.block_table.stride(0) if paged else 0, *spec_strides, *part_strides)
+            batch.block_table.stride(0) if paged else 0, *spec_strides, *part_strides, *_sf_strides(batch, paged))
+
+
+def _sf_strides(batch: AttentionBatch, paged: bool) -> tuple:
+    if batch.k_sf is None or batch.v_sf is None:
+        return (0,) * 6
+    return (*_kv_strides(batch.k_sf, paged)[:3], *_kv_strides(batch.v_sf, paged)[:3])

@@ -22,6 +22,10 @@ out what a problem does not use, so each configuration gets a lean specializatio
 * FIXUP (a vendor decode's fix-up, backends/xqa.py): each program first bounds its rows' logits at
   their own position (the key every row sees) and returns at once when every bound is within
   FIXUP_LOGIT; otherwise it computes its rows as usual (one split), overwriting the vendor's output.
+* NVFP4 K/V (constexpr NVFP4; backends/native/nvfp4.py has the format): each K and V tile is
+  dequantized where it is loaded, bytes and fp8 scale factors to fp32 values in registers (integer
+  bit assembly: no table, no fp8 hardware), then fed to the dots like a 16-bit tile (the values are
+  exact in fp16 and bf16). The global scales are the entry's sm_scale / out_scale factors.
 * Every index tensor is read on the device: no host synchronization, CUDA-graph safe.
 * Parameter order is fixed by the host's fast launcher (triton_backend.py): pointers and floats,
   then ints, then the plan's constexprs, then the two per-call constexprs (SCALE_PTR, OUT_SCALE_PTR).
@@ -168,14 +172,49 @@ def _rope_cos_sin_tile(start, f_hi, f_lo, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _e2m1(code):
+    """fp4 e2m1 codes (int32, 0-15) -> fp32: exponent field e (2 bits), mantissa m (1 bit), sign bit 3;
+    m / 2 when e == 0, else (1 + m / 2) * 2^(e - 1), assembled as fp32 bits."""
+    e = (code >> 1) & 3
+    m = code & 1
+    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _e4m3(byte):
+    """fp8 e4m3 bytes (int32) -> fp32: exponent field e (4 bits, bias 7), mantissa m (3 bits), sign
+    bit 7; m * 2^-9 when e == 0 (subnormal), else (1 + m / 8) * 2^(e - 7), assembled as fp32 bits."""
+    e = (byte >> 3) & 15
+    m = byte & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    return tl.where((byte & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _fp4_values(X, Sf, d, stride_d, ok):
+    """NVFP4 values (fp32) of the rows at X (packed bytes) and Sf (their scale factors), both already
+    offset to each row (broadcast against d), at value indices d along the head dim: byte d // 2
+    (stride_d apart), its low nibble for even d, one scale factor per 16 values (unit stride)."""
+    byte = tl.load(X + (d // 2) * stride_d, mask=ok, other=0).to(tl.int32)
+    code = (byte >> ((d % 2) * 4)) & 15
+    sf = tl.load(Sf + d // 16, mask=ok, other=0).to(tl.int32)
+    return _e2m1(code) * _e4m3(sf)
+
+
+@triton.jit
 def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo,
         HEAD_DQK: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-        ROPE: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr):
+        ROPE: tl.constexpr, MASKED: tl.constexpr, DOT_F32: tl.constexpr, KSf, ksf_off, stride_ksh,
+        NVFP4: tl.constexpr):
     """Raw scores q.k of one key tile (keys n = start + j, fp32). ROPE: q holds the rotated first halves,
     q2 the second halves; each K half is rotated at key positions n and the two half-width dots are summed.
     One return, at the end: compiled Triton generates (and type-checks) the statements after a
     ``return`` nested in a constexpr ``if`` (the interpreter never reaches them), so each variant
-    lives in its own branch (tests/test_native_ir.py builds every variant's IR)."""
+    lives in its own branch (tests/test_native_ir.py builds every variant's IR).
+    NVFP4: K holds packed bytes and KSf their scale factors (ksf_off: the keys' rows in it)."""
     if ROPE:
         HALF: tl.constexpr = HEAD_DQK // 2
         dh = tl.arange(0, BLOCK_HALF)
@@ -183,7 +222,15 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo,
         k2_ptr = k1_ptr + HALF * stride_kd
         # Interior tiles of power-of-two heads load unmasked (a mask varying along the head dim
         # would split the copies into single elements).
-        if MASKED:
+        if NVFP4:
+            ok = dh[:, None] < HALF
+            if MASKED:
+                ok = ok & n_ok[None, :]
+            k_row = K + k_off[None, :] + kvh * stride_kh
+            sf_row = KSf + ksf_off[None, :] + kvh * stride_ksh
+            k1 = _fp4_values(k_row, sf_row, dh[:, None], stride_kd, ok)
+            k2 = _fp4_values(k_row, sf_row, dh[:, None] + HALF, stride_kd, ok)
+        elif MASKED:
             ok = (dh[:, None] < HALF) & n_ok[None, :]
             k1 = tl.load(k1_ptr, mask=ok, other=0.0).to(tl.float32)
             k2 = tl.load(k2_ptr, mask=ok, other=0.0).to(tl.float32)
@@ -206,7 +253,13 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo,
     else:
         dk = tl.arange(0, BLOCK_DQK)
         k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
-        if MASKED:
+        if NVFP4:
+            ok = dk[:, None] < HEAD_DQK
+            if MASKED:
+                ok = ok & n_ok[None, :]
+            k = _fp4_values(K + k_off[None, :] + kvh * stride_kh, KSf + ksf_off[None, :] + kvh * stride_ksh,
+                            dk[:, None], stride_kd, ok)
+        elif MASKED:
             k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
         elif BLOCK_DQK == HEAD_DQK:
             k = tl.load(k_ptr)
@@ -239,13 +292,15 @@ def _v_to_dot(v, dtype: tl.constexpr):
 def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
           scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh,
           stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask, stride_spec_b,
-          stride_spec, spec_ragged, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
+          stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
+          stride_vsh, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
           BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr,
           PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
           MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
-          MASKED: tl.constexpr, BLOCK_M: tl.constexpr, HPP: tl.constexpr):
+          MASKED: tl.constexpr, BLOCK_M: tl.constexpr, HPP: tl.constexpr, NVFP4: tl.constexpr):
     """One BLOCK_N tile of keys folded into the online softmax (m_i, l_i, acc), log2 domain.
-    MASKED=False: the caller guarantees every key is < hi and visible to every row."""
+    MASKED=False: the caller guarantees every key is < hi and visible to every row. NVFP4: K/V hold
+    packed bytes, KSf/VSf their scale factors (strides: page, token, head), read at the same keys."""
     n = start + tl.arange(0, BLOCK_N)
     dv = tl.arange(0, BLOCK_DV)
     n_ok = n < hi
@@ -259,18 +314,28 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_le
         slot = n % PAGE_SIZE
         k_off = page * stride_kp + slot * stride_kt
         v_off = page * stride_vp + slot * stride_vt
+        ksf_off = page * stride_ksp + slot * stride_kst
+        vsf_off = page * stride_vsp + slot * stride_vst
     else:
         k_off = (kv_start + n).to(tl.int64) * stride_kt
         v_off = (kv_start + n).to(tl.int64) * stride_vt
+        ksf_off = (kv_start + n).to(tl.int64) * stride_kst
+        vsf_off = (kv_start + n).to(tl.int64) * stride_vst
     v_ptr = V + v_off[:, None] + kvh * stride_vh + dv[None, :] * stride_vd
-    if MASKED:
+    if NVFP4:
+        v_ok = dv[None, :] < HEAD_DV
+        if MASKED:
+            v_ok = v_ok & n_ok[:, None]
+        v = _fp4_values(V + v_off[:, None] + kvh * stride_vh, VSf + vsf_off[:, None] + kvh * stride_vsh, dv[None, :],
+                        stride_vd, v_ok)
+    elif MASKED:
         v = tl.load(v_ptr, mask=n_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     elif BLOCK_DV == HEAD_DV:
         v = tl.load(v_ptr)
     else:
         v = tl.load(v_ptr, mask=dv[None, :] < HEAD_DV, other=0.0)
     s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo, HEAD_DQK, BLOCK_DQK,
-            BLOCK_HALF, BLOCK_N, ROPE, MASKED, DOT_F32)
+            BLOCK_HALF, BLOCK_N, ROPE, MASKED, DOT_F32, KSf, ksf_off, stride_ksh, NVFP4)
     # Plain logits: scale once per row max and fuse s*c - m into one FMA per element (the
     # softmax ALU work is what limits prefill). max(s) * c is the row max of s * c only for
     # c >= 0: _attn_fwd moves a negative scale's sign into q, so scale >= 0 here.
@@ -389,7 +454,7 @@ def _logits_bounded(Q, K, KvIndptr, BlockTable, tok, h, row_ok, pos, b, kvh, sca
 @triton.jit(do_not_specialize=["kv_chunk", "stride_bt", "stride_ps", "stride_ls"])
 def _attn_fwd(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
-    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
+    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq, KSf, VSf,
     sm_scale, out_scale, soft_cap,
     window_left, kv_chunk, num_kv_heads,
     stride_qt, stride_qh, stride_qd,
@@ -398,12 +463,13 @@ def _attn_fwd(
     stride_ot, stride_oh, stride_od,
     stride_lt, stride_lh, stride_bt, stride_spec_b, stride_spec, spec_ragged,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     GROUP: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr,
     HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
-    F16_DOTS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, FIXUP: tl.constexpr,
+    F16_DOTS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, FIXUP: tl.constexpr, NVFP4: tl.constexpr,
     WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -498,9 +564,10 @@ def _attn_fwd(
             q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
             stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask,
-            stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+            stride_spec_b, stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp,
+            stride_vst, stride_vsh, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
             PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
-            BLOCK_M, HPP)
+            BLOCK_M, HPP, NVFP4)
         if MASK_MODE == 1:
             mask_tile = next_mask_tile
     for start in range(lo_full, hi_full, BLOCK_N):  # interior: no mask arithmetic
@@ -508,18 +575,20 @@ def _attn_fwd(
             q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
             window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
             stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
-            stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+            stride_spec_b, stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp,
+            stride_vst, stride_vsh, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
             PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, False,
-            BLOCK_M, HPP)
+            BLOCK_M, HPP, NVFP4)
     if MASK_MODE != 1:  # empty under a mask (lo_full = hi); without this guard it would see no mask tile
         for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
             m_i, l_i, acc = _tile(
                 q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
                 window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
                 stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
-                stride_spec_b, stride_spec, spec_ragged, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
+                stride_spec_b, stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp,
+                stride_vst, stride_vsh, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
                 PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
-                BLOCK_M, HPP)
+                BLOCK_M, HPP, NVFP4)
 
     if SPLIT:
         # Normalized partial + its log2-sum-exp; empty splits give 0 / -inf.

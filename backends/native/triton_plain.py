@@ -19,7 +19,8 @@ kernel's feature arguments in its loops. Choices the plan makes (TileConfig, tri
 The interpreter runs the same kernel (tensor descriptors included) with fp32 dots (DOT_F32: its
 bf16 dot is wrong in Triton 3.9). Parameters: the general kernel's (triton_kernels._attn_fwd), so the
 backend's argument builders and launcher serve both, but for the three plan-fixed ints, which are
-(query blocks, batch size, kv heads) here; the feature pointers arrive as None and are unused.
+(query blocks, batch size, kv heads) here; the feature pointers (NVFP4 scale factors among them) arrive
+as None and are unused.
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def _plain_rope_tile(q, q2, K, V, f_hi, f_lo, b, kvh, kv_start, start, hi, Block
     k_off, v_off = _key_offsets(n, n_ok, b, kv_start, BlockTable, stride_bt, stride_kp, stride_kt, stride_vp,
                                 stride_vt, PAGED, PAGE_SIZE, MASKED)
     s = _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo, HEAD_D, HEAD_D, HEAD_D // 2,
-            BLOCK_N, True, MASKED, DOT_F32)
+            BLOCK_N, True, MASKED, DOT_F32, K, k_off, 0, False)
     v = _v_tile(V, v_off, kvh, stride_vh, stride_vd, d, n_ok, MASKED)
     return s, v
 
@@ -242,7 +243,7 @@ def _kv_descriptors(K, V, KvIndptr, batch_size, num_kv_heads, stride_kt, stride_
 @triton.jit(do_not_specialize=["m_blocks", "batch_size", "stride_bt", "stride_ps", "stride_ls"])
 def _attn_fwd_plain(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
-    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
+    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq, KSf, VSf,
     sm_scale, out_scale, soft_cap,
     m_blocks, batch_size, num_kv_heads,
     stride_qt, stride_qh, stride_qd,
@@ -251,6 +252,7 @@ def _attn_fwd_plain(
     stride_ot, stride_oh, stride_od,
     stride_lt, stride_lh, stride_bt, stride_spec_b, stride_spec, spec_ragged,
     stride_ps, stride_pt, stride_ph, stride_ls, stride_lst,
+    stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst, stride_vsh,
     GROUP: tl.constexpr, HPP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, DOT_F32: tl.constexpr,
     KV_TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROPE: tl.constexpr,
