@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import dispatch
-from _fi_semantics import GPU, alibi_slopes, close, grid, indptr, paged_pool, randn, single_ref, workspace
+from _fi_semantics import GPU, alibi_slopes, close, grid, indptr, nvfp4, paged_pool, randn, single_ref, workspace
 
 HKV = 4
 
@@ -398,3 +398,107 @@ def test_single_prefill_torch_compile_cuda_graph():
     done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, timeout=300,
                           env=env)
     assert done.returncode == 0 and "PASS" in done.stdout, done.stderr[-2000:]
+
+
+def nvfp4_pool(batch_size, kv_len, page_size, num_kv_heads, head_dim, device, head_dim_vo=None):
+    """FlashInfer's NVFP4 paged cache: (pages, 2, page, Hkv, D / 2) fp4 pairs and (pages, 2, page,
+    Hkv, D / 16) scale bytes; with each request's dequantized K and V for the oracle."""
+    pages = -(-kv_len // page_size)
+    total = pages * batch_size
+    k, k_sf, k_values = nvfp4((total, page_size, num_kv_heads, head_dim // 2), device, seed=3)
+    v, v_sf, v_values = nvfp4((total, page_size, num_kv_heads, (head_dim_vo or head_dim) // 2), device, seed=4)
+    ks = [k_values[i * pages:(i + 1) * pages].reshape(-1, num_kv_heads, head_dim)[:kv_len] for i in range(batch_size)]
+    vs = [v_values[i * pages:(i + 1) * pages].flatten(0, 1)[:kv_len] for i in range(batch_size)]
+    return dict(k=k, v=v, k_sf=k_sf, v_sf=v_sf, ks=ks, vs=vs, indptr=indptr([pages] * batch_size),
+                indices=torch.arange(total, dtype=torch.int32),
+                last=torch.full((batch_size,), (kv_len - 1) % page_size + 1, dtype=torch.int32))
+
+
+NVFP4_PAGED = [(b, kv, qo, p, d, pos, dt) for (b, kv, qo) in ((1, 128, 64), (4, 256, 128), (2, 128, 128))
+               for p in (16, 64) for d in (128,) for pos in ("NONE",) for dt in (torch.float16, torch.bfloat16)][::2] + [
+    (2, 256, 64, 16, 512, "NONE", torch.float16), (2, 256, 64, 16, 512, "NONE", torch.bfloat16),
+    (2, 128, 64, 16, 512, "ROPE_LLAMA", torch.float16), (2, 128, 64, 16, 512, "ROPE_LLAMA", torch.bfloat16)]
+
+
+@grid("batch_size, kv_len, qo_len, page_size, head_dim, pos_encoding_mode, q_dtype", NVFP4_PAGED, NVFP4_PAGED)
+def test_batch_prefill_with_paged_kv_cache_nvfp4(device, backend, batch_size, kv_len, qo_len, page_size, head_dim,
+                                                 pos_encoding_mode, q_dtype):
+    """Also FlashInfer's nvfp4_large_head(_bf16) and nvfp4_rope_large_head(_bf16) (head dim 512)."""
+    heads = 1
+    pool = nvfp4_pool(batch_size, kv_len, page_size, heads, head_dim, device)
+    q = randn(batch_size * qo_len, heads, head_dim, dtype=q_dtype, device=device)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), "NHD", backend=backend)
+    wrapper.plan(indptr([qo_len] * batch_size), pool["indptr"], pool["indices"], pool["last"], heads, heads, head_dim,
+                 page_size, causal=False, pos_encoding_mode=pos_encoding_mode, logits_soft_cap=0.0,
+                 kv_data_type=torch.uint8, q_data_type=q_dtype)
+    o = wrapper.run(q, torch.stack([pool["k"], pool["v"]], dim=1), k_scale=1.0, v_scale=1.0,
+                    kv_cache_sf=torch.stack([pool["k_sf"], pool["v_sf"]], dim=1))
+    check_requests(o, None, q, pool, [qo_len] * batch_size, rtol=1e-1, atol=1e-1, pos_encoding=pos_encoding_mode)
+
+
+@grid("kv_layout", [("NHD",), ("HND",)], [("NHD",), ("HND",)])
+def test_batch_prefill_with_paged_kv_cache_nvfp4_strided_scale_views(device, backend, kv_layout):
+    """Scale factors as strided views sharing one parent with the packed values give the compact
+    answer; a scale view whose last dim is strided is refused by name."""
+    batch_size, kv_len, qo_len, page_size, heads, head_dim = 2, 128, 64, 16, 2, 128
+    pool = nvfp4_pool(batch_size, kv_len, page_size, heads, head_dim, device)
+    halves = [pool["k"], pool["v"], pool["k_sf"], pool["v_sf"]]
+    if kv_layout == "HND":
+        halves = [t.transpose(1, 2).contiguous() for t in halves]
+    k, v, k_sf, v_sf = halves
+    parent = torch.zeros(k.shape[0], 2, *k.shape[1:-1], head_dim // 2 + head_dim // 16, dtype=torch.uint8,
+                         device=device)
+    strided = []
+    for side, (values, scales) in enumerate(((k, k_sf), (v, v_sf))):
+        parent[:, side, ..., :head_dim // 2].copy_(values)
+        parent[:, side, ..., head_dim // 2:].copy_(scales)
+        strided.append((parent[:, side, ..., :head_dim // 2], parent[:, side, ..., head_dim // 2:]))
+    q = randn(batch_size * qo_len, heads, head_dim, device=device)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), kv_layout, backend=backend)
+    wrapper.plan(indptr([qo_len] * batch_size), pool["indptr"], pool["indices"], pool["last"], heads, heads, head_dim,
+                 page_size, kv_data_type=torch.uint8, q_data_type=torch.float16)
+    compact = wrapper.run(q, (k, v), k_scale=1.0, v_scale=1.0, kv_cache_sf=(k_sf, v_sf))
+    out = wrapper.run(q, (strided[0][0], strided[1][0]), k_scale=1.0, v_scale=1.0,
+                      kv_cache_sf=(strided[0][1], strided[1][1]))
+    close(out, compact.double(), rtol=1e-3, atol=1e-3)
+    check_requests(out, None, q, pool, [qo_len] * batch_size, rtol=1e-1, atol=1e-1)
+    bad = torch.zeros(*k_sf.shape[:-1], k_sf.shape[-1] * 2, dtype=torch.uint8, device=device)[..., ::2]
+    with pytest.raises(ValueError, match=r"kv_cache_sf"):
+        wrapper.run(q, (k, v), k_scale=1.0, v_scale=1.0, kv_cache_sf=(bad, v_sf))
+
+
+ASYMMETRIC = [(dqk, dvo, p, hkv) for (dqk, dvo) in ((512, 256), (256, 128)) for p in (1, 16) for hkv in (2, 8)][::3]
+
+
+@grid("head_dim_qk, head_dim_vo, page_size, num_kv_heads", ASYMMETRIC, ASYMMETRIC)
+def test_batch_prefill_with_paged_kv_cache_nvfp4_asymmetric(device, backend, head_dim_qk, head_dim_vo, page_size,
+                                                            num_kv_heads):
+    batch_size, kv_len, qo_len, hq = 2, 67, 9, 2 * num_kv_heads
+    pool = nvfp4_pool(batch_size, kv_len, page_size, num_kv_heads, head_dim_qk, device, head_dim_vo=head_dim_vo)
+    q = randn(batch_size * qo_len, hq, head_dim_qk, device=device)
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), "NHD", backend=backend)
+    wrapper.plan(indptr([qo_len] * batch_size), pool["indptr"], pool["indices"], pool["last"], hq, num_kv_heads,
+                 head_dim_qk, page_size, head_dim_vo=head_dim_vo, causal=True, kv_data_type=torch.uint8,
+                 q_data_type=torch.float16)
+    o = wrapper.run(q, (pool["k"], pool["v"]), k_scale=1.0, v_scale=1.0, kv_cache_sf=(pool["k_sf"], pool["v_sf"]))
+    assert o.shape == (batch_size * qo_len, hq, head_dim_vo)
+    check_requests(o, None, q, pool, [qo_len] * batch_size, rtol=1e-1, atol=1e-1, causal=True)
+
+
+RAGGED_NVFP4 = [(128, 64, 128, "NONE", torch.float16), (256, 128, 128, "NONE", torch.bfloat16),
+                (256, 64, 512, "NONE", torch.float16), (128, 64, 512, "ROPE_LLAMA", torch.float16)]
+
+
+@grid("kv_len, qo_len, head_dim, pos_encoding_mode, q_dtype", RAGGED_NVFP4, RAGGED_NVFP4)
+def test_batch_prefill_with_ragged_kv_cache_nvfp4_refused(device, backend, kv_len, qo_len, head_dim,
+                                                          pos_encoding_mode, q_dtype):
+    """FlashInfer's ragged nvfp4, nvfp4_large_head and nvfp4_rope_large_head: NVFP4 is served on
+    single prefill and the paged wrapper only; the ragged wrapper refuses it by name."""
+    k, k_sf, _ = nvfp4((kv_len, 1, head_dim // 2), device, seed=3)
+    v, v_sf, _ = nvfp4((kv_len, 1, head_dim // 2), device, seed=4)
+    q = randn(qo_len, 1, head_dim, dtype=q_dtype, device=device)
+    wrapper = dispatch.BatchPrefillWithRaggedKVCacheWrapper(workspace(device), "NHD", backend=backend)
+    with pytest.raises(ValueError, match=r"kv_data_type|kv_cache_sf"):
+        wrapper.plan(indptr([qo_len]), indptr([kv_len]), 1, 1, head_dim, pos_encoding_mode=pos_encoding_mode,
+                     kv_data_type=torch.uint8, q_data_type=q_dtype)
+        wrapper.run(q, k, v, k_scale=1.0, v_scale=1.0, kv_cache_sf=(k_sf, v_sf))
