@@ -104,6 +104,11 @@ class AttentionProblem:
     # unknown: not a capability fact, the class the measured choice ranks the candidates for (at its
     # middle: class_middle).
     sizes: tuple = ()
+    # the longest KV length a CUDA graph of this problem replays, a power of two: a graph wrapper's
+    # capacity, a call's kv length bound (max_seq_len and the like); 0: its own sizes alone. A graph
+    # fixes its backend for every length up to it, so a graph's choice weighs them all
+    # (dispatch/choice.py). Not a capability fact.
+    replay_kv: int = 0
 
     @property
     def gqa_group(self) -> int:
@@ -120,7 +125,7 @@ class AttentionProblem:
 
     def facts(self) -> dict:
         """Field values by name, plus derived facts the capability data may test."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sizes"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sizes", "replay_kv")}
         out["gqa_group"] = self.gqa_group
         out["has_window"] = self.window_left >= 0
         out["has_soft_cap"] = self.logits_soft_cap > 0

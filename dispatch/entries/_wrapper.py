@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import autotune, checks, ops, policy, router
+from .. import autotune, checks, choice, ops, policy, router
 from backends import get_backend
 from backends._device import BoundedCache
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
@@ -131,6 +131,8 @@ class PrefillWrapper:
         q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
         custom = self._plan_mask(spec, q_lens, d.kv_lens)
         sizes = [a * b for a, b in zip(q_lens, d.kv_lens)]
+        # a graph runs its one backend at every kv length it replays: decided for them all, once
+        replay_kv = choice.replay_bound(max([*d.kv_lens, spec.max_sequence_kv or 0, 1])) if self._use_cuda_graph else 0
         problem = AttentionProblem(
             entry=self._entry, phase="decode" if q_lens and all(n == 1 for n in q_lens) else "prefill",
             kv_storage=self._storage, kv_layout="HND" if d.cudnn else self._kv_layout, num_qo_heads=d.hq,
@@ -139,8 +141,8 @@ class PrefillWrapper:
             causal=spec.causal, window_left=spec.window_left, mask="custom" if custom is not None else "none",
             logits_soft_cap=float(spec.logits_soft_cap or 0.0), pos_encoding=spec.pos_encoding_mode,
             rope_scale=float(spec.rope_scale or 1.0), rope_theta=float(spec.rope_theta or 1e4),
-            device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph,
-            sizes=size_class(len(q_lens), max(q_lens, default=1), max(d.kv_lens, default=1)) if q_lens else ())
+            device_type="cpu" if dev.type == "cpu" else "cuda", cuda_graph=self._use_cuda_graph, replay_kv=replay_kv,
+            sizes=size_class(len(q_lens), max(q_lens), replay_kv or max(d.kv_lens, default=1)) if q_lens else ())
         max_kv = max(d.kv_lens, default=0)
         if self._use_cuda_graph:  # room for the lengths a captured graph will replay (native's splits)
             max_kv = max(max_kv, spec.max_sequence_kv or 0)

@@ -192,7 +192,8 @@ def _problem(spec, d, size: tuple) -> AttentionProblem:
         q_dtype=dtype_name(spec.q.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size if d.paged else 0, causal=spec.causal, return_lse=spec.return_lse,
         cuda_graph=spec.is_cuda_graph_compatible, device_type="cpu" if spec.q.device.type == "cpu" else "cuda",
-        sizes=size)
+        sizes=size,
+        replay_kv=size[2] if size else 0)  # its kv size is its length bound: what a graph of it replays
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:

@@ -120,7 +120,8 @@ def _problem(spec, d, size: tuple) -> AttentionProblem:
         q_dtype=dtype_name(spec.query.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size, causal=spec.causal, window_left=spec.window_left, has_sinks=spec.sinks is not None,
         return_lse=spec.return_lse or spec.lse is not None,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size)
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size,
+        replay_kv=size[2] if size else 0)  # its kv size is its length bound: what a graph of it replays
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:

@@ -80,7 +80,8 @@ def _problem(spec, d, size: tuple) -> AttentionProblem:
         page_size=d.page_size, causal=not spec_decode, window_left=spec.window_left,
         mask="spec_bits" if spec_decode else "none", has_sinks=spec.sinks is not None,
         q_len_per_req=spec.q_len_per_req if spec_decode and spec.q_cu_seq_lens is None else 0,
-        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size)
+        device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size,
+        replay_kv=size[2] if size else 0)  # its kv size is its length bound: what a graph of it replays
 
 
 def _sizes(args: dict, d) -> SimpleNamespace:
