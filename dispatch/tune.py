@@ -109,7 +109,11 @@ def tune_shapes(path: Path, cache: Optional[Path]) -> list[dict]:
     rows = []
     with autotune.autotune(True, cache=cache):
         for text, problem in problems:
-            decision = router.decide(problem, device)
+            try:
+                decision = router.decide(problem, device)
+            except router.NoBackendError as exc:  # a shape nothing serves here is a row, not the end
+                rows.append({"shape": text, "chosen": "none", "decided_by": str(exc).splitlines()[0][:120]})
+                continue
             rows.append({"shape": text, "chosen": decision.chosen, "decided_by": decision.evidence})
     return rows
 
