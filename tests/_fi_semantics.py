@@ -20,7 +20,7 @@ from oracle import attention_fp64
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 WORKSPACE_BYTES = 1 << 16
 # the compute capabilities (major) each vendor-named backend's kernels are built for
-HARDWARE = {"trtllm-gen": (10,), "fa3": (9,)}
+HARDWARE = {"trtllm-gen": (10,), "fa3": (9,), "xqa": (9, 10, 12)}
 
 
 def ident(value) -> str:
