@@ -207,17 +207,23 @@ def test_info_lists_the_defects_of_the_installed_version(vendors):
     assert cli.backend_info("fa2", H100)["defects"] == []
 
 
-# -- provider limits by version: FlashInfer fa2 serves head dim 512 from 0.6.14 -----------------
-@pytest.mark.parametrize("version,serves", [("0.5.3", False), ("0.6.13", False), ("0.6.14", True), ("0.7.2", True)])
-def test_fa2_head_dim_512_follows_the_flashinfer_version(vendors, version, serves):
+# -- provider limits by version: FlashInfer fa2 serves head dim 512 from 0.6.14, fp8 KV there from 0.7.1 --
+@pytest.mark.parametrize("version,serves,fp8", [("0.5.3", False, False), ("0.6.13", False, False),
+                                                ("0.6.14", True, False), ("0.7.0", True, False),
+                                                ("0.7.1", True, True), ("0.7.2", True, True)])
+def test_fa2_head_dim_512_follows_the_flashinfer_version(vendors, version, serves, fp8):
     vendors(flashinfer=version)
     p512 = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512)
     assert get_backend("fa2").check(p512, H100) == []  # the backend's data: some provider may serve it
     if serves:
         assert get_backend("fa2").choose(p512).label == "flashinfer fa2"
-        fp8 = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512, kv_dtype="float8_e4m3fn")
-        with pytest.raises(BackendRejected, match="kv_dtype"):
-            get_backend("fa2").choose(fp8)
+        fp8_kv = make_problem(device_type="cuda", head_dim_qk=512, head_dim_vo=512, kv_dtype="float8_e4m3fn")
+        if fp8:
+            assert get_backend("fa2").choose(fp8_kv).label == "flashinfer fa2"
+        else:
+            refused = r"kv_dtype='float8_e4m3fn': allowed one of 'float16', 'bfloat16' \(when head_dim_qk in \[512\]\)"
+            with pytest.raises(BackendRejected, match=refused):
+                get_backend("fa2").choose(fp8_kv)
     else:
         with pytest.raises(BackendRejected, match=rf"head_dim_qk=512: allowed one of 64, 128, 256 with flashinfer "
                                                   rf"{version}") as info:
