@@ -180,11 +180,16 @@ _ARANGE_CACHE = BoundedCache(maxsize=256)
 
 
 def uniform_indptr(batch: int, step: int, device) -> torch.Tensor:
-    """arange(B+1)*step int32 on a device, cached (read-only by contract)."""
+    """arange(B+1)*step int32 on a device, cached (read-only by contract). One launch (an arange
+    with that step) where step > 0: a serving stream's new lengths miss the cache on every call,
+    and an H2D copy of host values could not run inside a CUDA-graph capture."""
     key = (batch, step, torch.device(device))
     t = _ARANGE_CACHE.get(key)
     if t is None:
-        t = torch.arange(batch + 1, dtype=torch.int32, device=device) * step
+        if step > 0:
+            t = torch.arange(0, (batch + 1) * step, step, dtype=torch.int32, device=device)
+        else:
+            t = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         _ARANGE_CACHE.put(key, t)
     return t
 
