@@ -62,6 +62,14 @@ SCENARIOS = {
                                dtype="bfloat16"),
     "tensor_scales_strided_q_out": Case(tensor_scales=True, strided_q=True, dtype="bfloat16"),
     "no_lse": Case(lse=False, causal=False),
+    # NVFP4 K/V (uint8 values, fp8 scale factors per 16; FlashInfer 0.7.2's kv_cache_sf): the oracle reads
+    # the dequantized cache, so the band is q's
+    "nvfp4_paged_hnd_decode_bf16": Case(layout="HND", kv_dtype="uint8", dtype="bfloat16", **DECODE),
+    "nvfp4_paged_d192_dv128_window": Case(kv_dtype="uint8", dqk=192, dvo=128, page_size=8, window_left=6,
+                                          q_lens=(4, 6), kv_lens=(20, 15)),
+    "nvfp4_ragged_rope_noncausal": Case(storage="ragged", kv_dtype="uint8", pos="ROPE_LLAMA", causal=False),
+    "nvfp4_dense_gqa_bf16": Case(storage="dense", kv_dtype="uint8", dtype="bfloat16", hq=8, hkv=2, q_lens=(7,),
+                                 kv_lens=(37,)),
 }
 
 

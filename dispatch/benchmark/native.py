@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from backends._numerics import alibi_slopes
+from backends.native import nvfp4
 from backends.native.triton_backend import NativeTritonBackend, TileConfig
 
 from .oracle import BANDS, batch_attention_fp64, pack_spec_bits, spec_decode_mask
@@ -44,7 +45,7 @@ class Case:
     dqk: int = 64
     dvo: int = 64
     dtype: str = "float16"
-    kv_dtype: str = ""  # "" = same as dtype
+    kv_dtype: str = ""  # "" = same as dtype; "uint8": NVFP4 (fp4 values, fp8 scale factors per 16)
     out_dtype: str = ""  # "" = same as dtype
     causal: bool = True
     window_left: int = -1
@@ -94,36 +95,54 @@ def build(c: Case):
         perm = torch.randperm(n_pages, device=DEVICE).to(torch.int32)
         table = torch.zeros((len(pages), max(pages) + 1), dtype=torch.int32, device=DEVICE)
         table[:, -1] = perm[-1]  # a tail pointing at somebody else's page must be ignored
-        k, v = _paged_cache(c, n_pages, kv_dtype)
+        (k, k_sf), (v, v_sf) = _paged_cache(c, n_pages, kv_dtype)
+        k_real, v_real = _real(k, k_sf), _real(v, v_sf)
         used = 0
         for b, (np_, n) in enumerate(zip(pages, c.kv_lens)):
             table[b, :np_] = perm[used: used + np_]
             used += np_
             rows = table[b, :np_].long()
-            dense_k.append(k[rows].reshape(-1, c.hkv, c.dqk)[:n].double())
-            dense_v.append(v[rows].reshape(-1, c.hkv, c.dvo)[:n].double())
+            dense_k.append(k_real[rows].reshape(-1, c.hkv, c.dqk)[:n].double())
+            dense_v.append(v_real[rows].reshape(-1, c.hkv, c.dvo)[:n].double())
         batch.update(k=k, v=v, block_table=table)
     else:
-        k = _rand((total_kv + 5, c.hkv, c.dqk), "float32").to(NAME_DTYPES[kv_dtype])[5:]
-        v = _rand((total_kv, c.hkv, c.dvo), "float32").to(NAME_DTYPES[kv_dtype])
+        k, k_sf = _stored(_rand((total_kv + 5, c.hkv, c.dqk), "float32"), kv_dtype)
+        k, k_sf = k[5:], (k_sf[5:] if k_sf is not None else None)
+        v, v_sf = _stored(_rand((total_kv, c.hkv, c.dvo), "float32"), kv_dtype)
+        k_real, v_real = _real(k, k_sf), _real(v, v_sf)
         kv_indptr = torch.tensor([0, *torch.tensor(c.kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
         for b in range(len(c.kv_lens)):
             s, e = kv_indptr[b].item(), kv_indptr[b + 1].item()
-            dense_k.append(k[s:e].double())
-            dense_v.append(v[s:e].double())
+            dense_k.append(k_real[s:e].double())
+            dense_v.append(v_real[s:e].double())
         batch.update(k=k, v=v, kv_indptr=kv_indptr)
+    if k_sf is not None:
+        batch.update(k_sf=k_sf, v_sf=v_sf)
     return batch, dense_k, dense_v
 
 
+def _stored(x: torch.Tensor, kv_dtype: str) -> tuple:
+    """(values as stored, NVFP4 scale factors or None) of real values x."""
+    if kv_dtype == "uint8":
+        return nvfp4.quantize(x)
+    return x.to(NAME_DTYPES[kv_dtype]), None
+
+
+def _real(stored: torch.Tensor, sf) -> torch.Tensor:
+    """What the oracle reads: the stored values, NVFP4 ones dequantized."""
+    return stored if sf is None else nvfp4.dequantize(stored, sf)
+
+
 def _paged_cache(c: Case, n_pages: int, kv_dtype: str):
-    """Logical NHD (pages, P, Hkv, D) views; HND caches are permuted views, never copies."""
+    """((k, k_sf), (v, v_sf)): logical NHD (pages, P, Hkv, D) views and their NVFP4 scale factors
+    (None unless kv_dtype is uint8); HND caches are permuted views, never copies."""
     out = []
     for d in (c.dqk, c.dvo):
         if c.layout == "HND":
-            phys = _rand((n_pages, c.hkv, c.page_size, d), "float32")
-            out.append(phys.to(NAME_DTYPES[kv_dtype]).permute(0, 2, 1, 3))
+            stored = _stored(_rand((n_pages, c.hkv, c.page_size, d), "float32"), kv_dtype)
+            out.append(tuple(x.permute(0, 2, 1, 3) if x is not None else None for x in stored))
         else:
-            out.append(_rand((n_pages, c.page_size, c.hkv, d), "float32").to(NAME_DTYPES[kv_dtype]))
+            out.append(_stored(_rand((n_pages, c.page_size, c.hkv, d), "float32"), kv_dtype))
     return out
 
 

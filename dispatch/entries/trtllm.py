@@ -177,7 +177,9 @@ class TrtllmContextSpec(Spec):
             raise bad("uses_shared_paged_kv_idx", False, "True (separate K/V page tables are not supported)")
         for name in ("kv_cache_sf", "o_sf_scale", "o_sf_vec_size"):
             if getattr(self, name) is not None:
-                raise bad(name, getattr(self, name), "None (NVFP4 KV/output is not supported)")
+                raise bad(name, getattr(self, name), "None (NVFP4 KV/output: FlashInfer 0.7.2 serves them through "
+                          "trtllm-gen on Blackwell, sm_100+, which attn-dispatch does not forward; NVFP4 KV is served "
+                          "on single_prefill_with_kv_cache and BatchPrefillWithPagedKVCacheWrapper)")
         if d.out_dtype not in OUT_DTYPES:  # blame the argument the dtype came from
             raise bad("out_dtype" if self.out_dtype is not None else "out.dtype", d.out_dtype,
                       "float16, bfloat16, float32 or an fp8 dtype")

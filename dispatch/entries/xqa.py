@@ -140,7 +140,9 @@ class XqaDecodeSpec(Spec):
         q, dev = self.query, self.query.device
         need_kv_static(d, q)
         if self.kv_cache_sf is not None:
-            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV is not supported)")
+            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV through XQA: FlashInfer 0.7.2 serves it on "
+                      "SM12x GPUs only; attn-dispatch serves NVFP4 KV on single_prefill_with_kv_cache and "
+                      "BatchPrefillWithPagedKVCacheWrapper)")
         need_int("q_len_per_req", self.q_len_per_req, 1)
         need_window(self.window_left)
         need_index("block_tables", self.block_tables, None, dev)
