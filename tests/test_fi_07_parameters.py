@@ -163,15 +163,17 @@ def _padded(lse_packed, q_lens, max_q):
     return want
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("base", BASES)
 @pytest.mark.parametrize("given", [False, True], ids=["allocated", "caller-buffers"])
-def test_cudnn_entry_lse_base(base, given):
+def test_cudnn_entry_lse_base(backend, base, given):
     c = paged()
     want_out, want_lse = _oracle_paged(c)
     b, max_q = len(c["q_lens"]), max(c["q_lens"])
     out, lse = (_nan(9, HQ, D), _nan(b, max_q, HQ)) if given else (None, None)
-    args, kw = cudnn_args(c, return_lse=True, out=out, lse=lse, lse_base=base)
+    args, kw = cudnn_args(c, return_lse=True, out=out, lse=lse, lse_base=base, backend=backend)
     got_out, got_lse = dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
+    assert dispatch.last_decision().chosen == backend
     if given:
         assert got_out is out and got_lse is lse
     torch.testing.assert_close(got_out.double(), want_out, **TOL)
@@ -251,3 +253,47 @@ def test_trtllm_backend_refused_changes_nothing(backend, error, blamed):
 
 def test_ln_is_base_2_times_ln2():
     assert LN2 == pytest.approx(math.log(2.0), abs=0)
+
+
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+def test_explain_with_lse_options_writes_nothing(kind):
+    w, inputs, (want_out, _) = _wrapper(kind, "reference")
+    out, lse = _nan(want_out.shape[0], HQ, D), _lse_buffer("HN", want_out.shape[0])
+    decision = dispatch.explain(w, *inputs, return_lse=True, out=out, lse=lse, lse_base="ln", lse_layout="HN")
+    assert decision.chosen == "reference" and decision.problem.return_lse
+    assert out.isnan().all() and lse.isnan().all()
+    c = paged()
+    out, lse = _nan(9, HQ, D), _nan(3, 5, HQ)
+    args, kw = cudnn_args(c, return_lse=True, out=out, lse=lse, lse_base="ln")
+    assert dispatch.explain(dispatch.cudnn_batch_prefill_with_kv_cache, *args, **kw).chosen == "reference"
+    assert out.isnan().all() and lse.isnan().all()
+
+
+def _compiled(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend="aot_eager")
+
+
+@pytest.mark.parametrize("kind", ["paged", "ragged"])
+def test_lse_options_under_torch_compile_match_eager(kind):
+    """A compiled call converts the op's LSE the same way, into the caller's (Hq, tokens) buffer."""
+    w, inputs, (want_out, _) = _wrapper(kind, "reference")
+    tokens = want_out.shape[0]
+
+    def step(*tensors):
+        lse = torch.empty(HQ, tokens)
+        out, got = w.run(*tensors, return_lse=True, lse=lse, lse_base="ln", lse_layout="HN")
+        return out, got, lse
+    eager, traced = step(*inputs), _compiled(step)(*inputs)
+    assert traced[1].shape == (HQ, tokens) and torch.equal(traced[1], traced[2])
+    for got, want in zip(traced, eager):
+        assert torch.equal(got, want)
+
+
+def test_cudnn_lse_base_under_torch_compile_matches_eager():
+    args, kw = cudnn_args(paged(), return_lse=True, lse_base="ln")
+
+    def step(*a):
+        return dispatch.cudnn_batch_prefill_with_kv_cache(*a, **kw)
+    eager, traced = step(*args), _compiled(step)(*args)
+    assert all(torch.equal(g, e) for g, e in zip(traced, eager))

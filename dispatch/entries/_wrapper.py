@@ -305,6 +305,8 @@ class PrefillWrapper:
         p = self._plan
         written, dest = _lse.stage(lse, lse_layout, p.total_q, p.hq, p.device)
         out, base2 = run(written, True)
+        if is_dry():  # explain(): nothing ran, and nothing of the caller's is written
+            return (out, base2) if return_lse else out
         result = _lse.finish(base2, lse_base, lse_layout, dest)
         return (out, result) if return_lse else out
 
