@@ -8,11 +8,14 @@ Translation (FlashInfer's documented signatures and docstrings, flashinfer/prefi
   out_scale is applied after the kernel (FlashInfer itself does ``out *= v_scale``);
 * LSE is already (total_q, Hq) base 2: written in place.
 
-Caches: ``_wrappers``: (problem, device with its index, paged) -> wrapper, an LRU of
-``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace); the float workspace
-is _vendor.workspace's, one per GPU. A plan remembers its arguments and re-plans the wrapper
-when another plan used it in between, or when a run brings another float sm_scale (FlashInfer
-bakes sm_scale into its plan; ours is a per-call value).
+Caches: ``_wrappers``: (problem, device with its index, paged) -> a wrapper and its last plan
+(``Planned``), an LRU of ``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace);
+the float workspace is _vendor.workspace's, one per GPU. A plan remembers its arguments and
+re-plans the wrapper when another plan used it in between, or when a run brings another float
+sm_scale (FlashInfer bakes sm_scale into its plan; ours is a per-call value).
+
+FlashInfer's private API (the compiled ops behind the public run, what plan() stored) is touched
+only through backends/_flashinfer_internal.py, for the versions it was read in.
 """
 from __future__ import annotations
 
@@ -23,22 +26,19 @@ from typing import Any, Optional
 
 import torch
 
-from backends import _vendor
+from backends import _flashinfer_internal as fi_internal, _vendor
 from backends._device import BoundedCache, device_key
 from backends._providers import Provider
 from backends.base import Reason
 
 SRC_CAUSAL = "flashinfer include/flashinfer/attention/prefill.cuh (SinglePrefillWithKVCacheDispatched)"
 
-# FlashInfer versions whose single-prefill op takes the 18 arguments _run_single passes (0.7's
-# adds two optional NVFP4 scale factors after them; flashinfer/prefill.py run_single_prefill).
-SINGLE_OP_VERSIONS = ("0.5.", "0.7.")
-# FlashInfer versions whose wrappers' run() builds the compiled op's arguments from plan-time
-# attributes and the call's q, k, v, out, lse, and launches nothing else first for fa2 / fa3 without
-# a JIT variant (0.7.2 flashinfer/prefill.py: BatchPrefillWithPagedKVCacheWrapper.run's run_args
-# and paged_run, BatchPrefillWithRaggedKVCacheWrapper.run's and ragged_run): the first run after a
-# plan records them (``recorded_run``), later runs call the op. 0.5.x builds them (``_direct_run``):
-# its fa3 paged run converts the page indices per call, which a recording would skip.
+# FlashInfer 0.7.2's wrappers' run() builds the compiled op's arguments from plan-time attributes
+# and the call's q, k, v, out, lse, and launches nothing else first for fa2 / fa3 without a JIT
+# variant (flashinfer/prefill.py: BatchPrefillWithPagedKVCacheWrapper.run's run_args and paged_run,
+# BatchPrefillWithRaggedKVCacheWrapper.run's and ragged_run): the first run after a plan records
+# them (``recorded_run``), later runs call the op. 0.5.3's are built (``_direct_run``): its fa3
+# paged run converts the page indices per call, which a recording would skip.
 RECORDED_RUN_VERSIONS = ("0.7.",)
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
@@ -46,6 +46,16 @@ FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
 # FlashInfer's fa2 head dims are provider data by version (capability_db/backends/fa2.json): d=16 fails
 # its dispatch ("Invalid configuration: NUM_MMA_D_QK=1", H200, 0.5.3); 512 arrived in 0.6.14 (#3576).
 SRC_FI = "flashinfer flashinfer/utils.py (is_fa3_backend_supported, determine_attention_backend)"
+
+
+class Planned:
+    """A FlashInfer wrapper and the plan (FiState) that planned it last: a plan that finds another
+    there plans again before its run."""
+
+    __slots__ = ("wrapper", "last")
+
+    def __init__(self, wrapper: Any):
+        self.wrapper, self.last = wrapper, None
 
 
 @dataclass
@@ -56,6 +66,11 @@ class FiState:
     paged: bool
     direct: Optional["DirectRun"] = None  # fa2 / fa3: the compiled run (_direct_run, or recorded by run())
     record: bool = False  # the next run() records the compiled run's arguments (RECORDED_RUN_VERSIONS)
+    planned: Optional[Planned] = None  # shared by the plans of one wrapper (its own when not given)
+
+    def __post_init__(self):
+        if self.planned is None and self.wrapper is not None:
+            self.planned = Planned(self.wrapper)
 
 
 class DirectRun:
@@ -83,26 +98,6 @@ class DirectRun:
         self.fn(*self.head, q, k, v, *middle, out, lse, *self.tail)
 
 
-class _RecordingModule:
-    """A FlashInfer wrapper's ``_cached_module`` for one public run: the op ``name`` records its
-    arguments in ``calls`` and runs; every other attribute is the module's."""
-
-    __slots__ = ("_module", "_name", "_calls")
-
-    def __init__(self, module: Any, name: str, calls: list):
-        self._module, self._name, self._calls = module, name, calls
-
-    def __getattr__(self, attr: str) -> Any:
-        fn = getattr(self._module, attr)
-        if attr != self._name:
-            return fn
-
-        def record(*args):
-            self._calls.append(args)
-            return fn(*args)
-        return record
-
-
 def recorded_run(fn: Any, args: tuple, tensors: tuple, plan_time: set) -> Optional[DirectRun]:
     """The DirectRun of an op called with ``args`` by a public run of ``tensors`` (q, k, v, out,
     lse), or None unless: q, k, v are the call's own tensors at adjacent places, out and lse
@@ -124,33 +119,10 @@ def recorded_run(fn: Any, args: tuple, tensors: tuple, plan_time: set) -> Option
     return DirectRun(fn, args, (at_q, at_q + 1, at_q + 2, at_out, at_lse, None), None)
 
 
-def vector_sparse(prefill: Any, w: Any):
-    """fa3's paged run: (k, middle) -> middle with the page indices as token offsets for k's
-    strides, what FlashInfer 0.5.3's paged run() does before each fa3 launch
-    (``block_sparse_indices_to_vector_sparse_offsets`` with ``stride_block // stride_n``, 1 and
-    the page size; its output buffer, or the indices themselves for pages of one token)."""
-    convert, nhd = prefill.block_sparse_indices_to_vector_sparse_offsets, w._kv_layout == "NHD"
-    blocks, block_indptr, offsets, lens = (w._paged_kv_indices_buf, w._paged_kv_indptr_buf,
-                                           w._vector_sparse_indices_buffer, w._kv_lens_buffer)
-    offsets_indptr = w._vector_sparse_indptr_buffer
-
-    def with_offsets(k, middle) -> tuple:
-        token = 1 if nhd else 2
-        indices = convert(blocks, block_indptr, offsets, offsets_indptr, lens, k.stride(0) // k.stride(token), 1,
-                          k.shape[token])
-        return (middle[0], middle[1], indices, middle[3])
-
-    return with_offsets
-
-
 def _packed_mask_bytes(batch) -> int:
     """Bytes of FlashInfer's packed custom mask for the batch (its plan packs per request)."""
     sizes = batch.mask_indptr.diff().tolist()
     return max(1, sum((n + 7) // 8 for n in sizes))
-
-
-_PAGED_SLOTS = (3, 4, 5, 10, 11, 23)  # BatchPrefillWithPagedKVCacheWrapper.run -> paged_run
-_RAGGED_SLOTS = (3, 4, 5, 8, 9, 21)  # BatchPrefillWithRaggedKVCacheWrapper.run -> ragged_run
 
 
 class FlashInferPrefill(Provider):
@@ -184,16 +156,17 @@ class FlashInferPrefill(Provider):
         # one wrapper per problem whatever its size class: a new FlashInfer wrapper allocates its int
         # workspace and a pinned host buffer (milliseconds), and a serving loop meets a new class often
         key = (dataclasses.replace(problem, sizes=()), device, paged)
-        w = self._wrappers.get(key)
-        if w is None:
+        held = self._wrappers.get(key)
+        if held is None:
             prefill = self.loaded().module
             ws = _vendor.workspace("flashinfer-float", device, FLOAT_WORKSPACE_BYTES, zeroed=False)
             if paged:
                 w = prefill.BatchPrefillWithPagedKVCacheWrapper(ws, problem.kv_layout, backend=self.kind)
             else:
                 w = prefill.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=self.kind)
-            self._wrappers.put(key, w)
-        return w
+            held = Planned(w)
+            self._wrappers.put(key, held)
+        return held
 
     def _graph_wrapper(self, problem, batch, paged: bool):
         """A FlashInfer wrapper in its CUDA-graph mode, owned by one plan (never shared: another
@@ -251,10 +224,10 @@ class FlashInferPrefill(Provider):
             return FiState(None, op or (), self._common_kwargs(problem, batch), False)
         paged = problem.kv_storage == "paged"
         # graph mode (use_cuda_graph=True): a wrapper of the plan's own
-        wrapper = (self._graph_wrapper(problem, batch, paged) if problem.cuda_graph
-                   else self._wrapper(problem, batch.q.device, paged))
+        held = (Planned(self._graph_wrapper(problem, batch, paged)) if problem.cuda_graph
+                else self._wrapper(problem, batch.q.device, paged))
         kwargs = self._common_kwargs(problem, batch)
-        state = FiState(wrapper, self._index_args(problem, batch, kwargs), kwargs, paged)
+        state = FiState(held.wrapper, self._index_args(problem, batch, kwargs), kwargs, paged, planned=held)
         self._apply_plan(state)
         return state
 
@@ -277,36 +250,39 @@ class FlashInferPrefill(Provider):
     def captured(self, problem, state: FiState) -> None:
         """A graph captured this plan's launches: its FlashInfer wrapper leaves the shared cache, so
         no other plan re-plans it (its schedule, in the wrapper's int workspace, is what they read)."""
-        if state.wrapper is not None:
-            self._wrappers.drop_value(state.wrapper)
+        if state.planned is not None:
+            self._wrappers.drop_value(state.planned)
 
     # -- follow (a captured graph's plan, re-planned in place: Backend.follow_refusal) ----------
     def follow_refusal(self, problem, state: FiState, batch) -> Optional[str]:
-        w = state.wrapper
-        if w is None or not getattr(w, "_use_cuda_graph", False):
+        room = fi_internal.graph_room(state.wrapper) if state.wrapper is not None else None
+        if room is None:
             return f"{self.label}: the plan was not made for a CUDA graph (use_cuda_graph=False)"
-        if batch.batch_size != w._fixed_batch_size:
-            return f"{self.label}: batch size {batch.batch_size}, the graph's is {w._fixed_batch_size}"
-        if state.paged and batch.block_table.numel() > w._paged_kv_indices_buf.numel():
-            return (f"{self.label}: {batch.block_table.numel()} block-table entries, room for "
-                    f"{w._paged_kv_indices_buf.numel()} page ids")
-        if problem.mask == "custom" and _packed_mask_bytes(batch) > w._custom_mask_buf.numel():
-            return f"{self.label}: a custom mask of {_packed_mask_bytes(batch)} bytes, room for {w._custom_mask_buf.numel()}"
+        if not fi_internal.checked(self.version()):
+            return f"{self.label}: flashinfer {self.version()}, its graph re-plan was read in another version"
+        fixed_batch, page_ids, mask_bytes = room
+        if batch.batch_size != fixed_batch:
+            return f"{self.label}: batch size {batch.batch_size}, the graph's is {fixed_batch}"
+        if state.paged and batch.block_table.numel() > page_ids:
+            return f"{self.label}: {batch.block_table.numel()} block-table entries, room for {page_ids} page ids"
+        if problem.mask == "custom" and _packed_mask_bytes(batch) > mask_bytes:
+            return f"{self.label}: a custom mask of {_packed_mask_bytes(batch)} bytes, room for {mask_bytes}"
         return None
 
     def follow(self, problem, state: FiState, batch) -> None:
         """FlashInfer's own CUDA-graph re-plan: the new indices into the wrapper's fixed buffers and
         a schedule of the same shape (FlashInfer keeps it for a fixed batch size and at most the
         first plan's rows), which the captured launches read."""
-        captured = list(state.wrapper._plan_info)
+        captured = fi_internal.plan_info(state.wrapper)
         kwargs = dict(state.plan_kwargs)
         if problem.mask == "custom":
             kwargs["custom_mask"] = batch.custom_mask
         state.plan_args, state.plan_kwargs = self._index_args(problem, batch, kwargs), kwargs
         self._apply_plan(state)
-        if list(state.wrapper._plan_info) != captured:  # FlashInfer's graph mode promises it does not
+        replanned = fi_internal.plan_info(state.wrapper)
+        if replanned != captured:  # FlashInfer's graph mode promises it does not
             raise RuntimeError(f"{self.label}: the re-plan changed the schedule a captured CUDA graph reads "
-                               f"({captured} -> {list(state.wrapper._plan_info)}); capture the graph again")
+                               f"({captured} -> {replanned}); capture the graph again")
 
     def _single_layout(self, problem, batch) -> tuple:
         """(k, v, layout) for the single-request kernel: the caller's physical layout, except that
@@ -327,24 +303,16 @@ class FlashInferPrefill(Provider):
         is loaded here either way: a first use compiles it, and a compile that fails is then a
         plan-time refusal the router hands over, not an error in mid-call."""
         prefill = self.loaded().module
-        if problem.q_dtype.startswith("float8"):
+        if problem.q_dtype.startswith("float8") or not fi_internal.checked(self.version()):
             return None
+        masked = problem.mask == "custom"
         try:
-            module = prefill.get_single_prefill_module(
-                self.kind, batch.q.dtype, batch.k.dtype, batch.out.dtype, problem.head_dim_qk,
-                problem.head_dim_vo, prefill.PosEncodingMode[problem.pos_encoding].value, problem.window_left >= 0,
-                problem.logits_soft_cap > 0, False)
-            if not (self.version() or "").startswith(SINGLE_OP_VERSIONS):
-                return None
-            pack = prefill.packbits if problem.mask == "custom" else None
-            tmp = prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024, batch.q.device)
-            alibi = prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, batch.q.device)
-            mask = (prefill.MaskMode.CUSTOM if pack else
-                    prefill.MaskMode.CAUSAL if problem.causal else prefill.MaskMode.NON_CAUSAL).value
-            layout = prefill.TensorLayout[self._single_layout(problem, batch)[2]].value
+            run = fi_internal.single_prefill_op(prefill, self.kind, problem, batch.q.dtype, batch.k.dtype,
+                                                batch.out.dtype, self._single_layout(problem, batch)[2], masked,
+                                                batch.q.device)
         except (AttributeError, KeyError, TypeError):
             return None
-        return module.run, tmp, alibi, mask, layout, pack
+        return run, prefill.packbits if masked else None
 
     def _run_single(self, problem, state: FiState, batch) -> None:
         """One request on FlashInfer's single-request kernel, written straight into batch.out."""
@@ -352,10 +320,9 @@ class FlashInferPrefill(Provider):
         _vendor.refuse_causal_overhang(self.label, problem.causal, batch.q.shape[0], batch.k.shape[0], SRC_CAUSAL)
         k, v, layout = self._single_layout(problem, batch)
         if state.plan_args:
-            run, tmp, alibi, mask, layout_value, pack = state.plan_args
-            packed = pack(batch.custom_mask, bitorder="little") if pack else None
-            run(batch.q, k, v, tmp, batch.out, batch.lse, mask, layout_value, problem.window_left, packed, alibi,
-                problem.logits_soft_cap, scale, None, None, None, problem.rope_scale, problem.rope_theta)
+            run, pack = state.plan_args
+            run(batch.q, k, v, batch.out, batch.lse, pack(batch.custom_mask, bitorder="little") if pack else None,
+                scale)
         else:
             self._run_single_public(problem, state, batch, k, v, layout, scale)
         _vendor.apply_out_scale(batch.out, batch.out_scale)
@@ -374,15 +341,14 @@ class FlashInferPrefill(Provider):
 
     def _apply_plan(self, state: FiState) -> None:
         state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
-        state.wrapper._attn_dispatch_plan = state  # who planned it last
+        state.planned.last = state
         state.direct = self._direct_run(state)
         state.record = state.direct is None and self._recordable(state.wrapper)
 
     def _recordable(self, w: Any) -> bool:
         version = self.version() or ""
         return (self.kind in ("fa2", "fa3") and version.startswith(RECORDED_RUN_VERSIONS)
-                and getattr(w, "_jit_module", None) is None and getattr(w, "_backend", None) == self.kind
-                and getattr(w, "_prefix_len_ptr", None) is None and getattr(w, "_cached_module", None) is not None)
+                and fi_internal.checked(version) and fi_internal.recordable(w, self.kind))
 
     def _public_run(self, state: FiState, q, k, v, out, lse) -> None:
         """FlashInfer's own run(); the first after a plan of a RECORDED_RUN_VERSIONS wrapper
@@ -392,19 +358,12 @@ class FlashInferPrefill(Provider):
         if not state.record:
             w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None)
             return
-        state.record, module, calls = False, w._cached_module, []
-        op = "paged_run" if state.paged else "ragged_run"
-        w._cached_module = _RecordingModule(module, op, calls)
-        try:
-            w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None)
-        finally:
-            w._cached_module = module
+        state.record = False
+        op, calls = fi_internal.record_run(w, "paged_run" if state.paged else "ragged_run",
+                                           lambda: w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None))
         if len(calls) == 1:
-            plan_time = {id(t) for t in vars(w).values() if isinstance(t, torch.Tensor)}
-            alibi = getattr(self.loaded().module, "_get_cache_alibi_slopes_buf", None)
-            if alibi is not None:
-                plan_time.add(id(alibi(q.shape[1], q.device)))
-            state.direct = recorded_run(getattr(module, op), calls[0], (q, k, v, out, lse), plan_time)
+            plan_time = fi_internal.plan_time_tensor_ids(self.loaded().module, w, q.shape[1], q.device)
+            state.direct = recorded_run(op, calls[0], (q, k, v, out, lse), plan_time)
 
     def _direct_run(self, state: FiState) -> Optional[DirectRun]:
         """FlashInfer 0.5.x fa2's / fa3's compiled ``paged_run`` / ``ragged_run`` (the module's
@@ -413,39 +372,16 @@ class FlashInferPrefill(Provider):
         no FlashInfer Python layer; None (the public run) for another version or kind, a JIT
         variant, or anything missing."""
         version = self.version() or ""
-        w = state.wrapper
-        if self.kind not in ("fa2", "fa3") or not version.startswith("0.5.") \
-                or getattr(w, "_jit_module", None) is not None:
+        if self.kind not in ("fa2", "fa3") or not version.startswith("0.5.") or not fi_internal.checked(version):
             return None
         try:
-            prefill = self.loaded().module
-            if w._prefix_len_ptr is not None or w._backend != self.kind or w._plan_info is None:
+            found = fi_internal.direct_run_args(self.loaded().module, state.wrapper, self.kind, state.paged,
+                                                state.plan_args[4 if state.paged else 2],
+                                                state.plan_args[7] if state.paged else 0)
+            if found is None:
                 return None
-            if w._custom_mask_buf is not None:
-                mask_mode = prefill.MaskMode.CUSTOM.value
-            else:
-                mask_mode = (prefill.MaskMode.CAUSAL if w._causal else prefill.MaskMode.NON_CAUSAL).value
-            device = w._float_workspace_buffer.device
-            head = (w._float_workspace_buffer, w._int_workspace_buffer, w._plan_info, None, None, None)
-            common = (mask_mode, prefill.TensorLayout[w._kv_layout].value, w._window_left,
-                      torch.cuda.get_device_capability(device)[0] >= 9, w._custom_mask_buf, w._mask_indptr_buf,
-                      # the ragged wrapper keeps no head count (its run reads q.shape[1]): the plan's
-                      prefill._get_cache_alibi_slopes_buf(state.plan_args[4 if state.paged else 2], device),
-                      w._prefix_len_ptr,
-                      w._token_pos_in_items_ptr, w._max_item_len_ptr, w._logits_soft_cap or 0.0, None)
-            rope = (w._rope_scale or 1.0, w._rope_theta or 1e4, w._token_pos_in_items_len)
-            if not state.paged:
-                args = head + (w._qo_indptr_buf, w._kv_indptr_buf, None, None) + common + rope
-                return DirectRun(w._cached_module.ragged_run, args, _RAGGED_SLOTS, state.plan_kwargs["sm_scale"])
-            # fa3: FlashInfer's run passes the vector-sparse indptr and (per call, ``sparse``) offsets
-            indptr = w._vector_sparse_indptr_buffer if self.kind == "fa3" else w._paged_kv_indptr_buf
-            args = (head + (w._qo_indptr_buf, indptr, w._paged_kv_indices_buf,
-                            w._paged_kv_last_page_len_buf, None, None) + common + (None, None, None) + rope
-                    + (w._workspace_size, w._num_qo_heads, w._num_kv_heads, w._block_tables, w._kv_lens_buffer,
-                       state.plan_args[7], w._max_q_len, w._max_kv_len, w._batch_size, w._qo_indptr_buf,
-                       w._vector_sparse_indptr_buffer, None))
-            sparse = vector_sparse(prefill, w) if self.kind == "fa3" else None
-            return DirectRun(w._cached_module.paged_run, args, _PAGED_SLOTS, state.plan_kwargs["sm_scale"], sparse)
+            fn, args, slots, sparse = found
+            return DirectRun(fn, args, slots, state.plan_kwargs["sm_scale"], sparse)
         except (AttributeError, KeyError, TypeError, IndexError):
             return None
 
@@ -456,8 +392,8 @@ class FlashInferPrefill(Provider):
         scale = self._host_scale(batch.sm_scale)
         if scale != state.plan_kwargs["sm_scale"]:
             state.plan_kwargs = {**state.plan_kwargs, "sm_scale": scale}  # a plan must not bake it
-            state.wrapper._attn_dispatch_plan = None
-        if getattr(state.wrapper, "_attn_dispatch_plan", None) is not state:
+            state.planned.last = None
+        if state.planned.last is not state:
             self._apply_plan(state)  # another plan used the wrapper meanwhile, or the scale changed
         out = _vendor.writable(batch.out)
         lse = _vendor.writable(batch.lse)
@@ -498,12 +434,12 @@ class FlashInferPrefill(Provider):
         if state.direct is None or float(batch.sm_scale) != state.plan_kwargs["sm_scale"]:
             return None
         hnd = state.paged and problem.kv_layout == "HND"
-        wrapper, scale = state.wrapper, state.plan_kwargs["sm_scale"]
+        planned, scale = state.planned, state.plan_kwargs["sm_scale"]
 
         def launch_batch(b) -> None:
             # The state is shared by the lanes of one plan: another lane's scale re-plans it (run), and
             # another of our plans may have used the shared FlashInfer wrapper: then run re-plans for b.
-            fresh = getattr(wrapper, "_attn_dispatch_plan", None) is state and state.plan_kwargs["sm_scale"] == scale
+            fresh = planned.last is state and state.plan_kwargs["sm_scale"] == scale
             d = state.direct if fresh else None
             if d is None:
                 self.run(problem, state, b)
@@ -517,20 +453,16 @@ class FlashInferPrefill(Provider):
         return launch_batch
 
     def _single_launcher(self, problem, state: FiState, batch):
-        run, tmp, alibi, mask, layout_value, pack = state.plan_args
+        run, pack = state.plan_args
         scale = float(batch.sm_scale)
         if scale < 0:
             return None
         transposed = self._single_layout(problem, batch)[2] == "HND"
-        window, cap, rope_scale, rope_theta = (problem.window_left, problem.logits_soft_cap, problem.rope_scale,
-                                               problem.rope_theta)
 
         # No causal-overhang check here: a launcher serves one lane, whose key holds q's and k's
         # shapes, and is made only after run() (which checks) served that lane.
         def launch_single(b) -> None:
             k, v = (b.k.transpose(0, 1), b.v.transpose(0, 1)) if transposed else (b.k, b.v)
-            packed = pack(b.custom_mask, bitorder="little") if pack else None
-            run(b.q, k, v, tmp, b.out, b.lse, mask, layout_value, window, packed, alibi, cap, scale, None, None, None,
-                rope_scale, rope_theta)
+            run(b.q, k, v, b.out, b.lse, pack(b.custom_mask, bitorder="little") if pack else None, scale)
 
         return launch_single

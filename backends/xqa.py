@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import torch
 
-from backends import _vendor
+from backends import _flashinfer_internal as fi_internal, _vendor
 from backends._device import device_key, on_device, on_device_launch
 from backends.native.triton_backend import NativeTritonBackend, fixup_refusal
 
@@ -142,11 +142,11 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
             return XqaPlan(problem, fn, self._spec_kwargs(problem, batch, fn))
 
     def _direct(self, problem, batch, ws: torch.Tensor) -> Optional[DirectXqa]:
-        """The kernel entry of FlashInfer 0.5.x (flashinfer/xqa.py ``get_xqa_module``:
-        ``module.xqa_wrapper``, 21 positional arguments) or 0.7.x (``get_xqa_module(...).xqa``, 24),
-        or None: another version, or any lookup failure, keeps the public function."""
+        """The kernel entry of FlashInfer 0.5.3 (21 positional arguments) or 0.7.2 (24), through
+        backends/_flashinfer_internal.py, or None: another version (fi_internal.checked), or any
+        lookup failure, keeps the public function."""
         version = self.version() or ""
-        if not version.startswith(("0.5.", "0.7.")) or batch.q.device.type != "cuda":
+        if batch.q.device.type != "cuda" or not fi_internal.checked(version):
             return None
         try:
             return self.bind_direct(problem, batch.q.dtype, batch.k.dtype, batch.out.dtype, batch.q.device, ws,
@@ -162,15 +162,7 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         group = problem.num_qo_heads // problem.num_kv_heads
         sliding = problem.window_left >= 0
         key = (q_dtype, kv_dtype, problem.page_size, problem.head_dim_qk, group, sliding, out_dtype)
-        if abi == "0.7":
-            from flashinfer.xqa import get_xqa_module  # FlashInfer's cached kernel variant and its entry
-            run = get_xqa_module(*key, 1, False).xqa
-        else:
-            from flashinfer.jit.xqa import gen_xqa_module  # FlashInfer's JIT module of this kernel variant
-            module = _MODULES.get(key)
-            if module is None:
-                module = _MODULES[key] = gen_xqa_module(*key).build_and_load()
-            run = module.xqa_wrapper
+        run = fi_internal.xqa_entry(key, abi)
         major = torch.cuda.get_device_capability(device)[0]
         fp8_sm90 = kv_dtype == torch.float8_e4m3fn and major == 9 and (abi == "0.5" or problem.head_dim_qk <= 256)
         return DirectXqa(run, fp8_sm90, torch.cuda.get_device_properties(device).multi_processor_count,
@@ -298,5 +290,4 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 SEMAPHORE_BYTES = 8 * 1024 * 1024  # FlashInfer's xqa_batch_decode_with_kv_cache: the workspace's first 8 MiB
-_MODULES: dict = {}  # kernel variant -> FlashInfer's loaded JIT module (configuration only: a few)
 _NATIVE = NativeTritonBackend()  # the fix-up's kernels (no state but its availability, cached per class)
