@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 
 import pytest
 import torch
@@ -41,6 +42,12 @@ def grid(names: str, cpu_cases, gpu_cases=(), named=None):
         params += [pytest.param("cuda", backend, *c, marks=GPU, id=f"cuda-{backend}-" + "-".join(ident(v) for v in c))
                    for c in gpu_cases]
     return pytest.mark.parametrize(("device", "backend") + fields, params)
+
+
+def sample(cases, count: int, seed: int = 0) -> list:
+    """A fixed random sample of a parameter grid (a stride through the grid aliases its axes)."""
+    cases = list(cases)
+    return random.Random(seed).sample(cases, min(count, len(cases)))
 
 
 def randn(*shape, dtype=torch.float16, device="cpu", seed=0, scale=1.0) -> torch.Tensor:
