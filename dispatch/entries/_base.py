@@ -487,9 +487,10 @@ def rows(t: Any, dim: int = 0) -> Any:
 class Lane:
     """What a lane key proves: the proof of its call key, the explicit choice and strict mode of
     the key, the sizes the batch is built from, the backend's plan once it is known to be reusable, and the
-    backend's launcher for repeats once that plan has served a call (``Backend.launcher``)."""
+    backend's launcher for repeats once the lane repeats (``Backend.launcher``): a serving stream's
+    new batches each make a lane that is called once, and a launcher nobody calls is host time lost."""
 
-    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked", "kept")
+    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked", "ran", "kept")
 
     def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace):
         self.proof, self.explicit, self.strict, self.sizes = proof, explicit, policy.strict_mode(), sizes
@@ -499,6 +500,7 @@ class Lane:
         self.planned: Optional[router.Planned] = None
         self.fast: Optional[Callable] = None
         self.asked = False  # the backend was asked for a launcher (it may have none)
+        self.ran = False  # its kept plan served a call: the next one asks for the launcher
 
     def launch(self, batch) -> router.Planned:
         """The backend's launcher on a repeat; else its plan (kept when reusable) and the launch;
@@ -523,9 +525,17 @@ class Lane:
                 self.planned = planned
         ran = router.run(planned, batch)
         if ran is self.planned and not self.asked:
-            self.asked = True
-            self.fast = get_backend(ran.backend).launcher(ran.plan, batch)
+            # asked on the lane's first repeat, never inside a CUDA-graph capture (a launcher may
+            # allocate what it fixes): the capture's replays run what it recorded
+            if self.ran and not _capturing(batch.q):
+                self.asked = True
+                self.fast = get_backend(ran.backend).launcher(ran.plan, batch)
+            self.ran = True
         return remember(ran)
+
+
+def _capturing(query: torch.Tensor) -> bool:
+    return query.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class Declaration:
