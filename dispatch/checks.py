@@ -141,18 +141,16 @@ def host_ints(t: torch.Tensor) -> list[int]:
 
 
 def block_table_from_pages(kv_indptr: list[int], kv_indices: torch.Tensor, device) -> torch.Tensor:
-    """FlashInfer's (indptr, indices) page lists -> (B, max_pages) int32 block table: one scatter on
-    the host (``kv_indices``: the ids from ``kv_indptr[0]`` on, best already on the host), one copy
-    to ``device``."""
+    """FlashInfer's (indptr, indices) page lists -> (B, max_pages) int32 block table: one masked
+    write on the host (``kv_indices``: the ids from ``kv_indptr[0]`` on, best already on the host; the
+    mask's row-major order is the lists' order), one copy to ``device``."""
     start = kv_indptr[0]
     counts = torch.tensor([b - a for a, b in zip(kv_indptr[:-1], kv_indptr[1:])], dtype=torch.int64)
-    table = torch.zeros(len(counts), max(int(counts.max()) if len(counts) else 0, 1), dtype=torch.int32)
+    width = max(int(counts.max()) if len(counts) else 0, 1)
+    table = torch.zeros(len(counts), width, dtype=torch.int32)
     total = kv_indptr[-1] - start
     if total:
-        ids = kv_indices.reshape(-1)[:total].to("cpu", torch.int32)
-        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)
-        firsts = torch.tensor(kv_indptr[:-1], dtype=torch.int64) - start
-        table[rows, torch.arange(total) - firsts[rows]] = ids
+        table[torch.arange(width) < counts[:, None]] = kv_indices.reshape(-1)[:total].to("cpu", torch.int32)
     return table.to(device)
 
 
