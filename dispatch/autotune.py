@@ -82,16 +82,18 @@ _group = None  # set_process_group(); None: the default group when one is initia
 
 
 @dataclasses.dataclass
-class _Context:
+class Session:
+    """An open ``autotune`` context (what ``with dispatch.autotune(...) as session`` binds)."""
     tune: bool
     cache: Optional[Path]  # None: the default file of the environment
     skip: frozenset  # entry points not timed (FlashInfer's skip_ops)
     digest: str
     environment: dict
     new: dict = dataclasses.field(default_factory=dict)  # bucket key -> entry timed inside it
+    file: Optional[Path] = None  # where its times go on exit (None: nowhere, ATTN_DISPATCH_AUTOTUNE=0)
 
 
-_contexts: list[_Context] = []
+_contexts: list[Session] = []
 
 
 # -- the context ------------------------------------------------------------------------------------
@@ -105,8 +107,9 @@ def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None
                              "two of batch, query and key lengths")
     device = _live_device()
     env = fingerprint(device)
-    ctx = _Context(bool(tune_mode), Path(cache) if cache is not None else None,
+    ctx = Session(bool(tune_mode), Path(cache) if cache is not None else None,
                    frozenset([skip_ops] if isinstance(skip_ops, str) else skip_ops or ()), digest(env), env)
+    ctx.file = ctx.cache or (default_file(device) if _default_on() else None)
     with _lock:
         known = _known_for(device)
         if ctx.cache is not None:
@@ -115,14 +118,12 @@ def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None
         _contexts.append(ctx)
     _forget()  # a bucket decided before the context opened is decided again: timed, or read from the file
     try:
-        yield
+        yield ctx
     finally:
         with _lock:
             _contexts.remove(ctx)
-        if ctx.tune and ctx.new:
-            path = ctx.cache or (default_file(device) if _default_on() else None)
-            if path is not None:
-                save(path, ctx.new, env)
+        if ctx.tune and ctx.new and ctx.file is not None:
+            save(ctx.file, ctx.new, env)
 
 
 def tuning(entry: str = "") -> bool:

@@ -18,6 +18,14 @@ decode, in one of two modes (``--decode``):
 
 RoPE, RMSNorm and the MLP are plain torch; attention goes through dispatch only.
 
+On a GPU the warm-up pass (the slot an engine already has before it serves: vLLM's kernel warm-up,
+SGLang's before graph capture) runs inside ``with dispatch.autotune(True, cache=...)``, as vLLM wraps
+its warm-up in ``flashinfer.autotune``: each bucket the warm-up reaches times its leading backends
+and compiles what it needs, and the decode graph is captured afterwards inside the context (lookups
+only there). The times go to ``--tune-cache`` (default: the user's cache directory), so the next
+start reads them and times nothing; the timed pass after the warm-up only looks up. On the CPU one
+backend serves everything: there is nothing to time and no warm-up pass.
+
 The check is teacher-forced: transformers' own ``LlamaForCausalLM`` (same weights, sdpa or eager
 attention) reads each prompt followed by the tokens the loop generated, and its next-token
 predictions are compared with the loop's at every generated position (top-1 agreement and the
@@ -36,8 +44,10 @@ FlashInfer's loop is measured the same way where it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -295,6 +305,9 @@ def parse_args(argv):
     ap.add_argument("--fp32-slack", type=float, default=0.02,
                     help="at bf16/fp16: how much less often than transformers' own forward in that dtype the "
                          "loop may agree with the fp32 model")
+    ap.add_argument("--tune-cache", type=Path, default=None, metavar="FILE",
+                    help="the warm-up autotune's cache file (default: the user's cache directory, "
+                         "$ATTN_DISPATCH_CACHE_DIR or ~/.cache/attn-dispatch)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.compare_flashinfer and args.decode != "eager-paged":
@@ -306,12 +319,19 @@ def parse_args(argv):
 
 
 def run_loop(model, prompts, args, wrappers=dispatch):
-    """An engine on ``wrappers``' paged wrapper; on a GPU a warm-up pass first (kernels compile,
-    dispatch decides, the decode graph is captured). Returns (engine, generate's results)."""
+    """An engine on ``wrappers``' paged wrapper; on a GPU a warm-up pass first (dispatch tunes and
+    decides each bucket, kernels compile, the decode graph is captured). Returns (engine, generate's
+    results)."""
     engine = Engine(model, [len(x) for x in prompts], args.new_tokens, args.page_size, args.decode, wrappers)
     with torch.no_grad():
         if engine.device.type == "cuda":
-            engine.generate(prompts, args.new_tokens)
+            tuning = dispatch.autotune(True, cache=args.tune_cache) if wrappers is dispatch else contextlib.nullcontext()
+            t0 = time.perf_counter()
+            with tuning as session:  # the warm-up slot: time here, look up afterwards
+                engine.generate(prompts, args.new_tokens)
+            if session is not None:
+                print(f"warm-up autotune: {len(session.new)} buckets timed, {time.perf_counter() - t0:.1f} s with "
+                      f"the warm-up pass; cache {session.file} (the next start reads it and times nothing)")
         return engine, engine.generate(prompts, args.new_tokens)
 
 
