@@ -151,3 +151,37 @@ def nvfp4(shape, device="cpu", seed=3):
     values = torch.stack([low, high], dim=-1).reshape(*shape[:-1], shape[-1] * 2)
     scale = sf.view(torch.float8_e4m3fn).double().repeat_interleave(16, dim=-1)
     return packed.to(device), sf.to(device), (values * scale).to(device)
+
+
+def cudnn_paged_case(batch_size, s_qo, s_kv, page_size, num_kv_heads, num_qo_heads, head_dim, device, seed=1,
+                     dtype=torch.bfloat16):
+    """FlashInfer's cuDNN paged inputs: per-request lengths (q in [1, s_qo], kv in [s_qo, s_kv]) as
+    (batch, 1, 1, 1) int32, a cache whose memory is NHD but whose K/V views are (pages, Hkv, page,
+    D), one block-table row per request, the page lists, and each request's K and V in NHD."""
+    g = torch.Generator().manual_seed(seed)
+    seq_q = torch.randint(1, s_qo + 1, (batch_size,), generator=g, dtype=torch.int32)
+    seq_kv = torch.randint(s_qo, s_kv + 1, (batch_size,), generator=g, dtype=torch.int32)
+    per = -(-s_kv // page_size)
+    nhd = torch.randn(batch_size * per, 2, page_size, num_kv_heads, head_dim, generator=g).to(dtype)
+    k_cache, v_cache = nhd[:, 0].transpose(1, 2), nhd[:, 1].transpose(1, 2)
+    table = torch.arange(batch_size * per, dtype=torch.int32).reshape(batch_size, per)
+    pages = (seq_kv + page_size - 1) // page_size
+    indices = torch.cat([table[b, :int(pages[b])] for b in range(batch_size)])
+    last = torch.where(seq_kv % page_size == 0, torch.full_like(seq_kv, page_size), seq_kv % page_size)
+    ks = [nhd[table[b].long(), 0].flatten(0, 1)[:int(n)].to(device) for b, n in enumerate(seq_kv)]
+    vs = [nhd[table[b].long(), 1].flatten(0, 1)[:int(n)].to(device) for b, n in enumerate(seq_kv)]
+    q = torch.randn(int(seq_q.sum()), num_qo_heads, head_dim, generator=g).to(dtype).to(device)
+    return dict(q=q, k_cache=k_cache.to(device), v_cache=v_cache.to(device), block_tables=table.to(device),
+                seq_q=seq_q, seq_kv=seq_kv, qo_indptr=indptr(seq_q.tolist()), kv_indptr=indptr(pages.tolist()),
+                kv_indices=indices, last=last.to(torch.int32), ks=ks, vs=vs)
+
+
+def per_request(out, q, q_lens, ks, vs, rtol, atol, lse=None, **kw):
+    """Each request's rows of ``out`` (and of a token-major ``lse``) against the oracle."""
+    start = 0
+    for n, k, v in zip(q_lens, ks, vs):
+        ref, ref_lse = single_ref(q[start:start + n], k, v, **kw)
+        close(out[start:start + n], ref, rtol=rtol, atol=atol)
+        if lse is not None:
+            close(lse[start:start + n], ref_lse, rtol=rtol, atol=atol)
+        start += n
