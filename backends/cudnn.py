@@ -55,7 +55,6 @@ Build failures (``cudnnGraphNotSupportedError`` and friends) raise
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib
 import inspect
@@ -69,7 +68,7 @@ from typing import Any, Optional
 
 import torch
 
-from backends import _numerics, _vendor
+from backends import _cudnn_internal as cudnn_internal, _numerics, _vendor
 from backends._device import BoundedCache, device_key, kept_views, on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
@@ -587,25 +586,10 @@ def _takes_uid_order(graph) -> bool:
         return False
 
 
-def _sorted_uids(graph) -> Optional[tuple]:
-    """cudnn-frontend 1.22 - 1.2x: the graph's user slots in the order ``_execute_with_ptrs`` takes
-    pointers (include/cudnn_frontend/graph_interface.h get_variant_pack_uids_sorted), or None."""
-    if not (hasattr(graph, "_execute_with_ptrs") and hasattr(graph, "_get_variant_pack_uids_sorted")):
-        return None
-    try:
-        if hasattr(graph, "_prepare_variant_pack_template"):
-            graph._prepare_variant_pack_template()
-        return tuple(int(u) for u in graph._get_variant_pack_uids_sorted())
-    except Exception:  # noqa: BLE001 - no template: the uid map serves
-        return None
-
-
-RAW_POINTER_FRONTENDS = ("1.32.",)  # frontends whose private execute internals _raw_pointer_call was read against
-
-
 def _raw_after_first(graph, uids: tuple, workspace: torch.Tensor, ordered):
     """execute(buffers, handle): the first call through ``ordered`` (the frontend's own execute,
-    which finishes any lazy build), later calls through ``_raw_pointer_call`` where it applies."""
+    which finishes any lazy build), later calls through ``cudnn_internal.raw_pointer_call`` where it
+    applies (a pinned frontend version)."""
     raw = None
 
     def execute(buffers, handle) -> None:
@@ -614,42 +598,10 @@ def _raw_after_first(graph, uids: tuple, workspace: torch.Tensor, ordered):
             raw(buffers, handle)
             return
         ordered(buffers, handle)
-        raw = _raw_pointer_call(graph, uids, workspace) or ordered
+        version = str(getattr(cudnn_module(), "__version__", ""))
+        raw = cudnn_internal.raw_pointer_call(graph, uids, workspace, version) or ordered
 
     return execute
-
-
-def _raw_pointer_call(graph, uids: tuple, workspace: torch.Tensor):
-    """cudnn-frontend 1.32: what ``Graph.execute`` ends in for a graph the cuDNN backend runs, called
-    directly: the lowered C++ graph's ``_execute_with_raw_ptrs`` on the operands' addresses in
-    ascending uid order (cudnn-frontend 1.32 cudnn/_pygraph.py ``_execute``: the backend path hands
-    ``VariantPack.address``, a ``void*[]`` in that order, with the selected plan's C++ index). That
-    Python layer costs ~15 us per call on the H100 host; the bytes' meaning is the graph's
-    declaration, so only addresses go over. None (keep ``execute``) for another frontend version, a
-    graph a Python engine serves, or any internal this was read against that is missing."""
-    cudnn = cudnn_module()
-    if not str(getattr(cudnn, "__version__", "")).startswith(RAW_POINTER_FRONTENDS):
-        return None
-    try:
-        run = graph._lowered_graph._execute_with_raw_ptrs
-        if graph.selected_engine is not None:
-            return None
-        order = tuple(int(u) for u in graph._variant_pack_uids())
-        plan = graph._materialize_backend_plan(graph._plan_index) if graph._plans else None
-    except (AttributeError, TypeError, ValueError, IndexError):
-        return None
-    if sorted(order) != sorted(uids):
-        return None
-    index = -1 if plan is None or plan.cpp_index is None else int(plan.cpp_index)
-    slot_of = {uid: i for i, uid in enumerate(uids)}
-    taken = tuple(slot_of[uid] for uid in order)
-    pointers_type, ws = ctypes.c_void_p * len(order), workspace.data_ptr()
-
-    def execute_raw(buffers, handle) -> None:
-        pointers = pointers_type(*[buffers[i].data_ptr() for i in taken])
-        run(ctypes.addressof(pointers), len(taken), ws, handle.backend_handle, index)  # 1.32's to_backend_handle
-
-    return execute_raw
 
 
 def executor(graph, key: GraphKey, workspace: torch.Tensor) -> tuple:
@@ -657,23 +609,20 @@ def executor(graph, key: GraphKey, workspace: torch.Tensor) -> tuple:
 
     * 1.32+: ``execute(buffers, workspace, handle, tensor_uids=order)`` (what its own SDPA op calls,
       cudnn-frontend 1.32 cudnn/sdpa/fwd/torch_op.py);
-    * 1.22 - 1.2x: ``_execute_with_ptrs`` with pointers in the graph's sorted uid order (what its
-      experimental SDPA op calls, cudnn-frontend 1.23 python/cudnn/experimental/ops/sdpa.py); it
-      reads pointers only, so paged K/V need no (pages, Hkv, P, D) view;
-    * older: the uid -> tensor map of ``execute``.
+    * 1.22.0 - 1.23.0: ``_execute_with_ptrs`` (backends/_cudnn_internal.py) with pointers in the
+      graph's sorted uid order (what its experimental SDPA op calls, cudnn-frontend 1.23
+      python/cudnn/experimental/ops/sdpa.py); it reads pointers only, so paged K/V need no
+      (pages, Hkv, P, D) view;
+    * others: the uid -> tensor map of ``execute``.
     """
     uids = pack_uids(key)
     if _takes_uid_order(graph):
         def execute_ordered(buffers, handle) -> None:
             graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
         return uids, _raw_after_first(graph, uids, workspace, execute_ordered), True
-    order = _sorted_uids(graph)
+    order = cudnn_internal.sorted_uids(graph, str(getattr(cudnn_module(), "__version__", "")))
     if order is not None and sorted(order) == sorted(uids):
-        ws = workspace.data_ptr()
-
-        def execute_ptrs(buffers, handle) -> None:
-            graph._execute_with_ptrs([t.data_ptr() for t in buffers], ws, handle)
-        return order, execute_ptrs, False
+        return order, cudnn_internal.pointer_execute(graph, workspace), False
 
     def execute_map(buffers, handle) -> None:
         graph.execute(dict(zip(uids, buffers)), workspace, handle=handle)

@@ -174,7 +174,7 @@ class FakeGraph:
 
 
 class FakePointerGraph(FakeGraph):
-    """cudnn-frontend 1.22 - 1.2x: pointers in the graph's ascending uid order (_execute_with_ptrs)."""
+    """cudnn-frontend 1.22.0 - 1.23.0: pointers in the graph's ascending uid order (_execute_with_ptrs)."""
 
     def _prepare_variant_pack_template(self):
         self.prepared = True
@@ -232,7 +232,7 @@ def make_fake_cudnn(backend_version=91900, refuse=False, frontend="ordered") -> 
     m.backend_version_string = lambda: str(backend_version)
     m.create_handle = lambda: types.SimpleNamespace(backend_handle=7)
     m.set_stream = lambda handle, stream: m.streams.append((handle, stream))
-    m.__version__ = "1.32.0" if frontend == "raw" else "fake"
+    m.__version__ = {"raw": "1.32.0", "pointers": "1.23.0"}.get(frontend, "fake")  # the pinned private paths
     return m
 
 
