@@ -67,12 +67,12 @@ def trtllm_batch_context_with_kv_cache(
     """
     block_scales = None if kv_block_scales is UNSET and kv_cache_sf is UNSET else B.one_of(
         "kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
-    explicit = policy.explicit_choice(backend)  # unknown names fail here, with the options
     if (torch.compiler.is_compiling() and block_scales is None and o_sf_scale is None and o_sf_vec_size is None
             and (backend is None or backend == "auto")):
         return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
                          bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
                          causal, lse, return_lse)
+    explicit = policy.explicit_choice(backend)  # unknown names fail here, with the options
     seq_lens = B.int32_lengths(seq_lens)
     if sinks is not None:
         sinks = B.sinks_tensor(sinks, query)
