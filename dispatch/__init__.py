@@ -29,7 +29,7 @@ from .entries._base import last_decision  # noqa: E402
 from .prefill import (cudnn_batch_prefill_with_kv_cache, single_prefill_with_kv_cache,  # noqa: E402
                       single_prefill_with_kv_cache_return_lse, trtllm_batch_context_with_kv_cache)
 from .wrappers import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper  # noqa: E402
-from . import autotune  # noqa: E402  (callable: dispatch.autotune() turns online autotune on)
+from . import autotune  # noqa: E402  (callable: with dispatch.autotune(True, cache=...): the warm-up autotune)
 
 __all__ += [
     "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",

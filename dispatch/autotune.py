@@ -1,7 +1,7 @@
 """Measure in the warm-up, look up afterwards: ``with dispatch.autotune(tune_mode=True, cache=None):``.
 
-The contract of ``flashinfer.autotune`` (``tune_mode``, ``cache``; ``skip_ops`` too), so an engine
-that wraps its warm-up in FlashInfer's context wraps it in ours the same way:
+The contract of ``flashinfer.autotune`` (FlashInfer 0.7.2: ``tune_mode``, ``cache``, ``skip_ops``),
+so an engine that wraps its warm-up in FlashInfer's context wraps it in ours the same way:
 
 * **Inside a context with tune_mode=True**, each new bucket an entry point decides (its problem's
   facts and its sizes rounded up to powers of two; ``choice.rank``, once per decision, never per
@@ -31,8 +31,10 @@ versions; a file made in another environment is ignored with one log line, and n
 ``cache=PATH`` still is); no value of it times anything.
 
 Unlike FlashInfer's, ``cache=None`` keeps the times in the default file rather than in this
-process only; ``tuning_buckets`` and ``round_up`` are refused (our buckets are powers of two of
-batch, query and key lengths).
+process only; ``tuning_buckets``, ``round_up`` and ``cuda_graph_profile_replays`` are refused (our
+buckets are powers of two of batch, query and key lengths; timings run eagerly, never in a graph).
+``with dispatch.autotune(...) as session``: ``session.new`` holds the buckets it timed,
+``session.file`` where they go.
 """
 from __future__ import annotations
 
@@ -99,13 +101,14 @@ _contexts: list[Session] = []
 # -- the context ------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None, tuning_buckets=None,
-             round_up=None, skip_ops: Union[str, Iterable[str], None] = None):
+             round_up=None, skip_ops: Union[str, Iterable[str], None] = None, cuda_graph_profile_replays=None):
     """Time each new bucket decided inside (``tune_mode``) and keep the times in ``cache`` (module doc)."""
-    for name, value in (("tuning_buckets", tuning_buckets), ("round_up", round_up)):
+    for name, value in (("tuning_buckets", tuning_buckets), ("round_up", round_up),
+                        ("cuda_graph_profile_replays", cuda_graph_profile_replays)):
         if value is not None:
-            raise ValueError(f"autotune({name}={value!r}): allowed only None; dispatch's buckets are powers of "
-                             "two of batch, query and key lengths")
-    device = _live_device()
+            raise ValueError(f"autotune({name}={value!r}): allowed only None (dispatch times each bucket, powers "
+                             "of two of batch, query and key lengths, eagerly)")
+    device = live_device()
     env = fingerprint(device)
     ctx = Session(bool(tune_mode), Path(cache) if cache is not None else None,
                    frozenset([skip_ops] if isinstance(skip_ops, str) else skip_ops or ()), digest(env), env)
@@ -176,7 +179,8 @@ def _default_on() -> bool:
 
 
 # -- the environment's fingerprint and the files ----------------------------------------------------
-def _live_device() -> DeviceDesc:
+def live_device() -> DeviceDesc:
+    """This process's device: the current CUDA device, else the CPU."""
     if not torch.cuda.is_available():
         return capability_db.CPU_DEVICE
     from . import router
@@ -236,7 +240,7 @@ def describe_kept() -> str:
     with _lock:
         count = sum(len(buckets) for buckets in _known.values())
     if not count and _default_on():
-        count = len(_known_for(_live_device()))
+        count = len(_known_for(live_device()))
     return f"kept times of {count} buckets ({describe_cache()})" if count else ""
 
 

@@ -79,12 +79,12 @@ def main(argv: Sequence[str]) -> int:
     else:
         for row in rows:
             print(f"{row['chosen']:14s} {row['decided_by']:38s} {row['shape']}")
-        print(f"cache: {args.cache or autotune.default_file(autotune._live_device())}")
+        print(f"cache: {args.cache or autotune.default_file(autotune.live_device())}")
     return 0
 
 
 def _device():
-    return autotune._live_device()
+    return autotune.live_device()
 
 
 def tune_shapes(path: Path, cache: Optional[Path]) -> list[dict]:

@@ -330,8 +330,9 @@ def run_loop(model, prompts, args, wrappers=dispatch):
             with tuning as session:  # the warm-up slot: time here, look up afterwards
                 engine.generate(prompts, args.new_tokens)
             if session is not None:
-                print(f"warm-up autotune: {len(session.new)} buckets timed, {time.perf_counter() - t0:.1f} s with "
-                      f"the warm-up pass; cache {session.file} (the next start reads it and times nothing)")
+                kept = f"kept in {session.file}" if session.file else "not kept (ATTN_DISPATCH_AUTOTUNE=0)"
+                print(f"warm-up autotune: {len(session.new)} buckets timed, {time.perf_counter() - t0:.1f} s with the "
+                      f"warm-up pass; {kept}")
         return engine, engine.generate(prompts, args.new_tokens)
 
 
