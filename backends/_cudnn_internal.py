@@ -26,9 +26,10 @@ log = logging.getLogger("attn_dispatch")
 POINTER_EXECUTE_VERSIONS = ("1.22.0", "1.22.1", "1.23.0")
 RAW_POINTER_VERSIONS = ("1.32.0",)
 CHECKED_VERSIONS = POINTER_EXECUTE_VERSIONS + RAW_POINTER_VERSIONS
-GRAPH_ATTRIBUTES = ("_execute_with_ptrs", "_get_variant_pack_uids_sorted", "_lowered_graph",
-                    "_materialize_backend_plan", "_plan_index", "_plans", "_prepare_variant_pack_template",
-                    "_variant_pack_uids")
+# a graph's private names read here (_execute_with_raw_ptrs: its lowered C++ graph's)
+GRAPH_ATTRIBUTES = ("_execute_with_ptrs", "_execute_with_raw_ptrs", "_get_variant_pack_uids_sorted",
+                    "_lowered_graph", "_materialize_backend_plan", "_plan_index", "_plans",
+                    "_prepare_variant_pack_template", "_variant_pack_uids")
 
 _UNCHECKED_LOGGED: set = set()
 
