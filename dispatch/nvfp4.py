@@ -6,7 +6,8 @@ is ``head_dim // 2`` (two fp4 values a byte), with ``kv_cache_sf``: their fp8 e4
 last dim of ``head_dim // 16`` and a unit innermost stride. FlashInfer 0.7.2 serves it on
 ``single_prefill_with_kv_cache`` (``kv_cache_sf=(k_sf, v_sf)``) and
 ``BatchPrefillWithPagedKVCacheWrapper.run`` (a ``(k_sf, v_sf)`` pair or one (pages, 2, ...) tensor,
-in the cache's layout, after ``plan(kv_data_type=torch.uint8)``), with a 16-bit query;
+in the cache's layout) and ``BatchPrefillWithRaggedKVCacheWrapper.run`` (a pair, or one
+(tokens, 2, Hkv, D // 16) tensor), after ``plan(kv_data_type=torch.uint8)``, with a 16-bit query;
 ``k_scale`` / ``v_scale`` are the global scales (logits / output), as for fp8.
 """
 from __future__ import annotations
@@ -99,3 +100,22 @@ def need_paged_sf(kv_cache_sf: Any, d) -> None:
         need_sf_static(f"kv_cache_sf ({half})", sf, f"paged_kv_cache ({half})", cache)
         need_sf_shape(f"kv_cache_sf ({half}, as (pages, page_size, heads, dim))", sf,
                       f"paged_kv_cache ({half}, as (pages, page_size, heads, dim))", cache)
+
+
+def ragged_sf(kv_cache_sf: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ragged wrapper's scale factors: a (k_sf, v_sf) pair, or one (tokens, 2, Hkv, D // 16)
+    tensor whose dim 1 holds K's and V's (FlashInfer 0.7.2 unbinds it)."""
+    if isinstance(kv_cache_sf, torch.Tensor):
+        if kv_cache_sf.dim() != 4 or kv_cache_sf.shape[1] != 2:
+            raise bad("kv_cache_sf", kv_cache_sf, "a (k_sf, v_sf) pair, or one (tokens, 2, num_kv_heads, "
+                      "head_dim // 16) tensor (K's scale factors at [:, 0], V's at [:, 1])")
+        k_sf, v_sf = kv_cache_sf.unbind(1)
+        return k_sf, v_sf
+    return sf_pair(kv_cache_sf)
+
+
+def need_ragged_sf(kv_cache_sf: Any, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Every check of the ragged wrapper's scale factors against its K and V."""
+    for half, sf, cache in zip(("k", "v"), ragged_sf(kv_cache_sf), (k, v)):
+        need_sf_static(f"kv_cache_sf ({half})", sf, half, cache)
+        need_sf_shape(f"kv_cache_sf ({half})", sf, half, cache)

@@ -182,6 +182,30 @@ def test_paged_run_repeats_take_each_calls_scale_factors(gpu_like):
         _close(out, _paged_ref(q, cache, sf, ids, indptr, "NHD", True)[0], torch.float16)
 
 
+# -- BatchPrefillWithRaggedKVCacheWrapper.run ----------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal,form", [(True, "pair"), (False, "whole")])
+def test_ragged_run_matches_fp64(backend, causal, form):
+    """(k_sf, v_sf), or one (tokens, 2, Hkv, D // 16) tensor (FlashInfer 0.7.2 unbinds its dim 1)."""
+    kv = quantize(torch.randn(sum(KV_LENS), 2, HKV, D), sf_bytes=form == "pair")
+    k, v = kv[0][:, 0], kv[0][:, 1]
+    kv_cache_sf = (kv[1][:, 0], kv[1][:, 1]) if form == "pair" else kv[1]
+    w = dispatch.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1), backend=backend)
+    qo = torch.tensor([0, Q_LENS[0], sum(Q_LENS)], dtype=torch.int32)
+    w.plan(qo, torch.tensor([0, KV_LENS[0], sum(KV_LENS)], dtype=torch.int32), HQ, HKV, D, causal=causal,
+           q_data_type=torch.bfloat16, kv_data_type=torch.uint8)
+    q = torch.randn(sum(Q_LENS), HQ, D).bfloat16()
+    out = torch.full((sum(Q_LENS), HQ, D), float("nan"), dtype=torch.bfloat16)
+    w.run(q, k, v, k_scale=K_SCALE, v_scale=V_SCALE, kv_cache_sf=kv_cache_sf, out=out)
+    real = dequantize_fp64(*kv)
+    refs = [attention_fp64(q[qo[b]:qo[b + 1]], real[s:e, 0] * K_SCALE, real[s:e, 1] * V_SCALE,
+                           sm_scale=1 / math.sqrt(D), causal=causal)[0]
+            for b, (s, e) in enumerate(((0, KV_LENS[0]), (KV_LENS[0], sum(KV_LENS))))]
+    _close(out, torch.cat(refs), torch.bfloat16)
+    with pytest.raises(ValueError, match=r"kv_cache_sf=None: allowed the NVFP4 scale factors of the uint8 k and v"):
+        w.run(q, k, v)
+
+
 # -- errors: the argument, its value, what is allowed; nothing launched --------------------------
 def _single_args():
     q = torch.randn(5, 2, 32).half()
@@ -243,16 +267,11 @@ def test_paged_refusals_name_the_argument_before_any_kernel():
     assert out.isnan().all(), "a refused call wrote its output"
     with pytest.raises(ValueError, match=r"q_data_type=float32: allowed float16 or bfloat16 with an NVFP4"):
         _wrapper("NHD", "reference", True, ids, indptr, last, dtype=torch.float32)
-    # scale factors beside a 16-bit plan, and NVFP4 on the ragged wrapper (FlashInfer 0.7.2's, not served here)
+    # scale factors beside a 16-bit plan
     plain = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1), "NHD", backend="reference")
     plain.plan(torch.tensor([0, 3], dtype=torch.int32), indptr[:2], ids, last[:1], HQ, HKV, D, PAGE)
     with pytest.raises(ValueError, match=r"kv_cache_sf=.*allowed None with a float16 cache"):
         plain.run(q[:3], torch.randn(7, 2, PAGE, HKV, D).half(), kv_cache_sf=sf)
-    ragged = dispatch.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1))
-    two = torch.tensor([0, 2], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"kv_data_type=uint8: allowed .*NVFP4 \(uint8\) K/V are served on "
-                                         r"single_prefill_with_kv_cache and BatchPrefillWithPagedKVCacheWrapper"):
-        ragged.plan(two, two, HQ, HKV, D, kv_data_type=torch.uint8)
 
 
 # -- capability data ---------------------------------------------------------------------------------

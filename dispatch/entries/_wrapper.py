@@ -516,7 +516,7 @@ class RunSpecBase(Spec):
             raise bad("*args", self.extra_args, "none (JIT-variant arguments are not supported)", TypeError)
         if self.kv_cache_sf is not None and p.kv_dtype != torch.uint8:
             raise bad("kv_cache_sf", self.kv_cache_sf, f"None with a {dtype_name(p.kv_dtype)} cache (NVFP4 scale "
-                      "factors go with plan(kv_data_type=torch.uint8) on the paged wrapper)")
+                      "factors go with plan(kv_data_type=torch.uint8))")
         need_sinks(self.sinks, p.hq, self.q.device)
 
     def io_checks(self, d):

@@ -9,6 +9,7 @@ import torch
 
 from .. import checks, ops
 from ..checks import Scale, bad, check_indptr_values, host_ints, host_lists, need_index, need_tensor
+from .. import nvfp4
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase, run_problem, run_sizes
@@ -105,7 +106,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         # checks per call, nothing on an exact repeat)
         lane = RUN.lane((q, k, v, q_scale, k_scale, v_scale, o_scale, out, lse, return_lse, kv_cache_sf, None, None),
                         self._explicit, self._calls)
-        return self._launch(lane, q, k, v, out, lse, return_lse, None, q_scale, k_scale, v_scale, o_scale)
+        kv_sf = None if kv_cache_sf is None else nvfp4.ragged_sf(kv_cache_sf)
+        return self._launch(lane, q, k, v, out, lse, return_lse, None, q_scale, k_scale, v_scale, o_scale, kv_sf)
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
@@ -148,9 +150,6 @@ class RaggedPlanSpec(PlanSpecBase):
 
     def derive(self):
         d = self.common()
-        if d.kv_dtype == torch.uint8:
-            raise bad("kv_data_type", d.kv_dtype, "float16, bfloat16 or an fp8 dtype: NVFP4 (uint8) K/V are served "
-                      "on single_prefill_with_kv_cache and BatchPrefillWithPagedKVCacheWrapper")
         need_index("kv_indptr", self.kv_indptr, d.batch + 1, None)
         qo, kv = host_lists(self.qo_indptr, self.kv_indptr)  # one read of both
         d.qo = self.qo_host(d, qo)
@@ -186,12 +185,18 @@ class RaggedRunSpec(RunSpecBase):
     def static_checks(self, d):
         p = self.planned
         self.q_checks(d)
-        for name, t, dim in (("k", self.k, p.dqk), ("v", self.v, p.dvo)):
+        packed = p.kv_dtype == nvfp4.PACKED  # NVFP4: head_dim // 2 bytes a row
+        for name, t, dim in (("k", self.k, p.dqk // (1 + packed)), ("v", self.v, p.dvo // (1 + packed))):
             need_tensor(name, t, ranks=(3,), device=self.q.device)
             if t.dtype != p.kv_dtype:
                 raise bad(f"{name}.dtype", t.dtype, f"{p.kv_dtype} (plan's kv_data_type)")
             if tuple(t.shape[1:]) != (p.hkv, dim) or t.stride(-1) != 1:
                 raise bad(f"{name}.shape", tuple(t.shape), f"(n, {p.hkv}, {dim}) with a unit last stride")
+        if packed:
+            if self.kv_cache_sf is None:
+                raise bad("kv_cache_sf", None, f"the NVFP4 scale factors of the uint8 k and v (planned with "
+                          f"kv_data_type=torch.uint8): a (k_sf, v_sf) pair of {nvfp4.SF_TEXT} tensors")
+            nvfp4.need_ragged_sf(self.kv_cache_sf, self.k, self.v)
 
     def size_checks(self, d):
         self.io_checks(d)
