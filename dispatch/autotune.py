@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -205,13 +206,22 @@ def fingerprint(device: DeviceDesc) -> dict[str, str]:
     from ._version import version
 
     cuda = device.kind == "cuda"
-    driver = getattr(torch._C, "_cuda_getDriverVersion", None)
     cudnn = torch.backends.cudnn.version() if cuda and torch.backends.cudnn.is_available() else None
     return {"gpu": device.name, "sm": str(device.sm), "sm_count": str(device.sm_count),
-            "driver": str(driver()) if cuda and driver is not None else "none",
+            "driver": _driver() if cuda else "none",
             "cuda": (torch.version.cuda or "none") if cuda else "none", "cudnn": str(cudnn or "none"),
             "cudnn_frontend": _package("cudnn"), "flashinfer": _package("flashinfer"), "torch": torch.__version__,
             "triton": _package("triton"), "attn_dispatch": version()}
+
+
+def _driver() -> str:
+    """The NVIDIA driver's release (Linux: /proc/driver/nvidia/version), else the CUDA driver API version."""
+    with contextlib.suppress(OSError):
+        found = re.search(r"Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", Path("/proc/driver/nvidia/version").read_text())
+        if found:
+            return found.group(1)
+    api = getattr(torch._C, "_cuda_getDriverVersion", None)
+    return f"CUDA driver API {api()}" if api is not None else "unknown"
 
 
 def digest(env: dict) -> str:
