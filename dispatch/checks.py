@@ -503,6 +503,24 @@ class Spec(BaseModel):
             spec.value_checks(d)
         return spec, d
 
+    @classmethod
+    def plain(cls, args: dict) -> tuple["SpecFields", SimpleNamespace]:
+        """Every check of the spec (derive, static, size, value) on the call's values, without
+        pydantic's type validation: for a call whose key proves the types (each argument's type;
+        each tensor's dtype, device and rank; each scalar's value) that a full validation accepted.
+        ``args`` holds every field (``with_defaults``)."""
+        spec = fields_class(cls)(args)
+        d = spec.derive()
+        spec.static_checks(d)
+        spec.size_checks(d)
+        spec.value_checks(d)
+        return spec, d
+
+    @classmethod
+    def with_defaults(cls, args: dict) -> dict:
+        """``args`` with the defaults of the fields it leaves out (as the model would fill them)."""
+        return {**{name: f.default for name, f in cls.model_fields.items() if not f.is_required()}, **args}
+
 
 # -- shared by several specs ---------------------------------------------------------------------
 def paged_kv_spec(kv_cache, layout, allow_squeezed, name="kv_cache") -> SimpleNamespace:

@@ -76,3 +76,47 @@ def test_multi_item_scoring_is_refused_by_both_wrappers_never_dropped():
             paged_wrapper(c, **{name: value})
         with pytest.raises(ValueError, match=f"{name}=.*multi-item scoring"):
             ragged_wrapper(r, **{name: value})
+
+
+def _plan_args(lens: list[int], page: int = 4):
+    counts = [-(-n // page) for n in lens]
+    indptr = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    ids = torch.randperm(64)[: sum(counts)].to(torch.int32)
+    last = torch.tensor([n - (c - 1) * page for n, c in zip(lens, counts)], dtype=torch.int32)
+    qo = torch.arange(len(lens) + 1, dtype=torch.int32)
+    return qo, indptr, ids, last
+
+
+def test_a_plan_of_a_seen_key_runs_every_check_without_pydantic(monkeypatch):
+    """An engine's plan per step: the first plan of a key is validated by pydantic, the next ones
+    (new lengths, same kinds of arguments) by the spec's own checks, which still refuse bad values
+    with the same message; the outputs match the oracle either way."""
+    from dispatch import checks
+    from dispatch.entries import _base
+
+    _base.PLAN_KEYS.clear()
+    full = []
+    real = checks.validate
+    monkeypatch.setattr(checks, "validate", lambda *a: full.append(a[0].__name__) or real(*a))
+    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    cache = torch.randn(64, 2, 4, 2, 16)
+    for step, lens in enumerate(([5, 9], [7, 12, 3], [1, 16])):
+        qo, indptr, ids, last = _plan_args(lens)
+        w.plan(qo, indptr, ids, last, 4, 2, 16, 4, causal=True, q_data_type=torch.float32)
+        q = torch.randn(len(lens), 4, 16)
+        out = w.run(q, cache)
+        for b, n in enumerate(lens):
+            pages = ids[indptr[b]: indptr[b + 1]].long()
+            k = cache[pages, 0].reshape(-1, 2, 16)[:n].repeat_interleave(2, 1)
+            v = cache[pages, 1].reshape(-1, 2, 16)[:n].repeat_interleave(2, 1)
+            p = torch.softmax(torch.einsum("hd,khd->hk", q[b].double(), k.double()) / 4.0, -1)
+            assert torch.allclose(out[b].double(), torch.einsum("hk,khd->hd", p, v.double()), atol=1e-5)
+    assert full.count("PagedPlanSpec") == 1
+    qo, indptr, ids, last = _plan_args([5, 9])
+    last[1] = 5  # a last page longer than page_size=4
+    with pytest.raises(ValueError, match=r"paged_kv_last_page_len\[1\].*in \[1, page_size=4\]"):
+        w.plan(qo, indptr, ids, last, 4, 2, 16, 4, causal=True, q_data_type=torch.float32)
+    qo, indptr, ids, last = _plan_args([5, 9])
+    with pytest.raises(ValueError, match="num_kv_heads"):  # another value: another key, validated in full
+        w.plan(qo, indptr, ids, last, 4, 3, 16, 4, causal=True, q_data_type=torch.float32)
+    assert full.count("PagedPlanSpec") == 2

@@ -271,6 +271,29 @@ class Proof:
 
 
 PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
+PLAN_KEYS = BoundedCache(maxsize=256)  # the keys of wrapper plans a full validation accepted
+
+
+class _EveryDimVaries(dict):
+    def get(self, name, default=None):
+        return ALL_DIMS
+
+
+_EVERY_DIM_VARIES = _EveryDimVaries()
+
+
+def validate_plan(spec_cls: type, args: dict) -> tuple:
+    """A wrapper plan's (spec, derived). An engine plans every step with new index values and the
+    same kinds of arguments: the first plan of a key is validated in full (pydantic's types, then
+    every check); a plan whose key was seen runs every check of the spec on its values without
+    pydantic. The key proves the types: each argument's type, each tensor's dtype, device and rank
+    (their sizes vary), each scalar's value."""
+    key = call_key(spec_cls.__name__, args, _EVERY_DIM_VARIES)
+    if PLAN_KEYS.get(key) is None:
+        validated = checks.validate(spec_cls, args)
+        PLAN_KEYS.put(key, True)
+        return validated
+    return spec_cls.plain(spec_cls.with_defaults(args))
 LANES = BoundedCache(maxsize=1024, refresh=False)  # lane key -> Lane; first in, first out: a hit is one lookup
 
 

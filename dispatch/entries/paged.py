@@ -6,7 +6,7 @@ from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from .. import checks, nvfp4, ops
+from .. import nvfp4, ops
 from ..checks import (bad, block_table_from_pages, cache_halves, check_indptr_values, host_ints, host_lists,
                       lens_shapes, need_index, need_int, need_tensor, paged_kv_spec, paged_nhd, split_kv)
 from . import _base as B
@@ -66,7 +66,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         B.required("page_size", page_size, "plan")
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
                  use_fp16_qk_reduction, False)
-        spec, d = checks.validate(PagedPlanSpec, dict(
+        spec, d = B.validate_plan(PagedPlanSpec, dict(
             qo_indptr=qo_indptr, paged_kv_indptr=paged_kv_indptr, paged_kv_indices=paged_kv_indices,
             paged_kv_last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim_qk=dim, page_size=page_size, head_dim_vo=head_dim_vo, custom_mask=custom_mask,
