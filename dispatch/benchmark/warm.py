@@ -59,7 +59,7 @@ class Warmup:
         self.sweep_cores = set(cores[:SWEEP_CORES]) if len(cores) > SWEEP_CORES else set(cores)
         spare = [c for c in cores if c not in self.sweep_cores] or cores
         self.all_cores = set(cores)
-        # no autotune in a worker: its timings would run beside the sweep's and its file is not the sweep's
+        # a worker reads no kept autotune times (the default file): it compiles; what decides auto is the sweep's
         env = dict(os.environ, MAX_JOBS=str(max(1, len(spare) // workers + 1)), ATTN_DISPATCH_AUTOTUNE="0")
         self.procs = [subprocess.Popen(
             [sys.executable, "-m", "dispatch.benchmark.warm", str(self.dir), str(k), str(workers),
