@@ -245,6 +245,9 @@ def test_replay_reports_what_the_autotunes_timing_cost_per_bucket(tmp_path):
     assert "2 buckets" in text and "max 2.00 s" in text and "p50 2.00 s" in text and "2 s in all" in text
     path.write_text(json.dumps({"buckets": {"a": {"fa2": 0.1}}}))  # a file written before tune_s
     assert "does not record" in replay.tuning_text(path)
+    path.write_text(json.dumps({"buckets": {"a": {"measured": "2026-11-28T07:00:00+00:00", "times": {  # the warm-up's
+        "fa2": {"ms": 0.1, "tune_s": 1.5}, "xqa": None}}}}))
+    assert "1 buckets" in replay.tuning_text(path) and "max 1.50 s" in replay.tuning_text(path)
 
 
 def test_replay_never_serves_a_backend_a_known_defect_of_the_sweeps_version_keeps_out():

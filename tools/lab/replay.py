@@ -244,12 +244,13 @@ def _flashinfer_text(rows: list[dict]) -> str:
 def tuning_text(path: Path) -> str:
     """What the autotune's timing cost: seconds per bucket (the wait of a new bucket's first call)."""
     buckets = json.loads(Path(path).read_text())["buckets"].values()
-    waits = sorted(sum(t.get("tune_s", 0.0) for t in b.values() if isinstance(t, dict)) for b in buckets)
+    times = [b.get("times", b) if isinstance(b.get("times"), dict) else b for b in buckets]  # {"measured", "times"}
+    waits = sorted(sum(t.get("tune_s", 0.0) for t in b.values() if isinstance(t, dict)) for b in times)
     if not any(waits):
         return f"The autotune file ({Path(path).name}, {len(waits)} buckets) does not record its timing's seconds."
     return (f"**The autotune's timing** ({Path(path).name}): {len(waits)} buckets; a new bucket's first call waited "
             f"p50 {waits[len(waits) // 2]:.2f} s, p95 {waits[int(0.95 * (len(waits) - 1))]:.2f} s, max {waits[-1]:.2f} s "
-            f"(every accepted backend timed, compiles included); {sum(waits):.0f} s in all.")
+            f"(the backends it timed, compiles included); {sum(waits):.0f} s in all.")
 
 
 def _ms(value: Optional[float]) -> str:
