@@ -117,8 +117,7 @@ def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None
     with _lock:
         known = _known_for(device)
         if ctx.cache is not None:
-            for key, entry in (read_file(ctx.cache, env) or {}).items():
-                known.setdefault(key, entry)  # what this process timed since is newer
+            _adopt(known, read_file(ctx.cache, env) or {})
         _contexts.append(ctx)
     _forget()  # a bucket decided before the context opened is decided again: timed, or read from the file
     try:
@@ -261,9 +260,16 @@ def _known_for(device: DeviceDesc) -> dict[str, dict]:
         known = _known.setdefault(key, {})
         if key not in _read_default and _default_on():
             _read_default.add(key)
-            for bucket, entry in (read_file(default_file(device), fingerprint(device)) or {}).items():
-                known.setdefault(bucket, entry)
+            _adopt(known, read_file(default_file(device), fingerprint(device)) or {})
         return known
+
+
+def _adopt(known: dict[str, dict], buckets: dict[str, dict]) -> None:
+    """Each bucket of ``buckets`` measured later than the one ``known`` holds (or that it lacks)."""
+    for key, entry in buckets.items():
+        held = known.get(key)
+        if held is None or (entry.get("measured") or "") > (held.get("measured") or ""):
+            known[key] = entry
 
 
 def _log_once(path: Path, text: str, *args) -> None:
