@@ -6,18 +6,19 @@
     attn-dispatch tune export OUT [--cache FILE]        # a copy to ship (merged into OUT if it exists)
     attn-dispatch tune merge FILE [FILE ...] [--into FILE]   # others' caches into one (default: this machine's)
 
-Without ``--cache`` the file is this machine's default (``dispatch.autotune``'s module doc).
+Without --cache the file is this machine's default: $ATTN_DISPATCH_CACHE_DIR (default
+~/.cache/attn-dispatch)/autotune-<environment fingerprint>.json, as dispatch.autotune's.
 
-**Shapes** (``--shapes``): a text file, one shape a line, written as the options of ``attn-dispatch
-query`` without ``--gpu`` (this machine's device), ``--sizes BATCH MAX_Q MAX_KV`` giving the bucket
-(without it, the phase's anchor sizes); ``#`` starts a comment, blank lines are skipped::
+Shapes (--shapes): a text file, one shape a line, written as the options of 'attn-dispatch query'
+without --gpu (this machine's device), --sizes BATCH MAX_Q MAX_KV giving the bucket (without it,
+the phase's anchor sizes); # starts a comment, blank lines are skipped:
 
     # Llama-3-8B on one GPU: decode at two batch sizes, a prefill chunk
     --phase decode --heads 32/8 --head-dim 128 --sizes 8 1 4096
     --phase decode --heads 32/8 --head-dim 128 --sizes 64 1 4096 --cuda-graph
     --phase prefill --causal --heads 32/8 --head-dim 128 --sizes 4 512 512
 
-**Trace** (``--trace``): a file ``attn-dispatch bench --trace`` wrote; its steps are drawn again from
+Trace (--trace): a file 'attn-dispatch bench --trace' wrote; its steps are drawn again from
 its seed and configuration and run through this package's entry points (one layer), so every bucket
 the trace reaches is decided inside the tuning context, with the trace's own tensors.
 """
@@ -36,10 +37,11 @@ from . import autotune
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attn-dispatch tune", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+    p = argparse.ArgumentParser(prog="attn-dispatch tune", description=__doc__.split(": ", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="attn-dispatch tune {show,export,merge} -h: those actions' options")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--shapes", type=Path, metavar="FILE", help="one shape a line: query's options (module doc)")
+    what.add_argument("--shapes", type=Path, metavar="FILE", help="one shape a line: query's options (above)")
     what.add_argument("--trace", type=Path, metavar="FILE", help="a trace-<device>-seed-<seed>.json of bench --trace")
     p.add_argument("--cache", type=Path, metavar="FILE", help="the cache file (default: this machine's)")
     p.add_argument("--steps", type=int, metavar="N", help="--trace: the first N steps of each entry (default all)")
