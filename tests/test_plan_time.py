@@ -94,7 +94,7 @@ def test_a_plan_of_a_seen_key_runs_every_check_without_pydantic(monkeypatch):
     from dispatch import checks
     from dispatch.entries import _base
 
-    _base.PLAN_KEYS.clear()
+    _base.TYPED_KEYS.clear()
     full = []
     real = checks.validate
     monkeypatch.setattr(checks, "validate", lambda *a: full.append(a[0].__name__) or real(*a))

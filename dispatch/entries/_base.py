@@ -271,7 +271,7 @@ class Proof:
 
 
 PROOFS = BoundedCache(maxsize=4096)  # call key -> Proof (model configurations)
-PLAN_KEYS = BoundedCache(maxsize=256)  # the keys of wrapper plans a full validation accepted
+TYPED_KEYS = BoundedCache(maxsize=1024)  # keys of argument types a full (pydantic) validation accepted
 
 
 class _EveryDimVaries(dict):
@@ -282,16 +282,17 @@ class _EveryDimVaries(dict):
 _EVERY_DIM_VARIES = _EveryDimVaries()
 
 
-def validate_plan(spec_cls: type, args: dict) -> tuple:
-    """A wrapper plan's (spec, derived). An engine plans every step with new index values and the
-    same kinds of arguments: the first plan of a key is validated in full (pydantic's types, then
-    every check); a plan whose key was seen runs every check of the spec on its values without
-    pydantic. The key proves the types: each argument's type, each tensor's dtype, device and rank
-    (their sizes vary), each scalar's value."""
+def validate_typed(spec_cls: type, args: dict) -> tuple:
+    """(spec, derived) of a call without a proof yet: a wrapper's plan (an engine plans every step
+    with new index values and the same kinds of arguments), a wrapper's first run after it, a
+    function entry's new size class. The first call of a typed key is validated in full (pydantic's
+    types, then every check); a call whose typed key was seen runs every check of the spec on its
+    values without pydantic. The typed key proves what pydantic checked: each argument's type, each
+    tensor's dtype, device and rank (their sizes vary), each scalar's value."""
     key = call_key(spec_cls.__name__, args, _EVERY_DIM_VARIES)
-    if PLAN_KEYS.get(key) is None:
+    if TYPED_KEYS.get(key) is None:
         validated = checks.validate(spec_cls, args)
-        PLAN_KEYS.put(key, True)
+        TYPED_KEYS.put(key, True)
         return validated
     return spec_cls.plain(spec_cls.with_defaults(args))
 LANES = BoundedCache(maxsize=1024, refresh=False)  # lane key -> Lane; first in, first out: a hit is one lookup
@@ -355,7 +356,7 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
     tensors or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
     proof = proofs.get(key)
     if proof is None:
-        spec, derived = checks.validate(spec_cls, args)
+        spec, derived = validate_typed(spec_cls, args)
         proof = build(spec, derived)
         proofs.put(key, proof)
         return proof, spec, derived

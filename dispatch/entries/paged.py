@@ -66,7 +66,7 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         B.required("page_size", page_size, "plan")
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
                  use_fp16_qk_reduction, False)
-        spec, d = B.validate_plan(PagedPlanSpec, dict(
+        spec, d = B.validate_typed(PagedPlanSpec, dict(
             qo_indptr=qo_indptr, paged_kv_indptr=paged_kv_indptr, paged_kv_indices=paged_kv_indices,
             paged_kv_last_page_len=paged_kv_last_page_len, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim_qk=dim, page_size=page_size, head_dim_vo=head_dim_vo, custom_mask=custom_mask,

@@ -56,7 +56,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PrefillWrapper):
         dim = B.required("head_dim", B.one_of("head_dim", head_dim, "head_dim_qk", head_dim_qk, UNSET), "plan")
         B.one_of("allow_fp16_qk_reduction", allow_fp16_qk_reduction, "use_fp16_qk_reduction",
                  use_fp16_qk_reduction, False)
-        spec, d = B.validate_plan(RaggedPlanSpec, dict(
+        spec, d = B.validate_typed(RaggedPlanSpec, dict(
             qo_indptr=qo_indptr, kv_indptr=kv_indptr, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim_qk=dim, head_dim_vo=head_dim_vo, custom_mask=custom_mask, packed_custom_mask=packed_custom_mask,
             causal=causal, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
