@@ -30,6 +30,9 @@ Semantics not fixed by the problem docstring, chosen to match FlashInfer:
   cuDNN's Stats compute it (dispatch/benchmark/oracle.py cites them); a fully masked row gives 0
   and LSE -inf, or with a sink LSE = sink / ln 2.
 
+NVFP4 K/V (``kv_dtype`` "uint8", FlashInfer 0.7.2's ``kv_cache_sf``): each key chunk's packed values
+and fp8 scale factors are read like any K/V rows and dequantized there (backends/native/nvfp4.py).
+
 Not CUDA-graph capturable: lengths are read on the host (``cuda_graph: never``).
 Any sm_scale sign (and 0) is served: scores are scaled before masking and the row max.
 
