@@ -114,6 +114,24 @@ def test_paged_wrapper_nvfp4_matches_fp64(kv_layout, batch, qo_len, kv_len, page
     _check(out.cpu(), _paged_ref(q, real, ids, indptr, kv_layout, batch, qo_len, kv_len, hkv, d, causal), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ragged_wrapper_nvfp4_matches_fp64(dtype):
+    """FlashInfer's test_batch_prefill_with_ragged_kv_cache_nvfp4 form: one (tokens, 2, Hkv, D/16) scale tensor."""
+    batch, qo_len, kv_len, hq, hkv, d = 4, 128, 256, 8, 2, 128
+    packed, sf, real = _quantized((batch * kv_len, 2, hkv, d))
+    w = dispatch.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=DEV),
+                                                      backend="native-triton")
+    qo = (torch.arange(batch + 1, dtype=torch.int32) * qo_len).to(DEV)
+    w.plan(qo, (torch.arange(batch + 1, dtype=torch.int32) * kv_len).to(DEV), hq, hkv, d, causal=True,
+           q_data_type=dtype, kv_data_type=torch.uint8)
+    q = torch.randn(batch * qo_len, hq, d, device=DEV).to(dtype)
+    out = w.run(q, packed[:, 0], packed[:, 1], k_scale=K_SCALE, v_scale=V_SCALE, kv_cache_sf=sf)
+    ref = torch.cat([attention_fp64(q[b * qo_len:(b + 1) * qo_len].cpu(), real[b * kv_len:(b + 1) * kv_len, 0] * K_SCALE,
+                                    real[b * kv_len:(b + 1) * kv_len, 1] * V_SCALE, sm_scale=1 / math.sqrt(d),
+                                    causal=True)[0] for b in range(batch)])
+    _check(out.cpu(), ref, dtype)
+
+
 def test_paged_repeats_and_cuda_graph_read_each_calls_scale_factors():
     """The fast launcher (exact repeats) and a captured graph take the scale factors' addresses per call
     / the captured tensor's contents at replay."""
