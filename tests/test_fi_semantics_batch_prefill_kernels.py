@@ -6,8 +6,9 @@ tolerance (1e-3; 2e-3 for the wide head dims; 1e-2 for the split-KV case): paged
 with caller-owned out/lse buffers, CUDA-graph replay after a re-plan (GPU), custom masks (equal to
 the causal answer), head dims 64..512 and (448, 256), fp8 KV, K and V pools with unequal strides,
 and the edge rows (a single huge score, rows with no key: out 0 and lse -inf). On a GPU the cases
-FlashInfer runs with ``backend="fa2"`` run with it too. NVFP4 KV (``kv_cache_sf``) and multi-item
-scoring are refused, with errors that name the argument and what is allowed.
+FlashInfer runs with ``backend="fa2"`` run with it too. NVFP4 KV caches (fp4 e2m1 values with fp8
+scale factors, ``kv_cache_sf``) are checked against the oracle over the dequantized cache.
+Multi-item scoring is refused, with an error that names the argument and what is allowed.
 """
 import math
 import os
@@ -490,15 +491,18 @@ RAGGED_NVFP4 = [(128, 64, 128, "NONE", torch.float16), (256, 128, 128, "NONE", t
 
 
 @grid("kv_len, qo_len, head_dim, pos_encoding_mode, q_dtype", RAGGED_NVFP4, RAGGED_NVFP4)
-def test_batch_prefill_with_ragged_kv_cache_nvfp4_refused(device, backend, kv_len, qo_len, head_dim,
-                                                          pos_encoding_mode, q_dtype):
-    """FlashInfer's ragged nvfp4, nvfp4_large_head and nvfp4_rope_large_head: NVFP4 is served on
-    single prefill and the paged wrapper only; the ragged wrapper refuses it by name."""
-    k, k_sf, _ = nvfp4((kv_len, 1, head_dim // 2), device, seed=3)
-    v, v_sf, _ = nvfp4((kv_len, 1, head_dim // 2), device, seed=4)
-    q = randn(qo_len, 1, head_dim, dtype=q_dtype, device=device)
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_batch_prefill_with_ragged_kv_cache_nvfp4(device, backend, kv_len, qo_len, head_dim, pos_encoding_mode,
+                                                  q_dtype, batch_size):
+    """Also FlashInfer's ragged nvfp4_large_head and nvfp4_rope_large_head (head dim 512): packed fp4
+    K/V rows with their scale factors at run(), against the oracle over the dequantized values."""
+    k, k_sf, k_values = nvfp4((batch_size * kv_len, 1, head_dim // 2), device, seed=3)
+    v, v_sf, v_values = nvfp4((batch_size * kv_len, 1, head_dim // 2), device, seed=4)
+    q = randn(batch_size * qo_len, 1, head_dim, dtype=q_dtype, device=device)
     wrapper = dispatch.BatchPrefillWithRaggedKVCacheWrapper(workspace(device), "NHD", backend=backend)
-    with pytest.raises(ValueError, match=r"kv_data_type|kv_cache_sf"):
-        wrapper.plan(indptr([qo_len]), indptr([kv_len]), 1, 1, head_dim, pos_encoding_mode=pos_encoding_mode,
-                     kv_data_type=torch.uint8, q_data_type=q_dtype)
-        wrapper.run(q, k, v, k_scale=1.0, v_scale=1.0, kv_cache_sf=(k_sf, v_sf))
+    wrapper.plan(indptr([qo_len] * batch_size), indptr([kv_len] * batch_size), 1, 1, head_dim, causal=False,
+                 pos_encoding_mode=pos_encoding_mode, logits_soft_cap=0.0, kv_data_type=torch.uint8,
+                 q_data_type=q_dtype)
+    o = wrapper.run(q, k, v, k_scale=1.0, v_scale=1.0, kv_cache_sf=(k_sf, v_sf))
+    pool = dict(ks=list(k_values.split(kv_len)), vs=list(v_values.split(kv_len)))
+    check_requests(o, None, q, pool, [qo_len] * batch_size, rtol=1e-1, atol=1e-1, pos_encoding=pos_encoding_mode)
