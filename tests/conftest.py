@@ -11,8 +11,12 @@ start, and subprocesses inherit it); set_num_threads covers a torch imported ear
 OMP_NUM_THREADS given by the caller is kept.
 """
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The autotune's default cache is read at first use: the suite keeps its own (empty at the start),
+# never the user's tuned times, which would change decisions the tests assert.
+os.environ["ATTN_DISPATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn-dispatch-test-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
