@@ -412,6 +412,32 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     return found or None
 
 
+def lookup_over(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
+                points: list[tuple[int, int, int]]) -> Optional[dict[str, Timed]]:
+    """A CUDA graph's kept times over the kv buckets it replays (``choice.replay_points``; each point
+    timed now when tuning, as ``lookup``): per backend the mean of its times at every point, at a
+    point where it was not among those timed (the table put it behind the leaders) the slowest time
+    kept there. None unless every point has times; a backend that failed at a point is left out."""
+    found = [lookup(problem, device, accepted, point) for point in points]
+    if not found or not all(found):
+        return None  # a point nobody timed (a capture after a warm-up that did not reach it): the table decides
+    failed = {n for point in points for n in _failed(problem, device, point)}
+    names = [n for n in accepted if n not in failed and any(n in f for f in found)]
+    if not names:
+        return None
+    when = max((t.measured or "" for f in found for t in f.values()), default="") or None
+    mean = {n: sum(f[n].ms if n in f else max(t.ms for t in f.values()) for f in found) / len(found) for n in names}
+    return {n: Timed(mean[n], found[-1][n].sizes if n in found[-1] else points[-1], None, when) for n in names}
+
+
+def _failed(problem: AttentionProblem, device: DeviceDesc, point: tuple) -> list[str]:
+    """The backends whose timing failed in the bucket of ``point`` (kept as None)."""
+    key = bucket_key(problem, tuple(_pow2(n) for n in point))
+    with _lock:
+        entry = (read_file(_replayed, None) or {}).get(key) if _replayed is not None else _known_for(device).get(key)
+    return [n for n, t in (entry or {}).get("times", {}).items() if t is None]
+
+
 def _tuned(problem, device, accepted, sizes, key, entry) -> Optional[dict]:
     """The bucket's entry with the leading candidates timed (what it lacks of them); agreed across ranks."""
     def complete() -> Optional[dict]:

@@ -127,7 +127,7 @@ def plans_per_call(backend: str) -> list[str]:
 def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
          sizes: Optional[Sizes] = None) -> Ranking:
     """``accepted`` (in priority order) ordered by expected time; the priority order breaks ties."""
-    tuned = autotune.lookup(problem, device, accepted, sizes) if len(accepted) > 1 else None
+    tuned = _kept_times(problem, device, accepted, sizes) if len(accepted) > 1 else None
     if tuned:
         return _autotuned(problem, device, accepted, tuned)
     table = table_for(device) if len(accepted) > 1 else None
@@ -150,6 +150,16 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
              else f"priority list (no table entry for this problem in {table.source})")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
     return _ordered(accepted, ests, basis)
+
+
+def _kept_times(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
+                sizes: Optional[Sizes]) -> Optional[dict[str, "autotune.Timed"]]:
+    """The autotune's times for the decision (timed now inside a tuning context): a graph with a replay
+    bound weighs every kv bucket it replays, as from the table (``autotune.lookup_over``)."""
+    if (problem.cuda_graph or capturing(device)) and problem.replay_kv:
+        wanted = sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])
+        return autotune.lookup_over(problem, device, accepted, replay_points(problem, wanted, of_class=bool(sizes)))
+    return autotune.lookup(problem, device, accepted, sizes)
 
 
 def replay_bound(max_kv: int) -> int:
@@ -216,6 +226,8 @@ def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str
     when = max((t.measured for t in tuned.values() if t.measured), default="at a time the file does not say")
     basis = f"measured here ({when})" + ("; GPU time only (CUDA graph)" if graph
                                                   else "; GPU time + host time per eager call" if counted else "")
+    if graph and problem.replay_kv:
+        basis += f", the mean over the kv buckets it replays up to {problem.replay_kv}"
     return _ordered(accepted, ests, basis)
 
 

@@ -446,3 +446,21 @@ def test_a_backend_a_corner_left_out_counts_as_keep_within_times_its_fastest():
     keep = table.data.get("keep_within", 2.5)
     assert times["fa2"] == pytest.approx((0.1 * keep) ** (1 - t) * 0.2 ** t)
     assert times["xqa"] == pytest.approx(0.1 ** (1 - t) * 0.4 ** t)
+
+
+def test_a_graph_weighs_the_measured_times_of_every_kv_bucket_it_replays(monkeypatch):
+    """A graph with a replay bound is decided by the mean of its times over the kv buckets it replays
+    (each timed inside the context), as from the table; an eager call by its own bucket. Outside the
+    context, a graph whose buckets were not all timed is decided by the table."""
+    by_kv = {"xqa": {48: 0.05, 192: 0.05, 768: 0.05, 3072: 0.06, 12288: 0.20},  # the faster at kv 4096 (3072)
+             "fa2": {48: 0.01, 192: 0.012, 768: 0.03, 3072: 0.08, 12288: 0.25}}  # the faster over 64..16384
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: by_kv[n][sizes[2]] for n in names})
+    eager = decode_problem(sizes=(8, 1, 4096))
+    graph = decode_problem(sizes=(8, 1, 4096), cuda_graph=True, replay_kv=16384)
+    with autotune.autotune(True):
+        assert choice.rank(eager, H100, ["xqa", "fa2"], eager.sizes).order[0] == "xqa"
+        ranking = choice.rank(graph, H100, ["xqa", "fa2"], graph.sizes)
+    assert ranking.order == ["fa2", "xqa"] and "the mean over the kv buckets it replays up to 16384" in ranking.basis
+    assert ranking.estimates["fa2"].ms == pytest.approx((0.01 + 0.012 + 0.03 + 0.08 + 0.25) / 5)
+    longer = decode_problem(sizes=(8, 1, 4096), cuda_graph=True, replay_kv=65536)  # kv 65536 never timed
+    assert not choice.rank(longer, H100, ["xqa", "fa2"], longer.sizes).basis.startswith("measured here")
