@@ -9,7 +9,7 @@ Translation (FlashInfer's documented signatures and docstrings, flashinfer/prefi
 * LSE is already (total_q, Hq) base 2: written in place.
 
 Caches: ``_wrappers``: (problem, device with its index, paged) -> a wrapper and its last plan
-(``Planned``), an LRU of ``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace);
+(``HeldWrapper``), an LRU of ``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace);
 the float workspace is _vendor.workspace's, one per GPU. A plan remembers its arguments and
 re-plans the wrapper when another plan used it in between, or when a run brings another float
 sm_scale (FlashInfer bakes sm_scale into its plan; ours is a per-call value).
@@ -48,7 +48,7 @@ FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
 SRC_FI = "flashinfer flashinfer/utils.py (is_fa3_backend_supported, determine_attention_backend)"
 
 
-class Planned:
+class HeldWrapper:
     """A FlashInfer wrapper and the plan (FiState) that planned it last: a plan that finds another
     there plans again before its run."""
 
@@ -66,11 +66,11 @@ class FiState:
     paged: bool
     direct: Optional["DirectRun"] = None  # fa2 / fa3: the compiled run (_direct_run, or recorded by run())
     record: bool = False  # the next run() records the compiled run's arguments (RECORDED_RUN_VERSIONS)
-    planned: Optional[Planned] = None  # shared by the plans of one wrapper (its own when not given)
+    held: Optional[HeldWrapper] = None  # shared by the plans of one wrapper (its own when not given)
 
     def __post_init__(self):
-        if self.planned is None and self.wrapper is not None:
-            self.planned = Planned(self.wrapper)
+        if self.held is None and self.wrapper is not None:
+            self.held = HeldWrapper(self.wrapper)
 
 
 class DirectRun:
@@ -164,7 +164,7 @@ class FlashInferPrefill(Provider):
                 w = prefill.BatchPrefillWithPagedKVCacheWrapper(ws, problem.kv_layout, backend=self.kind)
             else:
                 w = prefill.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=self.kind)
-            held = Planned(w)
+            held = HeldWrapper(w)
             self._wrappers.put(key, held)
         return held
 
@@ -224,10 +224,10 @@ class FlashInferPrefill(Provider):
             return FiState(None, op or (), self._common_kwargs(problem, batch), False)
         paged = problem.kv_storage == "paged"
         # graph mode (use_cuda_graph=True): a wrapper of the plan's own
-        held = (Planned(self._graph_wrapper(problem, batch, paged)) if problem.cuda_graph
+        held = (HeldWrapper(self._graph_wrapper(problem, batch, paged)) if problem.cuda_graph
                 else self._wrapper(problem, batch.q.device, paged))
         kwargs = self._common_kwargs(problem, batch)
-        state = FiState(held.wrapper, self._index_args(problem, batch, kwargs), kwargs, paged, planned=held)
+        state = FiState(held.wrapper, self._index_args(problem, batch, kwargs), kwargs, paged, held=held)
         self._apply_plan(state)
         return state
 
@@ -250,8 +250,8 @@ class FlashInferPrefill(Provider):
     def captured(self, problem, state: FiState) -> None:
         """A graph captured this plan's launches: its FlashInfer wrapper leaves the shared cache, so
         no other plan re-plans it (its schedule, in the wrapper's int workspace, is what they read)."""
-        if state.planned is not None:
-            self._wrappers.drop_value(state.planned)
+        if state.held is not None:
+            self._wrappers.drop_value(state.held)
 
     # -- follow (a captured graph's plan, re-planned in place: Backend.follow_refusal) ----------
     def follow_refusal(self, problem, state: FiState, batch) -> Optional[str]:
@@ -341,7 +341,7 @@ class FlashInferPrefill(Provider):
 
     def _apply_plan(self, state: FiState) -> None:
         state.wrapper.plan(*state.plan_args, **state.plan_kwargs)
-        state.planned.last = state
+        state.held.last = state
         state.direct = self._direct_run(state)
         state.record = state.direct is None and self._recordable(state.wrapper)
 
@@ -392,8 +392,8 @@ class FlashInferPrefill(Provider):
         scale = self._host_scale(batch.sm_scale)
         if scale != state.plan_kwargs["sm_scale"]:
             state.plan_kwargs = {**state.plan_kwargs, "sm_scale": scale}  # a plan must not bake it
-            state.planned.last = None
-        if state.planned.last is not state:
+            state.held.last = None
+        if state.held.last is not state:
             self._apply_plan(state)  # another plan used the wrapper meanwhile, or the scale changed
         out = _vendor.writable(batch.out)
         lse = _vendor.writable(batch.lse)
@@ -434,12 +434,12 @@ class FlashInferPrefill(Provider):
         if state.direct is None or float(batch.sm_scale) != state.plan_kwargs["sm_scale"]:
             return None
         hnd = state.paged and problem.kv_layout == "HND"
-        planned, scale = state.planned, state.plan_kwargs["sm_scale"]
+        held, scale = state.held, state.plan_kwargs["sm_scale"]
 
         def launch_batch(b) -> None:
             # The state is shared by the lanes of one plan: another lane's scale re-plans it (run), and
             # another of our plans may have used the shared FlashInfer wrapper: then run re-plans for b.
-            fresh = planned.last is state and state.plan_kwargs["sm_scale"] == scale
+            fresh = held.last is state and state.plan_kwargs["sm_scale"] == scale
             d = state.direct if fresh else None
             if d is None:
                 self.run(problem, state, b)

@@ -102,7 +102,7 @@ def test_fa3_launcher_calls_the_compiled_run_not_the_wrapper(fake_flashinfer, mo
     w = _wrapper("fa3", False, "NHD", calls)
     state = FiState(w, (None, None, 4, 2, 16), {"sm_scale": 0.3}, False)
     state.direct = provider._direct_run(state)
-    state.planned.last = state  # the wrapper's last plan
+    state.held.last = state  # the wrapper's last plan
     monkeypatch.setattr(provider, "run", lambda *a: pytest.fail("the wrapper's run served a repeat"))
     batch = SimpleNamespace(q=torch.randn(2), k=torch.randn(2), v=torch.randn(2), out=torch.randn(2), lse=None,
                             sm_scale=0.3, out_scale=1.0)

@@ -332,7 +332,7 @@ def test_fa2_batch_launcher_never_runs_another_lanes_scale(fake_flashinfer, monk
     wrapper = _fi053_wrapper(False, calls)
     state = FiState(wrapper, (None, None, 4, 2, 16), {"sm_scale": 0.3}, False)
     state.direct = provider._direct_run(state)
-    state.planned.last = state  # the wrapper's last plan
+    state.held.last = state  # the wrapper's last plan
     problem = SimpleNamespace(kv_layout="NHD")
     batch = SimpleNamespace(q=torch.randn(2), k=torch.randn(2), v=torch.randn(2), out=torch.randn(2), lse=None,
                             sm_scale=0.3, out_scale=1.0)
