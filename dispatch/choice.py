@@ -155,10 +155,16 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
 def _kept_times(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
                 sizes: Optional[Sizes]) -> Optional[dict[str, "autotune.Timed"]]:
     """The autotune's times for the decision (timed now inside a tuning context): a graph with a replay
-    bound weighs every kv bucket it replays, as from the table (``autotune.lookup_over``)."""
-    if (problem.cuda_graph or capturing(device)) and problem.replay_kv:
-        wanted = sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])
-        return autotune.lookup_over(problem, device, accepted, replay_points(problem, wanted, of_class=bool(sizes)))
+    bound weighs every kv bucket it replays, as from the table (``autotune.lookup_over``). An eager
+    call with a replay bound (an entry point's kv length bound) inside a tuning context times those
+    buckets too: the warm-up runs eagerly, the engine captures its graphs after it (lookups only then)."""
+    if not problem.replay_kv:
+        return autotune.lookup(problem, device, accepted, sizes)
+    points = replay_points(problem, sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"]), of_class=bool(sizes))
+    if problem.cuda_graph or capturing(device):
+        return autotune.lookup_over(problem, device, accepted, points)
+    if autotune.tuning(problem.entry) and autotune.may_measure():
+        autotune.lookup_over(dataclasses.replace(problem, cuda_graph=True), device, accepted, points)
     return autotune.lookup(problem, device, accepted, sizes)
 
 

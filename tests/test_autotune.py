@@ -464,3 +464,19 @@ def test_a_graph_weighs_the_measured_times_of_every_kv_bucket_it_replays(monkeyp
     assert ranking.estimates["fa2"].ms == pytest.approx((0.01 + 0.012 + 0.03 + 0.08 + 0.25) / 5)
     longer = decode_problem(sizes=(8, 1, 4096), cuda_graph=True, replay_kv=65536)  # kv 65536 never timed
     assert not choice.rank(longer, H100, ["xqa", "fa2"], longer.sizes).basis.startswith("measured here")
+
+
+def test_an_eager_warm_up_call_with_a_kv_bound_times_what_its_capture_replays(monkeypatch):
+    """The warm-up runs eagerly and the engine captures afterwards, where nothing is timed: an eager
+    decision with a replay bound inside the context times the kv buckets a graph of it replays, so
+    the capture's decision (lookups only) finds them all."""
+    by_kv = {"xqa": {48: 0.05, 192: 0.05, 768: 0.05, 3072: 0.06, 12288: 0.20},
+             "fa2": {48: 0.01, 192: 0.012, 768: 0.03, 3072: 0.08, 12288: 0.25}}
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: by_kv[n][sizes[2]] for n in names})
+    eager = decode_problem(sizes=(8, 1, 16384), replay_kv=16384)  # a call whose kv length bound is 16384
+    with autotune.autotune(True):
+        choice.rank(eager, H100, ["xqa", "fa2"], eager.sizes)
+    never_measure(monkeypatch)
+    monkeypatch.setattr(choice, "capturing", lambda device: True)  # the capture after the warm-up
+    captured = choice.rank(eager, H100, ["xqa", "fa2"], eager.sizes)
+    assert captured.basis.startswith("measured here") and captured.order == ["fa2", "xqa"]
