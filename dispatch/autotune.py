@@ -13,6 +13,10 @@ so an engine that wraps its warm-up in FlashInfer's context wraps it in ours the
   needs. The times decide the bucket from then on.
 * **Outside a context, with tune_mode=False, inside CUDA-graph capture or torch.compile
   tracing**: lookups only, never a timing. A bucket nobody timed is decided by the table.
+* **A CUDA graph** with a replay bound (``problem.replay_kv``) is decided by the mean of its times
+  over every kv bucket it replays (``lookup_over``, from ``choice.rank``); an eager call with such a
+  bound inside a tuning context times those buckets too, so a graph captured after the warm-up
+  (lookups only) finds them.
 * **Under torch.distributed** (an initialized process group of more than one rank; or the group
   given to ``set_process_group``), every bucket decided inside a tuning context is agreed: rank 0
   times it (or reads it from its cache) and broadcasts the times (``broadcast_object_list``), so
