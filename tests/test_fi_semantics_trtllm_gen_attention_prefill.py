@@ -6,8 +6,9 @@ V sharing page ids (``uses_shared_paged_kv_idx=False``, a (batch, 2, pages) tabl
 interleaved pool, is refused by name), causal or not, sinks, window, fp8 q/KV/out with their scales folded into
 ``bmm1_scale``/``bmm2_scale``, a non-contiguous query, head dims 128/256/512, page sizes up to 1024,
 and the LSE contract (returned, caller-provided, base 2). The skip-softmax threshold FlashInfer's
-test sets (1e-30) is a speed hint here. On a GPU the cases also run with trtllm-gen forced: it has
-kernels for compute capability 10 only, elsewhere the refusal names the capability. NVFP4 (KV or
+test sets (1e-30) is a speed hint here. On a GPU the cases also run with ``backend="trtllm-gen"``
+(FlashInfer 0.7's argument on this entry): it has kernels for compute capability 10 only,
+elsewhere the refusal names the capability. NVFP4 (KV or
 output) is refused by name. FlashInfer's ``trtllm_ragged_attention_deepseek`` tests
 (test_trtllm_gen_prefill*) call an entry point ``dispatch`` does not have.
 """
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 import dispatch
-from _fi_semantics import (close, expect_hardware_refusal, forced, grid, needs_other_hardware, nvfp4, randn, sample,
+from _fi_semantics import (close, expect_hardware_refusal, grid, needs_other_hardware, nvfp4, randn, sample,
                            workspace)
 from oracle import attention_fp64
 
@@ -107,14 +108,13 @@ def run_case(device, backend, kv_layout, batch_size, page_size, num_kv_heads, he
     cu_kv = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
     def call():
-        with forced(backend):
-            return dispatch.trtllm_batch_context_with_kv_cache(
-                q, to_device(c["cache"], device), workspace(device), c["table"].to(device),
-                torch.tensor(c["seq_lens"], dtype=torch.int32, device=device), max(c["q_lens"]), max(c["seq_lens"]),
-                q_scale * k_scale * sm_scale, v_scale / o_scale, batch_size, cu_q, cu_kv, window_left, causal=causal,
-                out_dtype=DTYPES[o_dtype], kv_layout=kv_layout, sinks=sinks.to(device) if enable_sink else None,
-                skip_softmax_threshold_scale_factor=1e-30 if skips_softmax else None,
-                uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, lse=lse, return_lse=bool(return_lse))
+        return dispatch.trtllm_batch_context_with_kv_cache(
+            q, to_device(c["cache"], device), workspace(device), c["table"].to(device),
+            torch.tensor(c["seq_lens"], dtype=torch.int32, device=device), max(c["q_lens"]), max(c["seq_lens"]),
+            q_scale * k_scale * sm_scale, v_scale / o_scale, batch_size, cu_q, cu_kv, window_left, causal=causal,
+            out_dtype=DTYPES[o_dtype], kv_layout=kv_layout, sinks=sinks.to(device) if enable_sink else None,
+            skip_softmax_threshold_scale_factor=1e-30 if skips_softmax else None,
+            uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, lse=lse, return_lse=bool(return_lse), backend=backend)
     if not uses_shared_paged_kv_idx:  # no backend of ours reads a (batch, 2, pages) table
         with pytest.raises(ValueError, match=r"uses_shared_paged_kv_idx=False: allowed True"):
             call()
@@ -234,8 +234,8 @@ def test_trtllm_batch_prefill_nvfp4_refused(device, backend, q_dtype, kv_dtype, 
         kw.update(o_sf_scale=1.0, o_sf_vec_size=16)
     table = torch.arange(batch_size * per, dtype=torch.int32, device=device).reshape(batch_size, per)
     cu_q = torch.tensor([0, 8, 16], dtype=torch.int32, device=device)
-    with forced(backend), pytest.raises((ValueError, TypeError, dispatch.BackendRefusedError),
+    with pytest.raises((ValueError, TypeError, dispatch.BackendRefusedError),
                                         match=r"(kv_cache_sf|kv_block_scales|o_sf_scale|o_sf_vec_size|kv_cache\.dtype)=.*allowed"):
         dispatch.trtllm_batch_context_with_kv_cache(
             q, cache, workspace(device), table, torch.full((batch_size,), seq, dtype=torch.int32, device=device), 8,
-            seq, head_dim ** -0.5, 1.0, batch_size, cu_q, cu_q, kv_layout="HND", **kw)
+            seq, head_dim ** -0.5, 1.0, batch_size, cu_q, cu_q, kv_layout="HND", backend=backend, **kw)
