@@ -415,8 +415,8 @@ def nvfp4_pool(batch_size, kv_len, page_size, num_kv_heads, head_dim, device, he
                 last=torch.full((batch_size,), (kv_len - 1) % page_size + 1, dtype=torch.int32))
 
 
-NVFP4_PAGED = [(b, kv, qo, p, d, pos, dt) for (b, kv, qo) in ((1, 128, 64), (4, 256, 128), (2, 128, 128))
-               for p in (16, 64) for d in (128,) for pos in ("NONE",) for dt in (torch.float16, torch.bfloat16)][::2] + [
+NVFP4_PAGED = [(b, kv, qo, p, 128, "NONE", dt) for (b, kv, qo) in ((1, 128, 64), (4, 256, 128), (2, 128, 128))
+               for p in (16, 64) for dt in (torch.float16, torch.bfloat16)][::2] + [
     (2, 256, 64, 16, 512, "NONE", torch.float16), (2, 256, 64, 16, 512, "NONE", torch.bfloat16),
     (2, 128, 64, 16, 512, "ROPE_LLAMA", torch.float16), (2, 128, 64, 16, 512, "ROPE_LLAMA", torch.bfloat16)]
 

@@ -28,7 +28,8 @@ def cudnn_wrapper_call(c, device, causal, s_qo, s_kv, page_size, num_kv_heads, q
     def call():
         wrapper.plan(c["qo_indptr"] * HEAD_DIM * hq, c["kv_indptr"], c["kv_indices"], c["last"], hq, num_kv_heads,
                      HEAD_DIM, page_size, pos_encoding_mode="NONE", causal=causal, q_data_type=q_dtype,
-                     seq_lens=c["seq_kv"].view(-1, 1, 1, 1).to(device), seq_lens_q=c["seq_q"].view(-1, 1, 1, 1).to(device),
+                     seq_lens=c["seq_kv"].view(-1, 1, 1, 1).to(device),
+                     seq_lens_q=c["seq_q"].view(-1, 1, 1, 1).to(device),
                      sm_scale=HEAD_DIM ** -0.5, max_token_per_sequence=s_qo, max_sequence_kv=s_kv,
                      block_tables=c["block_tables"])
         return wrapper.run(c["q"], (c["k_cache"], c["v_cache"]), **run_kw)

@@ -100,7 +100,8 @@ def test_deepseek_prefill(device, backend, batch_size, seq_len, num_heads, causa
 PAGED_CPU = [(b, n, p, hq, hkv, c, d, cap) for b in (1, 4) for n in (11, 12) for p in (1, 16)
              for (hq, hkv) in ((1, 1), (4, 1), (8, 4)) for c in (False, True) for d in (64, 128, 256)
              for cap in (0.0, 30.0)][::13]
-PAGED_GPU = [(16, 1763, 16, 8, 4, True, 128, 30.0), (4, 9999, 1, 4, 1, False, 256, 0.0), (8, 12, 16, 1, 1, True, 64, 0.0)]
+PAGED_GPU = [(16, 1763, 16, 8, 4, True, 128, 30.0), (4, 9999, 1, 4, 1, False, 256, 0.0),
+             (8, 12, 16, 1, 1, True, 64, 0.0)]
 
 
 @grid("batch_size, seq_len, page_size, num_qo_heads, num_kv_heads, causal, head_dim, logits_soft_cap", PAGED_CPU,

@@ -69,7 +69,8 @@ def test_single_prefill_sliding_window(device, backend, seq_len, window_left, nu
 
 
 PAGED_CPU = [(b, kv, qo, w, hkv, hq, d, p) for (b, kv, qo) in ((3, 54, 1), (2, 21, 7)) for w in (13, 33)
-             for (hkv, hq) in ((1, 4), (4, 8)) for d in (64, 512) for p in (1, 16)][::2] + [(2, 17, 17, 111, 8, 8, 128, 16)]
+             for (hkv, hq) in ((1, 4), (4, 8)) for d in (64, 512) for p in (1, 16)][::2] + [
+    (2, 17, 17, 111, 8, 8, 128, 16)]
 PAGED_GPU = [(12, 397, 37, 33, 4, 8, 128, 16), (17, 1177, 47, 111, 1, 4, 512, 1), (30, 54, 1, 13, 8, 8, 256, 16)]
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import dispatch
+import dispatch.prefill  # FlashInfer's tests call flashinfer.prefill.<entry>
 from _fi_semantics import (close, expect_hardware_refusal, grid, needs_other_hardware, nvfp4, randn, sample,
                            workspace)
 from oracle import attention_fp64
@@ -76,11 +77,13 @@ def to_device(value, device):
     return tuple(t.to(device) for t in value) if isinstance(value, tuple) else value.to(device)
 
 
-def reference(c, causal, window_left, sinks, sm_scale):
+def reference(c, causal, window_left, sinks, sm_scale, device):
+    """fp64 per request, on ``device`` (a GPU computes FlashInfer's large sizes in seconds)."""
     outs, lses, start = [], [], 0
     for n, k, v in zip(c["q_lens"], c["ks"], c["vs"]):
-        out, lse = attention_fp64(c["q_seen"][start:start + n], k, v, sm_scale=sm_scale, causal=causal,
-                                  window_left=window_left, sinks=sinks)
+        out, lse = attention_fp64(c["q_seen"][start:start + n].to(device), k.to(device), v.to(device),
+                                  sm_scale=sm_scale, causal=causal, window_left=window_left,
+                                  sinks=None if sinks is None else sinks.to(device))
         outs.append(out)
         lses.append(lse)
         start += n
@@ -108,7 +111,7 @@ def run_case(device, backend, kv_layout, batch_size, page_size, num_kv_heads, he
     cu_kv = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
     def call():
-        return dispatch.trtllm_batch_context_with_kv_cache(
+        return dispatch.prefill.trtllm_batch_context_with_kv_cache(
             q, to_device(c["cache"], device), workspace(device), c["table"].to(device),
             torch.tensor(c["seq_lens"], dtype=torch.int32, device=device), max(c["q_lens"]), max(c["seq_lens"]),
             q_scale * k_scale * sm_scale, v_scale / o_scale, batch_size, cu_q, cu_kv, window_left, causal=causal,
@@ -123,7 +126,7 @@ def run_case(device, backend, kv_layout, batch_size, page_size, num_kv_heads, he
         return expect_hardware_refusal(call)
     result = call()
     output, lse_out = result if return_lse else (result, lse)
-    ref, ref_lse = reference(c, causal, window_left, sinks, sm_scale)
+    ref, ref_lse = reference(c, causal, window_left, sinks, sm_scale, device)
     tol = TOLERANCES.get((q_dtype, o_dtype), 1e-2)
     close(output.float() * o_scale, ref, rtol=tol, atol=tol + (2e-2 if q_dtype == "fp8" else 0.0))
     if lse_out is not None:
@@ -234,8 +237,8 @@ def test_trtllm_batch_prefill_nvfp4_refused(device, backend, q_dtype, kv_dtype, 
         kw.update(o_sf_scale=1.0, o_sf_vec_size=16)
     table = torch.arange(batch_size * per, dtype=torch.int32, device=device).reshape(batch_size, per)
     cu_q = torch.tensor([0, 8, 16], dtype=torch.int32, device=device)
-    with pytest.raises((ValueError, TypeError, dispatch.BackendRefusedError),
-                                        match=r"(kv_cache_sf|kv_block_scales|o_sf_scale|o_sf_vec_size|kv_cache\.dtype)=.*allowed"):
-        dispatch.trtllm_batch_context_with_kv_cache(
+    named = r"(kv_cache_sf|kv_block_scales|o_sf_scale|o_sf_vec_size|kv_cache\.dtype)=.*allowed"
+    with pytest.raises((ValueError, TypeError, dispatch.BackendRefusedError), match=named):
+        dispatch.prefill.trtllm_batch_context_with_kv_cache(
             q, cache, workspace(device), table, torch.full((batch_size,), seq, dtype=torch.int32, device=device), 8,
             seq, head_dim ** -0.5, 1.0, batch_size, cu_q, cu_q, kv_layout="HND", backend=backend, **kw)

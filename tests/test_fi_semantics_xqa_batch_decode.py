@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import dispatch
+import dispatch.decode  # FlashInfer's tests call flashinfer.decode.<entry>
 from _fi_semantics import close, expect_hardware_refusal, forced, grid, needs_other_hardware, nvfp4, randn, workspace
 from oracle import attention_fp64, pack_spec_bits, spec_decode_mask
 
@@ -111,8 +112,9 @@ def run_xqa(device, backend, batch_size, q_len_per_req, page_size, num_kv_heads,
 
     def call():
         with forced(backend):
-            return dispatch.xqa_batch_decode_with_kv_cache(
-                q.contiguous(), cache, workspace(device), table, torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            return dispatch.decode.xqa_batch_decode_with_kv_cache(
+                q.contiguous(), cache, workspace(device), table,
+                torch.tensor(seq_lens, dtype=torch.int32, device=device),
                 max(seq_lens), k_scale * sm_scale, v_scale / o_scale, window_left, out=out, sinks=sinks,
                 kv_layout=kv_layout, q_len_per_req=q_len_per_req, o_scale=o_scale, mask=mask,
                 **({"q_cu_seq_lens": q_cu} if ragged else {}))
@@ -200,7 +202,7 @@ def test_xqa_batch_decode_mask_mode_deterministic(device, backend, kv_dtype, spe
 
     def call():
         with forced(backend):
-            return dispatch.xqa_batch_decode_with_kv_cache(
+            return dispatch.decode.xqa_batch_decode_with_kv_cache(
                 q, cache.to(device), workspace(device), torch.arange(batch_size * per, dtype=torch.int32,
                                                                      device=device).reshape(batch_size, per),
                 torch.tensor(seq_lens, dtype=torch.int32, device=device), max(seq_lens), 1.0 / math.sqrt(head_dim),
@@ -222,7 +224,7 @@ def test_xqa_batch_decode_nvfp4_kv_refused(device, backend, sf_layout):
     q = randn(batch_size, hkv * grp, head_dim, dtype=torch.bfloat16, device=device)
     with forced(backend), pytest.raises((ValueError, dispatch.BackendRefusedError, dispatch.NoBackendError),
                                         match=r"(kv_cache_sf|kv_cache\.dtype)=.*allowed"):
-        dispatch.xqa_batch_decode_with_kv_cache(
+        dispatch.decode.xqa_batch_decode_with_kv_cache(
             q, torch.stack([k, v], dim=1), workspace(device),
             torch.arange(batch_size * per, dtype=torch.int32, device=device).reshape(batch_size, per),
             torch.full((batch_size,), kv_len, dtype=torch.int32, device=device), kv_len, head_dim ** -0.5, 1.0,
