@@ -482,12 +482,24 @@ def _ranks():
 
 
 def _agreed(group, complete: Callable[[], Optional[dict]]) -> Optional[dict]:
-    """Rank 0 of ``group`` completes the entry (times it, or has it); every rank adopts rank 0's."""
+    """Rank 0 of ``group`` completes the entry (times it, or has it); every rank adopts rank 0's. A
+    failure on rank 0 is broadcast too, so the other ranks raise instead of waiting for it."""
     import torch.distributed as dist
 
-    box = [complete() if dist.get_rank(group) == 0 else None]
+    box: list = [None]
+    failure: Optional[BaseException] = None
+    if dist.get_rank(group) == 0:
+        try:
+            box = [("entry", complete())]
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the others are told
+            failure, box = exc, [("failed", f"{type(exc).__name__}: {exc}")]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    return box[0]
+    kind, value = box[0]
+    if failure is not None:
+        raise failure
+    if kind == "failed":
+        raise RuntimeError(f"attn_dispatch: the autotune on rank 0 failed, so no rank chose: {value}")
+    return value
 
 
 def _timed_entry(value, sizes: tuple, measured: Optional[str]) -> Timed:

@@ -37,7 +37,15 @@ def one_rank(rank: int, world: int, folder: str) -> None:
                 problem = make_problem(phase="decode" if sizes[1] == 1 else "prefill")
                 ranking = choice.rank(problem, capability_db.CPU_DEVICE, ["reference", "native-triton"], sizes)
                 chosen.append(ranking.order[0])
-        Path(folder, f"rank-{rank}.json").write_text(json.dumps({"chosen": chosen, "timed": timed}))
+        autotune.measure = lambda problem, names, sizes: (_ for _ in ()).throw(ValueError("no room"))
+        try:  # rank 0's timing fails: every rank raises, none waits for it
+            with autotune.autotune(True):
+                choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"],
+                            (32, 1, 64))
+            failed = ""
+        except Exception as exc:
+            failed = f"{type(exc).__name__}: {exc}"
+        Path(folder, f"rank-{rank}.json").write_text(json.dumps({"chosen": chosen, "timed": timed, "failed": failed}))
     finally:
         dist.destroy_process_group()
 
@@ -47,5 +55,7 @@ def test_every_rank_chooses_what_rank_0_timed(tmp_path):
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["chosen"] == ranks[1]["chosen"] == ["native-triton"] * len(BUCKETS)
     assert ranks[0]["timed"] and not ranks[1]["timed"]  # rank 0 timed, rank 1 adopted its times
+    assert ranks[0]["failed"] == "ValueError: no room"
+    assert ranks[1]["failed"].startswith("RuntimeError: attn_dispatch: the autotune on rank 0 failed")
     files = [json.loads(next((tmp_path / f"cache-{r}").glob("autotune-*.json")).read_text()) for r in range(2)]
     assert files[0]["buckets"] == files[1]["buckets"] and len(files[0]["buckets"]) == len(BUCKETS)
