@@ -1,6 +1,6 @@
 """Ranks agree: under torch.distributed (two CPU processes, gloo) every rank makes the autotune's
-choice of rank 0, though each rank's own timings would choose differently. The same check on two
-GPUs (NCCL): tools/autotune_ranks.py under torchrun."""
+choice of rank 0, though each rank's own timings would choose differently; a failure of rank 0's
+timing reaches every rank. The same check on two GPUs (NCCL): tools/autotune_ranks.py under torchrun."""
 from __future__ import annotations
 
 import json
