@@ -68,6 +68,8 @@ SCENARIOS = {
     "nvfp4_paged_d192_dv128_window": Case(kv_dtype="uint8", dqk=192, dvo=128, page_size=8, window_left=6,
                                           q_lens=(4, 6), kv_lens=(20, 15)),
     "nvfp4_ragged_rope_noncausal": Case(storage="ragged", kv_dtype="uint8", pos="ROPE_LLAMA", causal=False),
+    # head dim 48: a scale block straddles the RoPE halves (the kernel's per-value path)
+    "nvfp4_paged_rope_d48": Case(kv_dtype="uint8", pos="ROPE_LLAMA", dqk=48, dvo=48, page_size=5),
     "nvfp4_dense_gqa_bf16": Case(storage="dense", kv_dtype="uint8", dtype="bfloat16", hq=8, hkv=2, q_lens=(7,),
                                  kv_lens=(37,)),
 }

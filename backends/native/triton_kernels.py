@@ -23,9 +23,9 @@ out what a problem does not use, so each configuration gets a lean specializatio
   their own position (the key every row sees) and returns at once when every bound is within
   FIXUP_LOGIT; otherwise it computes its rows as usual (one split), overwriting the vendor's output.
 * NVFP4 K/V (constexpr NVFP4; backends/native/nvfp4.py has the format): each K and V tile is
-  dequantized where it is loaded, bytes and fp8 scale factors to fp32 values in registers (integer
-  bit assembly: no table, no fp8 hardware), then fed to the dots like a 16-bit tile (the values are
-  exact in fp16 and bf16). The global scales are the entry's sm_scale / out_scale factors.
+  dequantized where it is loaded, its bytes and fp8 scale factors to fp16 values in registers
+  (integer bit assembly: no table, no fp8 hardware; the values are exact in fp16), the dots' dtype
+  (F16_DOTS). The global scales are the entry's sm_scale / out_scale factors.
 * Every index tensor is read on the device: no host synchronization, CUDA-graph safe.
 * Parameter order is fixed by the host's fast launcher (triton_backend.py): pointers and floats,
   then ints, then the plan's constexprs, then the two per-call constexprs (SCALE_PTR, OUT_SCALE_PTR).
@@ -173,35 +173,62 @@ def _rope_cos_sin_tile(start, f_hi, f_lo, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _e2m1(code):
-    """fp4 e2m1 codes (int32, 0-15) -> fp32: exponent field e (2 bits), mantissa m (1 bit), sign bit 3;
-    m / 2 when e == 0, else (1 + m / 2) * 2^(e - 1), assembled as fp32 bits."""
+    """fp4 e2m1 codes (int32, 0-15) -> fp16: exponent field e (2 bits), mantissa m (1 bit), sign bit 3;
+    m / 2 when e == 0, else (1 + m / 2) * 2^(e - 1), assembled as fp16 bits."""
     e = (code >> 1) & 3
     m = code & 1
-    normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
-    return tl.where((code & 8) != 0, -mag, mag)
+    bits = tl.where(e == 0, m * 0x3800, ((e + 14) << 10) | (m << 9)) | ((code & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
 def _e4m3(byte):
-    """fp8 e4m3 bytes (int32) -> fp32: exponent field e (4 bits, bias 7), mantissa m (3 bits), sign
-    bit 7; m * 2^-9 when e == 0 (subnormal), else (1 + m / 8) * 2^(e - 7), assembled as fp32 bits."""
+    """fp8 e4m3 bytes (int32) -> fp16 (exact: e4m3 is within fp16's range and precision): exponent
+    field e (4 bits, bias 7), mantissa m (3 bits), sign bit 7; m * 2^-9 when e == 0 (subnormal),
+    else (1 + m / 8) * 2^(e - 7)."""
     e = (byte >> 3) & 15
     m = byte & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
-    return tl.where((byte & 0x80) != 0, -mag, mag)
+    normal = ((((e + 8) << 10) | (m << 7)) | ((byte & 0x80) << 8)).to(tl.int16).to(tl.float16, bitcast=True)
+    sub = m.to(tl.float16) * 0.001953125
+    return tl.where(e == 0, tl.where((byte & 0x80) != 0, -sub, sub), normal)
 
 
 @triton.jit
 def _fp4_values(X, Sf, d, stride_d, ok):
-    """NVFP4 values (fp32) of the rows at X (packed bytes) and Sf (their scale factors), both already
-    offset to each row (broadcast against d), at value indices d along the head dim: byte d // 2
-    (stride_d apart), its low nibble for even d, one scale factor per 16 values (unit stride)."""
+    """NVFP4 values (fp16, exact) of the rows at X (packed bytes) and Sf (their scale factors), both
+    already offset to each row (broadcast against d), at value indices d along the head dim: byte
+    d // 2 (stride_d apart), its low nibble for even d, one scale factor per 16 values (unit stride)."""
     byte = tl.load(X + (d // 2) * stride_d, mask=ok, other=0).to(tl.int32)
     code = (byte >> ((d % 2) * 4)) & 15
     sf = tl.load(Sf + d // 16, mask=ok, other=0).to(tl.int32)
     return _e2m1(code) * _e4m3(sf)
+
+
+@triton.jit
+def _fp4_rows(X, Sf, row_ok, stride_d, D0: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+              ROWS: tl.constexpr, MASKED: tl.constexpr):
+    """(ROWS, BLOCK) fp16 (exact): values D0 + j, j < WIDTH (zeros beyond), of the NVFP4 rows whose
+    packed bytes start at X and scale factors at Sf ((ROWS, 1) pointers); D0 and WIDTH multiples of 16,
+    row_ok read when MASKED. Each byte and scale factor is loaded once and expanded in registers
+    (nibbles interleaved, each block of 16 scaled), in fp16, the dots' dtype: _fp4_values' pointer per
+    value, and fp32 tiles, held the tile in registers (sm_90, M128 N64 d128: 1.9 KB of spills)."""
+    jb = tl.arange(0, BLOCK // 2)
+    js = tl.arange(0, BLOCK // 16)
+    byte_ptr = X + (D0 // 2 + jb[None, :]) * stride_d
+    sf_ptr = Sf + D0 // 16 + js[None, :]
+    if MASKED:
+        byte = tl.load(byte_ptr, mask=row_ok[:, None] & (jb[None, :] < WIDTH // 2), other=0)
+        sf = tl.load(sf_ptr, mask=row_ok[:, None] & (js[None, :] < WIDTH // 16), other=0)
+    elif BLOCK == WIDTH:
+        byte = tl.load(byte_ptr)
+        sf = tl.load(sf_ptr)
+    else:
+        byte = tl.load(byte_ptr, mask=jb[None, :] < WIDTH // 2, other=0)
+        sf = tl.load(sf_ptr, mask=js[None, :] < WIDTH // 16, other=0)
+    byte = byte.to(tl.int32)
+    values = tl.interleave(_e2m1(byte & 15), _e2m1(byte >> 4))  # element 2i: the low nibble
+    scaled = tl.reshape(values, (ROWS, BLOCK // 16, 16)) * _e4m3(sf.to(tl.int32))[:, :, None]
+    return tl.reshape(scaled, (ROWS, BLOCK))
 
 
 @triton.jit
@@ -222,14 +249,20 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo,
         k2_ptr = k1_ptr + HALF * stride_kd
         # Interior tiles of power-of-two heads load unmasked (a mask varying along the head dim
         # would split the copies into single elements).
-        if NVFP4:
+        if NVFP4 and HALF % 16 == 0:  # each half whole scale blocks
+            k_row = K + k_off[:, None] + kvh * stride_kh
+            sf_row = KSf + ksf_off[:, None] + kvh * stride_ksh
+            k1 = tl.trans(_fp4_rows(k_row, sf_row, n_ok, stride_kd, 0, HALF, BLOCK_HALF, BLOCK_N, MASKED))
+            k2 = tl.trans(_fp4_rows(k_row, sf_row, n_ok, stride_kd, HALF, HALF, BLOCK_HALF, BLOCK_N, MASKED))
+            k1, k2 = k1.to(tl.float32), k2.to(tl.float32)
+        elif NVFP4:  # a scale block straddles the halves (head_dim an odd multiple of 16)
             ok = dh[:, None] < HALF
             if MASKED:
                 ok = ok & n_ok[None, :]
             k_row = K + k_off[None, :] + kvh * stride_kh
             sf_row = KSf + ksf_off[None, :] + kvh * stride_ksh
-            k1 = _fp4_values(k_row, sf_row, dh[:, None], stride_kd, ok)
-            k2 = _fp4_values(k_row, sf_row, dh[:, None] + HALF, stride_kd, ok)
+            k1 = _fp4_values(k_row, sf_row, dh[:, None], stride_kd, ok).to(tl.float32)
+            k2 = _fp4_values(k_row, sf_row, dh[:, None] + HALF, stride_kd, ok).to(tl.float32)
         elif MASKED:
             ok = (dh[:, None] < HALF) & n_ok[None, :]
             k1 = tl.load(k1_ptr, mask=ok, other=0.0).to(tl.float32)
@@ -254,11 +287,8 @@ def _qk(q, q2, K, k_off, kvh, stride_kh, stride_kd, start, n, n_ok, f_hi, f_lo,
         dk = tl.arange(0, BLOCK_DQK)
         k_ptr = K + k_off[None, :] + kvh * stride_kh + dk[:, None] * stride_kd
         if NVFP4:
-            ok = dk[:, None] < HEAD_DQK
-            if MASKED:
-                ok = ok & n_ok[None, :]
-            k = _fp4_values(K + k_off[None, :] + kvh * stride_kh, KSf + ksf_off[None, :] + kvh * stride_ksh,
-                            dk[:, None], stride_kd, ok)
+            k = tl.trans(_fp4_rows(K + k_off[:, None] + kvh * stride_kh, KSf + ksf_off[:, None] + kvh * stride_ksh,
+                                   n_ok, stride_kd, 0, HEAD_DQK, BLOCK_DQK, BLOCK_N, MASKED))
         elif MASKED:
             k = tl.load(k_ptr, mask=n_ok[None, :] & (dk[:, None] < HEAD_DQK), other=0.0)
         elif BLOCK_DQK == HEAD_DQK:
@@ -323,11 +353,8 @@ def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_le
         vsf_off = (kv_start + n).to(tl.int64) * stride_vst
     v_ptr = V + v_off[:, None] + kvh * stride_vh + dv[None, :] * stride_vd
     if NVFP4:
-        v_ok = dv[None, :] < HEAD_DV
-        if MASKED:
-            v_ok = v_ok & n_ok[:, None]
-        v = _fp4_values(V + v_off[:, None] + kvh * stride_vh, VSf + vsf_off[:, None] + kvh * stride_vsh, dv[None, :],
-                        stride_vd, v_ok)
+        v = _fp4_rows(V + v_off[:, None] + kvh * stride_vh, VSf + vsf_off[:, None] + kvh * stride_vsh, n_ok, stride_vd,
+                      0, HEAD_DV, BLOCK_DV, BLOCK_N, MASKED)
     elif MASKED:
         v = tl.load(v_ptr, mask=n_ok[:, None] & (dv[None, :] < HEAD_DV), other=0.0)
     elif BLOCK_DV == HEAD_DV:
