@@ -20,6 +20,9 @@ from oracle import attention_fp64
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 WORKSPACE_BYTES = 1 << 16
+# our Triton kernels run on the CPU through Triton's interpreter (slow): the smallest CPU case of
+# each test runs through them too
+CPU_KERNEL = "native-triton"
 # the compute capabilities (major) each vendor-named backend's kernels are built for
 HARDWARE = {"trtllm-gen": (10,), "fa3": (9,), "xqa": (9, 10, 12)}
 
@@ -32,12 +35,24 @@ def ident(value) -> str:
     return str(value)
 
 
+def case_size(case) -> int:
+    """The product of a case's integer values: a rough measure of its work."""
+    size = 1
+    for value in case:
+        if isinstance(value, int) and not isinstance(value, bool):
+            size *= max(abs(value), 1)
+    return size
+
+
 def grid(names: str, cpu_cases, gpu_cases=(), named=None):
-    """pytest.mark.parametrize over ("device", "backend", *names): every CPU case through auto; every
-    GPU case through auto and through ``named`` (the backend or backends FlashInfer's test passes)."""
+    """pytest.mark.parametrize over ("device", "backend", *names): every CPU case through auto and the
+    smallest through our Triton kernels; every GPU case through auto and through ``named`` (the
+    backend or backends FlashInfer's test passes)."""
     fields = tuple(n.strip() for n in names.split(","))
     named = (named,) if isinstance(named, str) else tuple(named or ())
     params = [pytest.param("cpu", "auto", *c, id="cpu-auto-" + "-".join(ident(v) for v in c)) for c in cpu_cases]
+    params += [pytest.param("cpu", CPU_KERNEL, *c, id=f"cpu-{CPU_KERNEL}-" + "-".join(ident(v) for v in c))
+               for c in sorted(cpu_cases, key=case_size)[:1]]
     for backend in ("auto",) + named:
         params += [pytest.param("cuda", backend, *c, marks=GPU, id=f"cuda-{backend}-" + "-".join(ident(v) for v in c))
                    for c in gpu_cases]
