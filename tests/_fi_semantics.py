@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 
 import pytest
@@ -23,6 +24,9 @@ WORKSPACE_BYTES = 1 << 16
 # our Triton kernels run on the CPU through Triton's interpreter (slow): the smallest CPU case of
 # each test runs through them too
 CPU_KERNEL = "native-triton"
+INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="Triton runs on CPU tensors only in its interpreter (TRITON_INTERPRET=1, "
+                                        "set by conftest without a GPU)")
 # the compute capabilities (major) each vendor-named backend's kernels are built for
 HARDWARE = {"trtllm-gen": (10,), "fa3": (9,), "xqa": (9, 10, 12)}
 
@@ -51,7 +55,8 @@ def grid(names: str, cpu_cases, gpu_cases=(), named=None):
     fields = tuple(n.strip() for n in names.split(","))
     named = (named,) if isinstance(named, str) else tuple(named or ())
     params = [pytest.param("cpu", "auto", *c, id="cpu-auto-" + "-".join(ident(v) for v in c)) for c in cpu_cases]
-    params += [pytest.param("cpu", CPU_KERNEL, *c, id=f"cpu-{CPU_KERNEL}-" + "-".join(ident(v) for v in c))
+    params += [pytest.param("cpu", CPU_KERNEL, *c, marks=INTERPRETED,
+                            id=f"cpu-{CPU_KERNEL}-" + "-".join(ident(v) for v in c))
                for c in sorted(cpu_cases, key=case_size)[:1]]
     for backend in ("auto",) + named:
         params += [pytest.param("cuda", backend, *c, marks=GPU, id=f"cuda-{backend}-" + "-".join(ident(v) for v in c))
