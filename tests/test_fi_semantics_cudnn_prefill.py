@@ -58,7 +58,9 @@ def test_cudnn_prefill(device, backend, batch_size, s_qo, s_kv, page_size, num_k
     if return_lse:  # cuDNN's padded (batch, max_token_per_sequence, Hq) layout, base 2
         rows = torch.cat([lse[b, :n] for b, n in enumerate(q_lens)])
         per_request(out, c["q"], q_lens, c["ks"], c["vs"], rtol=1e-2, atol=3e-3, lse=rows, causal=causal)
-    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), "HND", backend=backend)
+    # token units are FlashInfer's convention for every wrapper backend but cuDNN (element offsets, above)
+    token_backend = "auto" if backend == "cudnn" else backend
+    wrapper = dispatch.BatchPrefillWithPagedKVCacheWrapper(workspace(device), "HND", backend=token_backend)
     wrapper.plan(c["qo_indptr"], c["kv_indptr"], c["kv_indices"], c["last"], 4, num_kv_heads, HEAD_DIM, page_size,
                  causal=causal, q_data_type=torch.bfloat16)
     per_request(wrapper.run(c["q"], (c["k_cache"], c["v_cache"])), c["q"], q_lens, c["ks"], c["vs"], rtol=1e-2,

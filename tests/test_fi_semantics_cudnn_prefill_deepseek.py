@@ -47,7 +47,8 @@ def test_cudnn_prefill_deepseek(device, backend, batch_size, s_qo, s_kv, num_kv_
             cudnn_call()
     elif backend == "cudnn":
         per_request(cudnn_call(), q, q_lens, ks, vs, rtol=1e-2, atol=3e-3, causal=causal)
-    wrapper = dispatch.BatchPrefillWithRaggedKVCacheWrapper(workspace(device), kv_layout="NHD", backend=backend)
+    token_backend = "auto" if backend == "cudnn" else backend  # the cuDNN wrapper takes element offsets (above)
+    wrapper = dispatch.BatchPrefillWithRaggedKVCacheWrapper(workspace(device), kv_layout="NHD", backend=token_backend)
     wrapper.plan(qo, kv, num_qo_heads, num_kv_heads, DQK, head_dim_vo=DVO, causal=causal, q_data_type=torch.bfloat16)
     per_request(wrapper.run(q, k, v), q, q_lens, ks, vs, rtol=1e-2, atol=3e-3, causal=causal)
     out, _ = dispatch.cudnn_batch_prefill_with_kv_cache(
