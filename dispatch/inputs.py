@@ -1,13 +1,16 @@
 """Random inputs for an AttentionProblem: ``Case`` (the problem plus per-request lengths) and
 ``make_batch`` (fresh random tensors, paged caches with shuffled pages, out and LSE poisoned
 with NaN). Used by ``attn-dispatch probe``, the autotune's timings and the tests; it imports
-nothing of dispatch but the vocabulary, so any layer may build inputs without a cycle."""
+nothing of dispatch but the vocabulary (and the NVFP4 quantizer of backends/native), so any layer may
+build inputs without a cycle."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 import torch
+
+from backends.native import nvfp4
 
 from .problem import NAME_DTYPES, AttentionBatch, AttentionProblem
 
@@ -29,9 +32,17 @@ def _random(shape, dtype, device, gen) -> torch.Tensor:
     return data.to(dtype)
 
 
+def _kv(shape, kv_dtype: str, device, gen) -> tuple:
+    """(K or V as stored, its NVFP4 scale factors or None): kv_dtype "uint8" is NVFP4 (fp4 values
+    quantized from random reals in FlashInfer's format, backends/native/nvfp4.py)."""
+    if kv_dtype == "uint8":
+        return nvfp4.quantize(_random(shape, torch.float32, device, gen))
+    return _random(shape, NAME_DTYPES[kv_dtype], device, gen), None
+
+
 def _paged_kv(problem, kv_lens, device, gen):
     """A shuffled page pool (logical NHD view of an NHD or HND allocation) and its table."""
-    P, H, kv_dtype = problem.page_size, problem.num_kv_heads, NAME_DTYPES[problem.kv_dtype]
+    P, H = problem.page_size, problem.num_kv_heads
     pages = [max(1, math.ceil(n / P)) for n in kv_lens]
     num_pages = sum(pages) + 3
     perm = torch.randperm(num_pages, generator=gen)
@@ -40,12 +51,13 @@ def _paged_kv(problem, kv_lens, device, gen):
     for b, n in enumerate(pages):
         table[b, :n] = perm[cursor:cursor + n].to(torch.int32)
         cursor += n
-    pools = []
+    pools = []  # (values, NVFP4 scale factors or None) of K, then of V
     for d in (problem.head_dim_qk, problem.head_dim_vo):
         if problem.kv_layout == "HND":
-            pools.append(_random((num_pages, H, P, d), kv_dtype, device, gen).permute(0, 2, 1, 3))
+            stored = _kv((num_pages, H, P, d), problem.kv_dtype, device, gen)
+            pools.append(tuple(x.permute(0, 2, 1, 3) if x is not None else None for x in stored))
         else:
-            pools.append(_random((num_pages, P, H, d), kv_dtype, device, gen))
+            pools.append(_kv((num_pages, P, H, d), problem.kv_dtype, device, gen))
     return pools[0], pools[1], table.to(device)
 
 
@@ -84,12 +96,12 @@ def make_batch(case: Case, device, seed: int = 0) -> AttentionBatch:
     q = _random((total_q, p.num_qo_heads, p.head_dim_qk), q_dtype, device, gen)
     extra = dict(kv_indptr=None, block_table=None)
     if p.kv_storage == "paged":
-        k, v, extra["block_table"] = _paged_kv(p, case.kv_lens, device, gen)
+        (k, k_sf), (v, v_sf), extra["block_table"] = _paged_kv(p, case.kv_lens, device, gen)
     else:
-        kv_dtype = NAME_DTYPES[p.kv_dtype]
-        k = _random((total_kv, p.num_kv_heads, p.head_dim_qk), kv_dtype, device, gen)
-        v = _random((total_kv, p.num_kv_heads, p.head_dim_vo), kv_dtype, device, gen)
+        k, k_sf = _kv((total_kv, p.num_kv_heads, p.head_dim_qk), p.kv_dtype, device, gen)
+        v, v_sf = _kv((total_kv, p.num_kv_heads, p.head_dim_vo), p.kv_dtype, device, gen)
         extra["kv_indptr"] = _indptr(case.kv_lens, device)
+    extra.update(k_sf=k_sf, v_sf=v_sf)
     out = torch.full((total_q, p.num_qo_heads, p.head_dim_vo), float("nan"), dtype=NAME_DTYPES[p.out_dtype], device=device)
     lse = torch.full((total_q, p.num_qo_heads), float("nan"), dtype=torch.float32, device=device) if p.return_lse else None
     sinks = torch.randn(p.num_qo_heads, generator=gen).to(device) if p.has_sinks else None

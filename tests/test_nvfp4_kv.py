@@ -16,6 +16,7 @@ import torch
 
 import dispatch
 from _nvfp4 import dequantize_fp64, quantize
+from backends import get_backend
 from backends.native import nvfp4
 from capability_db import backend_caps, resolve_device
 from dispatch.problem import AttentionProblem
@@ -292,3 +293,23 @@ def test_capability_data_names_who_serves_nvfp4():
     assert "Blackwell (sm_100+)" in why["trtllm-gen"]
     odd = AttentionProblem(**{**problem.__dict__, "head_dim_qk": 72, "head_dim_vo": 72})
     assert any(r.field == "head_dim_qk" for r in backend_caps("native-triton").check(odd, h100))
+
+
+def test_random_inputs_and_the_batch_oracle_read_nvfp4():
+    """dispatch/inputs.py's make_batch (probe, autotune timings) builds NVFP4 K/V with their scale factors,
+    and the package oracle's reference_of_batch dequantizes them as the tests' decoder does."""
+    from dispatch.benchmark.oracle import nvfp4_fp64, reference_of_batch
+    from dispatch.inputs import Case, make_batch
+
+    packed, sf = quantize(torch.randn(5, 2, 48), sf_bytes=True)
+    assert torch.equal(nvfp4_fp64(packed, sf), dequantize_fp64(packed, sf))
+    problem = AttentionProblem(entry="test", phase="prefill", kv_storage="paged", kv_layout="HND", num_qo_heads=4,
+                               num_kv_heads=2, head_dim_qk=32, head_dim_vo=32, q_dtype="float16", kv_dtype="uint8",
+                               out_dtype="float16", page_size=4, causal=True, return_lse=True, device_type="cpu")
+    batch = make_batch(Case("nvfp4", problem, (3, 5), (9, 7)), "cpu")
+    assert batch.k.dtype == torch.uint8 and batch.k_sf is not None and batch.k_sf.shape[-1] == 2
+    ref, ref_lse = reference_of_batch(problem, batch)
+    backend = get_backend("reference")
+    backend.run(backend.plan(problem, batch), batch)
+    _close(batch.out, ref, torch.float16)
+    _close(batch.lse, ref_lse, torch.float16)

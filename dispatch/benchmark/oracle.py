@@ -171,14 +171,34 @@ def batch_attention_fp64(qs: Sequence[torch.Tensor], ks: Sequence[torch.Tensor],
 
 def request_kv(batch, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values (kv_len, Hkv, D) of request b: through its block-table row when the batch is
-    paged (k/v as logical (pages, page_size, Hkv, D) views), else rows kv_indptr[b]: of k/v."""
+    paged (k/v as logical (pages, page_size, Hkv, D) views), else rows kv_indptr[b]: of k/v; NVFP4
+    K/V (k_sf/v_sf given) dequantized (``nvfp4_fp64``)."""
     if batch.block_table is not None:
         page = batch.k.shape[1]
         pages = batch.block_table[b, : -(-kv_len // page)].long().to(batch.k.device)
-        return (batch.k[pages].reshape(-1, *batch.k.shape[2:])[:kv_len],
-                batch.v[pages].reshape(-1, *batch.v.shape[2:])[:kv_len])
-    start = int(batch.kv_indptr[b])
-    return batch.k[start:start + kv_len], batch.v[start:start + kv_len]
+
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            return x[pages].reshape(-1, *x.shape[2:])[:kv_len]
+    else:
+        start = int(batch.kv_indptr[b])
+
+        def rows(x: torch.Tensor) -> torch.Tensor:
+            return x[start:start + kv_len]
+    if getattr(batch, "k_sf", None) is not None:
+        return nvfp4_fp64(rows(batch.k), rows(batch.k_sf)), nvfp4_fp64(rows(batch.v), rows(batch.v_sf))
+    return rows(batch.k), rows(batch.v)
+
+
+def nvfp4_fp64(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
+    """NVFP4 values (FlashInfer's kv_cache_sf format) in fp64: packed (..., D/2) uint8, two fp4 e2m1
+    values a byte (element 2i in the low nibble: sign bit 3, exponent 2 bits, mantissa 1 bit), times
+    their block's fp8 e4m3 scale factor (..., D/16), one per 16 values (float8_e4m3fn or its bytes)."""
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2).to(torch.int64)
+    e, m = (codes >> 1) & 3, (codes & 1).double()
+    mag = torch.where(e == 0, m / 2, (1 + m / 2) * torch.exp2((e - 1).double()))
+    values = torch.where((codes & 8) != 0, -mag, mag)
+    scale = (sf if sf.dtype == torch.float8_e4m3fn else sf.view(torch.float8_e4m3fn)).double()
+    return (values.unflatten(-1, (-1, 16)) * scale.unsqueeze(-1)).flatten(-2)
 
 
 def request_mask(problem, batch, b: int, q_len: int, kv_len: int) -> Optional[torch.Tensor]:
