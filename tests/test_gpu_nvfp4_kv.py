@@ -132,6 +132,25 @@ def test_ragged_wrapper_nvfp4_matches_fp64(dtype):
     _check(out.cpu(), ref, dtype)
 
 
+def test_xqa_entry_nvfp4_decode_matches_fp64():
+    """xqa_batch_decode_with_kv_cache with an NVFP4 cache: served by native-triton; the xqa backend refuses it
+    by name (FlashInfer's own XQA NVFP4 kernels are SM12x only, and our adapter does not pass the scales)."""
+    batch, kv_len, page, hq, hkv, d, dtype = 16, 3000, 16, 32, 8, 128, torch.bfloat16
+    cache, sf, real, ids, indptr, last = _paged("HND", batch, kv_len, page, hkv, d)
+    table = ids.reshape(batch, -1).to(DEV)
+    q = torch.randn(batch, hq, d, device=DEV).to(dtype)
+    lens = torch.full((batch,), kv_len, dtype=torch.int32, device=DEV)
+    out = dispatch.xqa_batch_decode_with_kv_cache(q, cache, torch.empty(1 << 20, dtype=torch.uint8, device=DEV), table,
+                                                  lens, kv_len, bmm1_scale=K_SCALE / math.sqrt(d), bmm2_scale=V_SCALE,
+                                                  kv_layout="HND", kv_cache_sf=sf)
+    assert dispatch.last_decision().chosen == "native-triton"
+    _check(out.cpu(), _paged_ref(q, real, ids, indptr, "HND", batch, 1, kv_len, hkv, d, True), dtype)
+    with dispatch.use_backend("xqa"), pytest.raises((dispatch.BackendRefusedError, dispatch.NoBackendError),
+                                                    match=r"kv_dtype='uint8'"):
+        dispatch.xqa_batch_decode_with_kv_cache(q, cache, torch.empty(1 << 20, dtype=torch.uint8, device=DEV), table,
+                                                lens, kv_len, kv_layout="HND", kv_cache_sf=sf)
+
+
 def test_paged_repeats_and_cuda_graph_read_each_calls_scale_factors():
     """The fast launcher (exact repeats) and a captured graph take the scale factors' addresses per call
     / the captured tensor's contents at replay."""

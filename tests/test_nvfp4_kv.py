@@ -207,6 +207,35 @@ def test_ragged_run_matches_fp64(backend, causal, form):
         w.run(q, k, v)
 
 
+# -- xqa_batch_decode_with_kv_cache (FlashInfer 0.7.2's XQA serves NVFP4 on SM12x only; ours anywhere) -----
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_xqa_decode_matches_fp64(backend, kv_layout):
+    cache, sf, ids, indptr, last = _paged_setup(kv_layout, sf_bytes=kv_layout == "HND")
+    pages = [int(indptr[1]), int(indptr[2] - indptr[1])]
+    table = torch.zeros(2, max(pages), dtype=torch.int32)
+    table[0, :pages[0]], table[1, :pages[1]] = ids[:pages[0]], ids[pages[0]:]
+    q = torch.randn(2, HQ, D).half()
+    out = torch.full((2, HQ, D), float("nan"), dtype=torch.float16)
+    with dispatch.use_backend(backend):
+        dispatch.xqa_batch_decode_with_kv_cache(
+            q, cache, torch.empty(1), table, torch.tensor(KV_LENS, dtype=torch.int32), max(KV_LENS),
+            bmm1_scale=K_SCALE / math.sqrt(D), bmm2_scale=V_SCALE, out=out, kv_layout=kv_layout, kv_cache_sf=sf)
+    assert dispatch.last_decision().chosen == backend
+    real = dequantize_fp64(cache, sf)
+    refs = []
+    for b, kv_len in enumerate(KV_LENS):
+        k, v = real[table[b, :pages[b]].long(), 0], real[table[b, :pages[b]].long(), 1]
+        if kv_layout == "HND":
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        refs.append(attention_fp64(q[b:b + 1], k.reshape(-1, HKV, D)[:kv_len] * K_SCALE,
+                                   v.reshape(-1, HKV, D)[:kv_len] * V_SCALE, sm_scale=1 / math.sqrt(D), causal=True)[0])
+    _close(out, torch.cat(refs), torch.float16)
+    with pytest.raises(ValueError, match=r"kv_cache_sf=None: allowed the NVFP4 scale factors of the uint8 kv_cache"):
+        dispatch.xqa_batch_decode_with_kv_cache(q, cache, torch.empty(1), table, torch.tensor(KV_LENS, dtype=torch.int32),
+                                                max(KV_LENS), kv_layout=kv_layout)
+
+
 # -- errors: the argument, its value, what is allowed; nothing launched --------------------------
 def _single_args():
     q = torch.randn(5, 2, 32).half()
@@ -288,6 +317,10 @@ def test_capability_data_names_who_serves_nvfp4():
     why = {name: " ".join(str(r) for r in backend_caps(name).check(problem, h100))
            for name in ("fa2", "fa3", "cudnn", "trtllm-gen", "xqa", "torch-flash")}
     assert all("kv_dtype='uint8'" in text for text in why.values()), why
+    decode = AttentionProblem(**{**problem.__dict__, "entry": "xqa_batch_decode_with_kv_cache", "phase": "decode",
+                                 "kv_storage": "paged", "page_size": 16})
+    assert backend_caps("native-triton").check(decode, h100) == []
+    assert "SM12x GPUs only" in " ".join(str(r) for r in backend_caps("xqa").check(decode, h100))
     assert "FlashInfer 0.7.2's fa2 serves it" in why["fa2"]
     assert "SM12x GPUs only" in why["xqa"]
     assert "Blackwell (sm_100+)" in why["trtllm-gen"]

@@ -179,7 +179,7 @@ class TrtllmContextSpec(Spec):
             if getattr(self, name) is not None:
                 raise bad(name, getattr(self, name), "None (NVFP4 KV/output: FlashInfer 0.7.2 serves them through "
                           "trtllm-gen on Blackwell, sm_100+, which attn-dispatch does not forward; NVFP4 KV is served "
-                          "on single_prefill_with_kv_cache and BatchPrefillWithPagedKVCacheWrapper)")
+                          "on single_prefill_with_kv_cache, both prefill wrappers and xqa_batch_decode_with_kv_cache)")
         if d.out_dtype not in OUT_DTYPES:  # blame the argument the dtype came from
             raise bad("out_dtype" if self.out_dtype is not None else "out.dtype", d.out_dtype,
                       "float16, bfloat16, float32 or an fp8 dtype")

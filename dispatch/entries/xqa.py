@@ -10,10 +10,10 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .. import ops, policy
+from .. import nvfp4, ops, policy
 from ..checks import (Layout, OUT_DTYPES, Scale, Spec, bad, check_indptr_values, check_paged_values, check_scale,
-                      need_finite, need_index, need_int, need_kv_static, need_out, need_query, need_sinks, need_tensor,
-                      need_window, paged_kv_spec, uniform_indptr)
+                      need_finite, need_heads, need_index, need_int, need_kv_static, need_out, need_query, need_sinks,
+                      need_tensor, need_window, paged_kv_spec, uniform_indptr)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from . import _base as B
 
@@ -67,6 +67,8 @@ def xqa_batch_decode_with_kv_cache(
         batch_size=z.batch, max_q_len=q_len_per_req, max_kv_len=max_seq_len, sm_scale=bmm1_scale,
         out_scale=bmm2_scale, block_table=block_tables, sinks=sinks, spec_mask=mask if q_len_per_req > 1 else None,
         extras=B.NO_EXTRAS)
+    if kv_cache_sf is not None:  # NVFP4: the scale factors' logical NHD views, like k and v
+        batch.k_sf, batch.v_sf = nvfp4.paged_sf_views(kv_cache_sf, kv_layout)[:2]
     lane.launch(batch)
     return batch.out
 
@@ -120,6 +122,8 @@ class XqaDecodeSpec(Spec):
     def derive(self):
         need_query("query", self.query, dtypes=(torch.float16, torch.bfloat16, torch.float32))
         d = paged_kv_spec(self.kv_cache, self.kv_layout, allow_squeezed=False)
+        if nvfp4.packed(d.k):  # NVFP4: head_dim // 2 bytes a row
+            d.dqk, d.dvo = d.dqk * 2, d.dvo * 2
         d.hq, d.total_q = self.query.shape[1], self.query.shape[0]
         d.out_dtype = self.out.dtype if self.out is not None else self.query.dtype
         d.batch = self._batch_size(d)
@@ -138,11 +142,13 @@ class XqaDecodeSpec(Spec):
 
     def static_checks(self, d):
         q, dev = self.query, self.query.device
-        need_kv_static(d, q)
-        if self.kv_cache_sf is not None:
-            raise bad("kv_cache_sf", self.kv_cache_sf, "None (NVFP4 KV through XQA: FlashInfer 0.7.2 serves it on "
-                      "SM12x GPUs only; attn-dispatch serves NVFP4 KV on single_prefill_with_kv_cache and "
-                      "BatchPrefillWithPagedKVCacheWrapper)")
+        if nvfp4.packed(d.k):
+            self.nvfp4_checks(d)
+        else:
+            need_kv_static(d, q)
+            if self.kv_cache_sf is not None:
+                raise bad("kv_cache_sf", self.kv_cache_sf, f"None with a {dtype_name(d.k.dtype)} cache (NVFP4 scale "
+                          "factors go with a uint8 kv_cache of head_dim // 2 bytes a row)")
         need_int("q_len_per_req", self.q_len_per_req, 1)
         need_window(self.window_left)
         need_index("block_tables", self.block_tables, None, dev)
@@ -161,6 +167,24 @@ class XqaDecodeSpec(Spec):
             need_index("q_cu_seq_lens", self.q_cu_seq_lens, None, dev)
             if self.q_len_per_req < 2:
                 raise bad("q_len_per_req", self.q_len_per_req, ">= 2 (the longest draft) when q_cu_seq_lens is given")
+
+    def nvfp4_checks(self, d):
+        """An NVFP4 cache (FlashInfer 0.7.2: XQA's own kernels serve it on SM12x GPUs only; native-triton
+        and the reference on any device): a 16-bit query, the cache's scale factors (dispatch/nvfp4.py)."""
+        q = self.query
+        nvfp4.need_query_dtype("query.dtype", q.dtype)
+        if d.k.device != q.device:
+            raise bad("kv_cache.device", d.k.device, f"{q.device}, the device of the query (all tensors on one device)")
+        if d.k.stride(-1) != 1 or d.v.stride(-1) != 1:
+            raise bad("kv_cache.stride()", tuple(d.k.stride()), "a unit stride on the last (head_dim) dimension")
+        if d.dqk != q.shape[2]:
+            raise bad("kv_cache head_dim", d.dqk, f"{q.shape[2]} = query.shape[2] ({q.shape[2] // 2} bytes a row: "
+                      "NVFP4 holds two values a byte)")
+        need_heads(q.shape[1], d.hkv, "query.shape[1] (num_qo_heads)", "num_kv_heads")
+        if self.kv_cache_sf is None:
+            raise bad("kv_cache_sf", None, f"the NVFP4 scale factors of the uint8 kv_cache ({nvfp4.SF_TEXT} tensors "
+                      "like the cache's halves, last dim head_dim // 16)")
+        nvfp4.need_paged_sf(self.kv_cache_sf, d)
 
     def size_checks(self, d):
         dev, b = self.query.device, d.batch
