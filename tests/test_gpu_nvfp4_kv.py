@@ -126,9 +126,9 @@ def test_ragged_wrapper_nvfp4_matches_fp64(dtype):
            q_data_type=dtype, kv_data_type=torch.uint8)
     q = torch.randn(batch * qo_len, hq, d, device=DEV).to(dtype)
     out = w.run(q, packed[:, 0], packed[:, 1], k_scale=K_SCALE, v_scale=V_SCALE, kv_cache_sf=sf)
-    ref = torch.cat([attention_fp64(q[b * qo_len:(b + 1) * qo_len].cpu(), real[b * kv_len:(b + 1) * kv_len, 0] * K_SCALE,
-                                    real[b * kv_len:(b + 1) * kv_len, 1] * V_SCALE, sm_scale=1 / math.sqrt(d),
-                                    causal=True)[0] for b in range(batch)])
+    rows = [slice(b * kv_len, (b + 1) * kv_len) for b in range(batch)]
+    ref = torch.cat([attention_fp64(q[b * qo_len:(b + 1) * qo_len].cpu(), real[r, 0] * K_SCALE, real[r, 1] * V_SCALE,
+                                    sm_scale=1 / math.sqrt(d), causal=True)[0] for b, r in enumerate(rows)])
     _check(out.cpu(), ref, dtype)
 
 

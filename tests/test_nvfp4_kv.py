@@ -232,8 +232,9 @@ def test_xqa_decode_matches_fp64(backend, kv_layout):
                                    v.reshape(-1, HKV, D)[:kv_len] * V_SCALE, sm_scale=1 / math.sqrt(D), causal=True)[0])
     _close(out, torch.cat(refs), torch.float16)
     with pytest.raises(ValueError, match=r"kv_cache_sf=None: allowed the NVFP4 scale factors of the uint8 kv_cache"):
-        dispatch.xqa_batch_decode_with_kv_cache(q, cache, torch.empty(1), table, torch.tensor(KV_LENS, dtype=torch.int32),
-                                                max(KV_LENS), kv_layout=kv_layout)
+        dispatch.xqa_batch_decode_with_kv_cache(q, cache, torch.empty(1), table,
+                                                torch.tensor(KV_LENS, dtype=torch.int32), max(KV_LENS),
+                                                kv_layout=kv_layout)
 
 
 # -- errors: the argument, its value, what is allowed; nothing launched --------------------------
