@@ -112,11 +112,12 @@ def recording(monkeypatch) -> list:
     return seen
 
 
-def planned_problem(monkeypatch, use_cuda_graph: bool, kv_lens, max_sequence_kv=None):
+def planned_problem(monkeypatch, use_cuda_graph: bool, kv_lens, max_sequence_kv=None, **buffers):
     """The problem a paged wrapper's plan() decides."""
     seen = recording(monkeypatch)
     c = paged(q_lens=(1,) * len(kv_lens), kv_lens=kv_lens)
-    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8), use_cuda_graph=use_cuda_graph)
+    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8), use_cuda_graph=use_cuda_graph,
+                                                     **buffers)
     with pytest.raises(LookupError):
         w.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], c["num_qo_heads"], c["num_kv_heads"],
                c["head_dim"], c["page_size"], q_data_type=c["dtype"], max_sequence_kv=max_sequence_kv)
@@ -152,3 +153,17 @@ def test_a_call_whose_kv_size_is_its_length_bound_replays_up_to_it(monkeypatch):
     with pytest.raises(LookupError):
         dispatch.cudnn_batch_prefill_with_kv_cache(*args, **kw)
     assert (seen[0].cuda_graph, seen[0].replay_kv, seen[0].sizes[2]) == (True, 8192, 8192)
+
+
+def test_a_graph_wrapper_given_an_indices_buffer_replays_up_to_its_pages(monkeypatch):
+    """FlashInfer's graph mode replays any plan whose page ids fit the paged_kv_indices_buf: without
+    max_sequence_kv, a request may hold every page of it (pages x page_size keys); max_sequence_kv,
+    where given, still decides; an eager wrapper ignores the buffer."""
+    page = paged(q_lens=(1,), kv_lens=(40,))["page_size"]
+    buf = dict(paged_kv_indices_buf=torch.empty(1000, dtype=torch.int32))
+    graph = planned_problem(monkeypatch, True, (900, 3000, 20), **buf)
+    assert graph.replay_kv == choice.replay_bound(1000 * page)
+    monkeypatch.undo()
+    assert planned_problem(monkeypatch, True, (900, 3000, 20), max_sequence_kv=5000, **buf).replay_kv == 8192
+    monkeypatch.undo()
+    assert planned_problem(monkeypatch, False, (900, 3000, 20), **buf).replay_kv == 0

@@ -78,7 +78,8 @@ def fixed_changes(old, new, batches: list) -> list[tuple[str, Any, str]]:
             and new.block_table.shape[1] > old.block_table.shape[1]:
         out.append(("paged_kv_indptr", f"{new.block_table.shape[1]} pages for one request",
                     f"at most {old.block_table.shape[1]}, the widest request of the captured plan "
-                    "(or plan(max_sequence_kv=...) before the capture)"))
+                    "(plan(max_sequence_kv=...) before the capture, or a paged_kv_indices_buf of that many pages, "
+                    "sets how far it reaches)"))
     pages = min((b.k.shape[0] for b in batches), default=None)
     if old.block_table is not None and pages is not None and new.max_page_id >= pages:
         out.append(("paged_kv_indices", new.max_page_id, f"page ids below {pages}, the pages of the captured cache"))

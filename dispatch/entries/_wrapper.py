@@ -97,6 +97,7 @@ class PrefillWrapper:
         self._device = float_workspace_buffer.device
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
+        self._graph_pages = 0  # the page capacity of a graph-mode wrapper's indices buffer (paged)
         self._plan: Optional[Setup] = None
         self._calls: Optional[B.Calls] = None  # the plan's call cache (plan() makes it)
         # the plans whose runs a CUDA graph captured (kept: the graph reads their tensors); the
@@ -131,8 +132,10 @@ class PrefillWrapper:
         q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
         custom = self._plan_mask(spec, q_lens, d.kv_lens)
         sizes = [a * b for a, b in zip(q_lens, d.kv_lens)]
-        # a graph runs its one backend at every kv length it replays: decided for them all, once
-        replay_kv = choice.replay_bound(max([*d.kv_lens, spec.max_sequence_kv or 0, 1])) if self._use_cuda_graph else 0
+        # a graph runs its one backend at every kv length it replays: decided for them all, once;
+        # how far they reach: plan(max_sequence_kv=...), else the indices buffer the wrapper was given
+        graph_kv = spec.max_sequence_kv or self._graph_pages * storage.get("page_size", 0)
+        replay_kv = choice.replay_bound(max([*d.kv_lens, graph_kv, 1])) if self._use_cuda_graph else 0
         problem = AttentionProblem(
             entry=self._entry, phase="decode" if q_lens and all(n == 1 for n in q_lens) else "prefill",
             kv_storage=self._storage, kv_layout="HND" if d.cudnn else self._kv_layout, num_qo_heads=d.hq,
@@ -145,8 +148,8 @@ class PrefillWrapper:
             sizes=size_class(len(q_lens), max(q_lens), replay_kv or max(d.kv_lens, default=1)) if q_lens else ())
         max_kv = max(d.kv_lens, default=0)
         if self._use_cuda_graph:  # room for the lengths a captured graph will replay (native's splits)
-            max_kv = max(max_kv, spec.max_sequence_kv or 0)
-            custom, storage = graph_owned(custom, storage, spec.max_sequence_kv)
+            max_kv = max(max_kv, graph_kv)
+            custom, storage = graph_owned(custom, storage, graph_kv)
             storage.pop("paged_csr", None)  # a captured graph reads the table it was planned with
         else:
             storage["host_indices"] = host_indices(d, ragged=self._storage == "ragged")

@@ -38,6 +38,10 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
         B.one_of("qk_indptr_buf", qk_indptr_buf, "mask_indptr_buf", mask_indptr_buf, None)
         self._init(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs,
                    variant_owns_mask)
+        # FlashInfer's graph mode replays any plan whose page ids fit the indices buffer: a request
+        # may hold every page of it, so that is how far a captured graph's lengths reach by default
+        if self._use_cuda_graph and isinstance(paged_kv_indices_buf, torch.Tensor):
+            self._graph_pages = paged_kv_indices_buf.numel()
 
     def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
              paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim: int = UNSET,
