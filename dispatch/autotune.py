@@ -64,6 +64,7 @@ import torch
 import capability_db
 from capability_db.choice_table import ANCHORS
 
+from . import devices
 from .inputs import Case, make_batch
 from .problem import AttentionProblem, DeviceDesc, class_middle
 
@@ -71,14 +72,14 @@ ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"  # "0": the default cache file is neithe
 ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
 FORMAT = 2  # the file's layout: {"format", "environment", "buckets": {key: {"measured", "times"}}}
 MAX_BUCKETS = 4096  # a file keeps at most this many buckets, the most recently measured
-LEADING = 3  # a new bucket times the table's fastest LEADING candidates ...
-WITHIN = 0.15  # ... and every other one predicted within 15% of the fastest
 REPS = 7  # timed repetitions per candidate; the median counts
 SHORT_MS = 0.2  # a call shorter than this is timed over back-to-back calls (at most MAX_CALLS)
 MAX_CALLS = 64
 HOST_CALLS = 20
 log = logging.getLogger("attn_dispatch")
 
+# which of a bucket's accepted backends it times: (problem, device, accepted, sizes) -> names
+Leading = Callable[[AttentionProblem, DeviceDesc, list, tuple], list]
 _on_switch: list[Callable[[], None]] = []  # the router's and entries' caches: decisions made before are stale
 _lock = threading.RLock()
 _known: dict[str, dict[str, dict]] = {}  # environment digest -> bucket key -> {"measured", "times"}
@@ -187,9 +188,7 @@ def live_device() -> DeviceDesc:
     """This process's device: the current CUDA device, else the CPU."""
     if not torch.cuda.is_available():
         return capability_db.CPU_DEVICE
-    from . import router
-
-    return router.live_device(torch.empty(0, device="cuda"))
+    return devices.live_device(torch.empty(0, device="cuda"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -398,8 +397,10 @@ class Timed(NamedTuple):
 
 
 def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
-           sizes: Optional[tuple[int, int, int]]) -> Optional[dict[str, Timed]]:
-    """{backend: Timed} kept for the bucket (timed now when tuning; module doc); None: nothing kept."""
+           sizes: Optional[tuple[int, int, int]], leading: Optional[Leading] = None) -> Optional[dict[str, Timed]]:
+    """{backend: Timed} kept for the bucket (timed now when tuning; module doc); None: nothing kept.
+    ``leading``: which of the accepted a new bucket times (the router's: ``choice.leading``); every
+    one where not given."""
     sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
     key, middle = bucket_key(problem, sizes), class_middle(sizes)
     if _replayed is not None:
@@ -410,19 +411,19 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
         with _lock:
             entry = _known_for(device).get(key)
         if tuning(problem.entry) and may_measure():
-            entry = _tuned(problem, device, accepted, sizes, key, entry)
+            entry = _tuned(problem, device, accepted, sizes, key, entry, leading)
     times = (entry or {}).get("times", {})
     found = {n: _timed_entry(times[n], middle, entry.get("measured")) for n in accepted if times.get(n) is not None}
     return found or None
 
 
 def lookup_over(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
-                points: list[tuple[int, int, int]]) -> Optional[dict[str, Timed]]:
+                points: list[tuple[int, int, int]], leading: Optional[Leading] = None) -> Optional[dict[str, Timed]]:
     """A CUDA graph's kept times over the kv buckets it replays (``choice.replay_points``; each point
     timed now when tuning, as ``lookup``): per backend the mean of its times at every point, at a
     point where it was not among those timed (the table put it behind the leaders) the slowest time
     kept there. None unless every point has times; a backend that failed at a point is left out."""
-    found = [lookup(problem, device, accepted, point) for point in points]
+    found = [lookup(problem, device, accepted, point, leading) for point in points]
     if not found or not all(found):
         return None  # a point nobody timed (a capture after a warm-up that did not reach it): the table decides
     failed = {n for point in points for n in _failed(problem, device, point)}
@@ -442,10 +443,11 @@ def _failed(problem: AttentionProblem, device: DeviceDesc, point: tuple) -> list
     return [n for n, t in (entry or {}).get("times", {}).items() if t is None]
 
 
-def _tuned(problem, device, accepted, sizes, key, entry) -> Optional[dict]:
+def _tuned(problem, device, accepted, sizes, key, entry, leading: Optional[Leading]) -> Optional[dict]:
     """The bucket's entry with the leading candidates timed (what it lacks of them); agreed across ranks."""
     def complete() -> Optional[dict]:
-        wanted = leading(problem, device, timed_on(device, accepted), sizes)
+        candidates = timed_on(device, accepted)
+        wanted = leading(problem, device, candidates, sizes) if leading is not None else candidates
         missing = [n for n in wanted if n not in (entry or {}).get("times", {})]
         if not missing:
             return entry
@@ -465,6 +467,12 @@ def _tuned(problem, device, accepted, sizes, key, entry) -> Optional[dict]:
                 if ctx.tune and ctx.digest == digest(fingerprint(device)):
                     ctx.new[key] = tuned
     return tuned
+
+
+def on_switch(forget: Callable[[], None]) -> None:
+    """Call ``forget`` whenever a tuning context starts or ends (the caches of decisions made before
+    are stale then)."""
+    _on_switch.append(forget)
 
 
 def now() -> str:
@@ -507,26 +515,6 @@ def _timed_entry(value, sizes: tuple, measured: Optional[str]) -> Timed:
     if isinstance(value, dict):
         return Timed(value["ms"], sizes, value.get("host_us"), measured)
     return Timed(value, sizes, None, measured)
-
-
-def leading(problem: AttentionProblem, device: DeviceDesc, accepted: list[str], sizes: tuple) -> list[str]:
-    """The candidates a new bucket times: the table's LEADING fastest at the bucket, and any other
-    predicted within WITHIN of the fastest (GPU time, plus host time for an eager call); every
-    accepted one where there is no table or it knows none of them."""
-    from . import choice
-
-    table = choice.table_for(device) if len(accepted) > LEADING else None
-    if table is None:
-        return list(accepted)
-    gpu_ms, _ = table.gpu_ms(problem, sizes, of_class=True)
-    eager = not problem.cuda_graph
-    est = {n: gpu_ms[n] + (choice.host_us(table, n, problem.entry)[0] / 1e3 if eager else 0.0)
-           for n in accepted if n in gpu_ms}
-    if not est:
-        return list(accepted)
-    order = sorted(est, key=lambda n: (est[n], accepted.index(n)))
-    best = est[order[0]]
-    return [n for i, n in enumerate(order) if i < LEADING or est[n] <= best * (1 + WITHIN)]
 
 
 def timed_on(device: DeviceDesc, accepted: list[str]) -> list[str]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -56,16 +56,6 @@ _CUDA = torch.cuda.is_available()  # a CPU-only torch cannot even ask (a describ
 def capturing(device: DeviceDesc) -> bool:
     """Whether the current CUDA stream is capturing a graph (then only GPU time counts)."""
     return device.kind == "cuda" and _CUDA and torch.cuda.is_current_stream_capturing()
-
-
-def with_properties(desc: DeviceDesc, props: Any) -> DeviceDesc:
-    """``desc`` with what the live GPU's properties say: SM count, and peak HBM bandwidth
-    (2 x memory clock x bus width) where this torch reports them (else 0: the name decides)."""
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
-    bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    bandwidth = round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e12, 3) if clock_khz and bus_bits else 0.0
-    return dataclasses.replace(desc, sm_count=int(getattr(props, "multi_processor_count", 0) or 0),
-                               peak_tb_per_s=bandwidth)
 
 
 @dataclass(frozen=True)
@@ -124,6 +114,29 @@ def plans_per_call(backend: str) -> list[str]:
         return []
 
 
+LEADING = 3  # a new bucket times the table's fastest LEADING candidates ...
+WITHIN = 0.15  # ... and every other one predicted within 15% of the fastest
+
+
+def leading(problem: AttentionProblem, device: DeviceDesc, accepted: list[str], sizes: tuple) -> list[str]:
+    """The candidates a new bucket of the warm-up autotune times (``autotune.lookup``'s ``leading``):
+    the table's LEADING fastest at the bucket, and any other predicted within WITHIN of the fastest
+    (GPU time, plus host time for an eager call); every accepted one where there is no table or it
+    knows none of them."""
+    table = table_for(device) if len(accepted) > LEADING else None
+    if table is None:
+        return list(accepted)
+    gpu_ms, _ = table.gpu_ms(problem, sizes, of_class=True)
+    eager = not problem.cuda_graph
+    est = {n: gpu_ms[n] + (host_us(table, n, problem.entry)[0] / 1e3 if eager else 0.0)
+           for n in accepted if n in gpu_ms}
+    if not est:
+        return list(accepted)
+    order = sorted(est, key=lambda n: (est[n], accepted.index(n)))
+    best = est[order[0]]
+    return [n for i, n in enumerate(order) if i < LEADING or est[n] <= best * (1 + WITHIN)]
+
+
 def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
          sizes: Optional[Sizes] = None) -> Ranking:
     """``accepted`` (in priority order) ordered by expected time; the priority order breaks ties."""
@@ -159,13 +172,13 @@ def _kept_times(problem: AttentionProblem, device: DeviceDesc, accepted: list[st
     call with a replay bound (an entry point's kv length bound) inside a tuning context times those
     buckets too: the warm-up runs eagerly, the engine captures its graphs after it (lookups only then)."""
     if not problem.replay_kv:
-        return autotune.lookup(problem, device, accepted, sizes)
+        return autotune.lookup(problem, device, accepted, sizes, leading)
     points = replay_points(problem, sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"]), of_class=bool(sizes))
     if problem.cuda_graph or capturing(device):
-        return autotune.lookup_over(problem, device, accepted, points)
+        return autotune.lookup_over(problem, device, accepted, points, leading)
     if autotune.tuning(problem.entry) and autotune.may_measure():
-        autotune.lookup_over(dataclasses.replace(problem, cuda_graph=True), device, accepted, points)
-    return autotune.lookup(problem, device, accepted, sizes)
+        autotune.lookup_over(dataclasses.replace(problem, cuda_graph=True), device, accepted, points, leading)
+    return autotune.lookup(problem, device, accepted, sizes, leading)
 
 
 def replay_bound(max_kv: int) -> int:

@@ -12,7 +12,6 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-import torch
 
 import backends
 import capability_db
@@ -21,6 +20,7 @@ from backends._device import BoundedCache
 from backends._providers import defect_reason, defects_for
 
 from . import autotune, choice, policy
+from .devices import live_device  # noqa: F401  (callers name it here: the device a call decides for)
 from .problem import AttentionBatch, AttentionProblem
 
 log = logging.getLogger("attn_dispatch")
@@ -192,21 +192,6 @@ class Decision:
 _decisions = BoundedCache(maxsize=4096)  # (problem, device, explicit, strict, live) -> Decision
 _logged = BoundedCache(maxsize=4096)  # (problem, device) whose reference choice was logged -> True
 _lock = threading.Lock()
-_live_devices: dict[int, DeviceDesc] = {}
-
-
-def live_device(tensor: torch.Tensor) -> DeviceDesc:
-    """The DeviceDesc of the tensor's device (cached per CUDA device index)."""
-    if tensor.device.type != "cuda":
-        return capability_db.CPU_DEVICE
-    index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
-    desc = _live_devices.get(index)
-    if desc is None:
-        major, minor = torch.cuda.get_device_capability(index)
-        name = torch.cuda.get_device_name(index)
-        desc = _live_devices[index] = choice.with_properties(
-            capability_db.device_for_capability(major, minor, name), torch.cuda.get_device_properties(index))
-    return desc
 
 
 def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, live: bool,
@@ -436,4 +421,4 @@ def clear_caches() -> None:
         _warned_defects.clear()
 
 
-autotune._on_switch.append(clear_caches)
+autotune.on_switch(clear_caches)

@@ -91,10 +91,10 @@ def _device():
 
 def tune_shapes(path: Path, cache: Optional[Path]) -> list[dict]:
     """Decide every shape of ``path`` inside a tuning context; one row per shape."""
-    from . import cli, router
+    from . import problem_options, router
 
     device, query = _device(), argparse.ArgumentParser(prog=f"attn-dispatch tune --shapes {path}", add_help=False)
-    cli._add_problem_options(query, gpu_required=False)
+    problem_options.add_problem_options(query, gpu_required=False)
     problems = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         text = line.split("#", 1)[0].strip()
@@ -107,7 +107,7 @@ def tune_shapes(path: Path, cache: Optional[Path]) -> list[dict]:
                              "(attn-dispatch query -h)") from None
         if args.gpu is not None:
             raise ValueError(f"--shapes {path}, line {number}: --gpu is not allowed; a shape is tuned on this machine")
-        problems.append((text, cli.build_problem(args, device, query)))
+        problems.append((text, problem_options.build_problem(args, device, query)))
     rows = []
     with autotune.autotune(True, cache=cache):
         for text, problem in problems:

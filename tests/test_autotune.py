@@ -224,13 +224,17 @@ def test_a_new_bucket_times_the_tables_three_leaders_or_all_within_15_percent(mo
     graph = decode_problem(cuda_graph=True)  # GPU time alone: the table's figures are the estimates
     use_table(monkeypatch, synthetic_table(graph, dict(zip(names, (1.0, 2.0, 3.0, 4.0, 5.0)))))
     with autotune.autotune(True):
-        autotune.lookup(graph, H100, names, (8, 1, 1024))
+        autotune.lookup(graph, H100, names, (8, 1, 1024), choice.leading)  # as the router asks
     assert timed == ["fa2", "fa3", "cudnn"]
     timed.clear()
     use_table(monkeypatch, synthetic_table(graph, dict(zip(names, (1.0, 1.05, 1.1, 1.14, 1.2)))))
     with autotune.autotune(True):
-        autotune.lookup(graph, H100, names, (8, 1, 2048))
+        autotune.lookup(graph, H100, names, (8, 1, 2048), choice.leading)
     assert timed == ["fa2", "fa3", "cudnn", "xqa"]  # native-triton: 20% off
+    timed.clear()
+    with autotune.autotune(True):
+        autotune.lookup(graph, H100, names, (8, 1, 4096))  # no leading given: every accepted one
+    assert timed == names
 
 
 def test_explain_says_which_evidence_decided(monkeypatch):

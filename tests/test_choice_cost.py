@@ -15,7 +15,7 @@ import capability_db
 from _tables import synthetic_table, use_table
 from capability_db import choice_table
 from capability_db.choice_table import key_of
-from dispatch import choice, router
+from dispatch import choice, devices, router
 from test_autotune import decode_problem
 
 H100 = capability_db.resolve_device("h100")
@@ -131,9 +131,9 @@ def test_the_flags_a_key_leaves_out_multiply_by_their_factor():
 
 def test_device_properties_give_sm_count_and_bandwidth():
     props = SimpleNamespace(multi_processor_count=132, memory_clock_rate=2619000, memory_bus_width=5120)
-    d = choice.with_properties(H100, props)
+    d = devices.with_properties(H100, props)
     assert d.sm_count == 132 and d.peak_tb_per_s == pytest.approx(3.352, abs=1e-3)
-    assert choice.with_properties(H100, SimpleNamespace(multi_processor_count=132)).peak_tb_per_s == 0.0
+    assert devices.with_properties(H100, SimpleNamespace(multi_processor_count=132)).peak_tb_per_s == 0.0
 
 
 @pytest.mark.parametrize("name, key", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),

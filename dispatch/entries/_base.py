@@ -702,4 +702,4 @@ def clear_caches() -> None:
         calls.clear()
 
 
-autotune._on_switch.append(clear_caches)  # the proofs hold decisions: a switch makes them stale
+autotune.on_switch(clear_caches)  # the proofs hold decisions: a switch makes them stale

@@ -398,7 +398,7 @@ def _forget_wrapper_decisions() -> None:
         wrapper._forget_decisions()
 
 
-autotune._on_switch.append(_forget_wrapper_decisions)  # a wrapper's variants hold decisions too
+autotune.on_switch(_forget_wrapper_decisions)  # a wrapper's variants hold decisions too
 
 
 # -- the spec: what a call must satisfy (dispatch.checks: the three check groups) ---------------
