@@ -12,6 +12,8 @@ import importlib
 
 import capability_db
 
+from ._device import BoundedCache, kept_views
+from ._numerics import alibi_slopes
 from .base import Backend, BackendRejected, DeviceDesc, Reason
 
 # name -> "module:Class", from the data files; importing the module must never import a
@@ -39,4 +41,18 @@ def installed_defects(backend: Backend) -> list:
     return of_installed(backend)
 
 
-__all__ = ["Backend", "BackendRejected", "DeviceDesc", "Reason", "REGISTRY", "get_backend", "installed_defects"]
+def defects_for(backend: Backend, problem, device) -> list:
+    """The known defects (with the installed version each was found in) of the provider that would
+    serve ``problem`` on ``device``, less those the backend guards (the router's candidates)."""
+    from ._providers import defects_for as of_provider
+    return of_provider(backend, problem, device)
+
+
+def defect_reason(defect, version: str) -> Reason:
+    """What the router shows for a candidate held back by a known defect."""
+    from ._providers import defect_reason as reason
+    return reason(defect, version)
+
+
+__all__ = ["Backend", "BackendRejected", "BoundedCache", "DeviceDesc", "Reason", "REGISTRY", "alibi_slopes",
+           "defect_reason", "defects_for", "get_backend", "installed_defects", "kept_views"]

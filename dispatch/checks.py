@@ -28,7 +28,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
-from backends._device import BoundedCache, kept_views
+from backends import BoundedCache, kept_views
 
 from .problem import dtype_name
 

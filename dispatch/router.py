@@ -15,9 +15,7 @@ from typing import Any, Optional
 
 import backends
 import capability_db
-from backends import BackendRejected, DeviceDesc, Reason, get_backend
-from backends._device import BoundedCache
-from backends._providers import defect_reason, defects_for
+from backends import BackendRejected, BoundedCache, DeviceDesc, Reason, defect_reason, defects_for, get_backend
 
 from . import autotune, choice, policy
 from .devices import live_device  # noqa: F401  (callers name it here: the device a call decides for)

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from backends._numerics import alibi_slopes
+from backends import alibi_slopes
 from backends.native import nvfp4
 from backends.native.triton_backend import NativeTritonBackend, TileConfig
 

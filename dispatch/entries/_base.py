@@ -59,7 +59,7 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
 import torch
 
-from backends._device import BoundedCache
+from backends import BoundedCache
 from ..checks import cache_halves, full_validation, paged_nhd, split_kv
 from backends import get_backend
 from backends.base import BackendRejected

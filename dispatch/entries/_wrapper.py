@@ -20,7 +20,7 @@ import torch
 
 from .. import autotune, checks, choice, ops, policy, router
 from backends import get_backend
-from backends._device import BoundedCache
+from backends import BoundedCache
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
                       cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
                       need_sinks, need_soft_cap, need_tensor, need_window, out_dtype_of, parse_dtype, unpack_bits)

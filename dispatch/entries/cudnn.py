@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from backends._device import kept_views
+from backends import kept_views
 
 from .. import ops, policy
 from ..checks import (OUT_DTYPES, Scale, Spec, Units, bad, check_indptr_values, check_paged_values, check_scale,
