@@ -4,13 +4,18 @@ The contract of ``flashinfer.autotune`` (FlashInfer 0.7.2: ``tune_mode``, ``cach
 so an engine that wraps its warm-up in FlashInfer's context wraps it in ours the same way:
 
 * **Inside a context with tune_mode=True**, each new bucket an entry point decides (its problem's
-  facts and its sizes rounded up to powers of two; ``choice.rank``, once per decision, never per
-  call) times the table's leading candidates: the three it predicts fastest, and any more predicted
-  within 15% of the best (every accepted one where the GPU has no table). Each is timed on a
-  faithful input at the middle of the bucket: its own plan and workspace, a paged cache whose pages
-  are shuffled over the pool (no request's pages adjacent, none shared), the L2 cache flushed before
-  each repetition, the median of ``REPS``; the warm call before the timing compiles what the bucket
-  needs. The times decide the bucket from then on.
+  facts and its size class: sizes rounded up to powers of two; ``choice.rank``, once per decision,
+  never per call) times the candidates ``lookup``'s ``leading`` names: the router's is
+  ``choice.leading``, the table's three predicted fastest (GPU time, plus host time for an eager
+  call) and any other predicted within 15% of the fastest, every accepted one where the GPU has no
+  table; without ``leading``, every accepted one. On a GPU a CPU-only backend (the PyTorch reference)
+  is not timed while a GPU backend is accepted (``timed_on``). Each is timed on a faithful input at
+  the middle of the bucket: its own plan and workspace, a paged cache whose pages are shuffled over
+  the pool (no request's pages adjacent, none shared), the L2 cache flushed before each repetition,
+  the median of ``REPS`` (a call shorter than ``SHORT_MS`` over back-to-back calls); the warm call
+  before the timing compiles what the bucket needs. On a GPU its host time per eager repeat is
+  timed too (its launcher's, else its run's): an eager call's ranking adds it. The times decide the
+  bucket from then on.
 * **Outside a context, with tune_mode=False, inside CUDA-graph capture or torch.compile
   tracing**: lookups only, never a timing. A bucket nobody timed is decided by the table.
 * **A CUDA graph** with a replay bound (``problem.replay_kv``) is decided by the mean of its times
@@ -32,7 +37,8 @@ temporary file and renamed over it. The header (``environment``) is the fingerpr
 SM count, driver, CUDA, cuDNN (and its frontend), FlashInfer, torch, Triton and attn-dispatch
 versions; a file made in another environment is ignored with one log line, and never overwritten.
 ``ATTN_DISPATCH_AUTOTUNE=0``: the default file is neither read nor written (a context's own
-``cache=PATH`` still is); no value of it times anything.
+``cache=PATH`` still is), and outside a context no kept time decides (the table does); no value of
+it times anything: only a tuning context does.
 
 Unlike FlashInfer's, ``cache=None`` keeps the times in the default file rather than in this
 process only; ``tuning_buckets``, ``round_up`` and ``cuda_graph_profile_replays`` are refused (our
@@ -66,7 +72,7 @@ from capability_db.choice_table import ANCHORS
 
 from . import devices
 from .inputs import Case, make_batch
-from .problem import AttentionProblem, DeviceDesc, class_middle
+from .problem import AttentionProblem, DeviceDesc, class_middle, size_class
 
 ENV_AUTOTUNE = "ATTN_DISPATCH_AUTOTUNE"  # "0": the default cache file is neither read nor written
 ENV_CACHE_DIR = "ATTN_DISPATCH_CACHE_DIR"
@@ -122,7 +128,7 @@ def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None
     with _lock:
         known = _known_for(device)
         if ctx.cache is not None:
-            _adopt(known, read_file(ctx.cache, env) or {})
+            adopt(known, read_file(ctx.cache, env) or {})
         _contexts.append(ctx)
     _forget()  # a bucket decided before the context opened is decided again: timed, or read from the file
     try:
@@ -238,9 +244,6 @@ def default_file(device: DeviceDesc) -> Path:
     return cache_dir() / f"autotune-{digest(fingerprint(device))}.json"
 
 
-cache_file = default_file  # the name tools and older scripts use
-
-
 def describe_cache() -> str:
     return f"autotune cache under {cache_dir()}"
 
@@ -263,11 +266,11 @@ def _known_for(device: DeviceDesc) -> dict[str, dict]:
         known = _known.setdefault(key, {})
         if key not in _read_default and _default_on():
             _read_default.add(key)
-            _adopt(known, read_file(default_file(device), fingerprint(device)) or {})
+            adopt(known, read_file(default_file(device), fingerprint(device)) or {})
         return known
 
 
-def _adopt(known: dict[str, dict], buckets: dict[str, dict]) -> None:
+def adopt(known: dict[str, dict], buckets: dict[str, dict]) -> None:
     """Each bucket of ``buckets`` measured later than the one ``known`` holds (or that it lacks)."""
     for key, entry in buckets.items():
         held = known.get(key)
@@ -318,7 +321,7 @@ def read_file(path: Path, env: Optional[dict]) -> Optional[dict[str, dict]]:
 
 
 def _normal(value) -> dict:
-    """A bucket as this version writes it; files of the online autotune held the times alone."""
+    """A bucket as ``FORMAT`` 2 writes it ({"measured", "times"}); a format-1 bucket is its times alone."""
     if isinstance(value, dict) and isinstance(value.get("times"), dict):
         return value
     return {"measured": None, "times": value if isinstance(value, dict) else {}}
@@ -377,16 +380,12 @@ def save(path: Path, buckets: dict[str, dict], env: dict) -> bool:
 
 
 # -- the lookup -----------------------------------------------------------------------------------------
-def _pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, n))))
-
-
 def bucket_key(problem: AttentionProblem, sizes: tuple[int, int, int]) -> str:
     """The problem's facts and its sizes rounded up to powers of two. Not ``cuda_graph``: a call
     declared for a graph runs the same backends at the same sizes, and the ranking decides what
     counts (GPU time alone), so one timing serves both; nor ``replay_kv`` (which buckets a graph's
     choice weighs, not what one bucket's timing is)."""
-    return f"{dataclasses.replace(problem, cuda_graph=False, replay_kv=0)!r}|" + "x".join(str(_pow2(n)) for n in sizes)
+    return f"{dataclasses.replace(problem, cuda_graph=False, replay_kv=0)!r}|" + "x".join(map(str, size_class(*sizes)))
 
 
 class Timed(NamedTuple):
@@ -401,7 +400,7 @@ def lookup(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     """{backend: Timed} kept for the bucket (timed now when tuning; module doc); None: nothing kept.
     ``leading``: which of the accepted a new bucket times (the router's: ``choice.leading``); every
     one where not given."""
-    sizes = tuple(_pow2(n) for n in (sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
+    sizes = size_class(*(sizes or ANCHORS.get(problem.phase, ANCHORS["prefill"])))
     key, middle = bucket_key(problem, sizes), class_middle(sizes)
     if _replayed is not None:
         entry = (read_file(_replayed, None) or {}).get(key)
@@ -437,7 +436,7 @@ def lookup_over(problem: AttentionProblem, device: DeviceDesc, accepted: list[st
 
 def _failed(problem: AttentionProblem, device: DeviceDesc, point: tuple) -> list[str]:
     """The backends whose timing failed in the bucket of ``point`` (kept as None)."""
-    key = bucket_key(problem, tuple(_pow2(n) for n in point))
+    key = bucket_key(problem, size_class(*point))
     with _lock:
         entry = (read_file(_replayed, None) or {}).get(key) if _replayed is not None else _known_for(device).get(key)
     return [n for n, t in (entry or {}).get("times", {}).items() if t is None]

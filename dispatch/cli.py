@@ -155,13 +155,9 @@ def cmd_query(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _this_device() -> DeviceDesc:
-    import torch
+    from . import autotune
 
-    from . import router
-
-    if not torch.cuda.is_available():
-        return capability_db.CPU_DEVICE
-    return router.live_device(torch.empty(0, device="cuda"))
+    return autotune.live_device()
 
 
 def cmd_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -81,7 +81,7 @@ def main(argv: Sequence[str]) -> int:
     else:
         for row in rows:
             print(f"{row['chosen']:14s} {row['decided_by']:38s} {row['shape']}")
-        print(f"cache: {args.cache or autotune.default_file(autotune.live_device())}")
+        print(f"cache: {_cache_or_default(args.cache)}")
     return 0
 
 
@@ -207,11 +207,9 @@ def merge(args: argparse.Namespace) -> int:
                                              + ", ".join(differs) + ")"))
             code = 1
             continue
-        for key, entry in data["buckets"].items():
-            if (entry.get("measured") or "") >= (merged.get(key, {}).get("measured") or ""):
-                merged[key] = entry
+        autotune.adopt(merged, data["buckets"])
         print(f"  {path}: {len(data['buckets'])} buckets")
-    if merged and not autotune.save(into, merged, env):  # newest measured of each bucket wins
+    if merged and not autotune.save(into, merged, env):  # the latest measured of each bucket (adopt)
         return 1
     print(f"{into}: {len(merged)} buckets")
     return code
