@@ -74,8 +74,8 @@ class FiState:
 
 
 class DirectRun:
-    """FlashInfer 0.5.x fa2's / fa3's compiled run with the arguments its wrapper's run() would
-    build from what plan() stored (flashinfer/prefill.py, run_args of each wrapper's run), split
+    """FlashInfer fa2's / fa3's compiled run (built for 0.5.3, ``_direct_run``; recorded for 0.7.2,
+    ``recorded_run``) with the arguments its wrapper's run() would build from what plan() stored (flashinfer/prefill.py, run_args of each wrapper's run), split
     around the per-call tensors: ``fn(*head, q, k, v, *middle, out, lse, *tail)``; the softmax
     scale (a plan-time value) is in ``tail``. ``sparse``: fa3's paged run, whose page indices
     FlashInfer's run() turns into token offsets for the call's K strides on every call
@@ -366,7 +366,7 @@ class FlashInferPrefill(Provider):
             state.direct = recorded_run(op, calls[0], (q, k, v, out, lse), plan_time)
 
     def _direct_run(self, state: FiState) -> Optional[DirectRun]:
-        """FlashInfer 0.5.x fa2's / fa3's compiled ``paged_run`` / ``ragged_run`` (the module's
+        """FlashInfer 0.5.3 fa2's / fa3's compiled ``paged_run`` / ``ragged_run`` (the module's
         op, which takes one argument list for both kinds and drops what fa3 does not read) with
         its arguments as the wrapper's run() builds them from what plan() stored, so a run pays
         no FlashInfer Python layer; None (the public run) for another version or kind, a JIT

@@ -586,6 +586,11 @@ def _takes_uid_order(graph) -> bool:
         return False
 
 
+def _frontend_version() -> str:
+    """The installed cudnn-frontend's version ("" where it does not say): what its private paths are pinned to."""
+    return str(getattr(cudnn_module(), "__version__", ""))
+
+
 def _raw_after_first(graph, uids: tuple, workspace: torch.Tensor, ordered):
     """execute(buffers, handle): the first call through ``ordered`` (the frontend's own execute,
     which finishes any lazy build), later calls through ``cudnn_internal.raw_pointer_call`` where it
@@ -598,8 +603,7 @@ def _raw_after_first(graph, uids: tuple, workspace: torch.Tensor, ordered):
             raw(buffers, handle)
             return
         ordered(buffers, handle)
-        version = str(getattr(cudnn_module(), "__version__", ""))
-        raw = cudnn_internal.raw_pointer_call(graph, uids, workspace, version) or ordered
+        raw = cudnn_internal.raw_pointer_call(graph, uids, workspace, _frontend_version()) or ordered
 
     return execute
 
@@ -620,7 +624,7 @@ def executor(graph, key: GraphKey, workspace: torch.Tensor) -> tuple:
         def execute_ordered(buffers, handle) -> None:
             graph.execute(buffers, workspace, handle=handle, tensor_uids=uids)
         return uids, _raw_after_first(graph, uids, workspace, execute_ordered), True
-    order = cudnn_internal.sorted_uids(graph, str(getattr(cudnn_module(), "__version__", "")))
+    order = cudnn_internal.sorted_uids(graph, _frontend_version())
     if order is not None and sorted(order) == sorted(uids):
         return order, cudnn_internal.pointer_execute(graph, workspace), False
 

@@ -45,7 +45,7 @@ class XqaPlan:
     problem: Any
     fn: Any
     spec: dict = field(default_factory=dict)  # q_len_per_req, mask[, q_cu_seq_lens]
-    direct: Optional["DirectXqa"] = None  # FlashInfer 0.5.x's / 0.7.x's kernel entry, when usable
+    direct: Optional["DirectXqa"] = None  # FlashInfer 0.5.3's / 0.7.2's kernel entry, when usable
     fixup: Any = None  # native-triton's fix-up plan, launched after XQA (XqaBackend.guards), or None
 
 

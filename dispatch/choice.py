@@ -244,7 +244,7 @@ def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str
     counted = table is not None or any(t.host_us is not None for t in tuned.values())
     when = max((t.measured for t in tuned.values() if t.measured), default="at a time the file does not say")
     basis = f"measured here ({when})" + ("; GPU time only (CUDA graph)" if graph
-                                                  else "; GPU time + host time per eager call" if counted else "")
+                                         else "; GPU time + host time per eager call" if counted else "")
     if graph and problem.replay_kv:
         basis += f", the mean over the kv buckets it replays up to {problem.replay_kv}"
     return _ordered(accepted, ests, basis)

@@ -54,35 +54,22 @@ def _gpu(text: str) -> DeviceDesc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--gpu ")) from exc
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a positive integer")
-    return value
+def _number(convert: Callable[[str], float], allowed: Callable[[float], bool], expected: str) -> Callable:
+    """An option's number: ``convert(text)`` where ``allowed`` holds, else the value and what is expected."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not allowed(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected {expected}")
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected an integer >= 0 (window_left)")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; expected a number > 0 (0 = off: omit the option)")
-    return value
-
+_positive_int = _number(int, lambda n: n >= 1, "a positive integer")
+_non_negative_int = _number(int, lambda n: n >= 0, "an integer >= 0 (window_left)")
+_positive_float = _number(float, lambda x: x > 0, "a number > 0 (0 = off: omit the option)")
 
 
 def add_problem_options(p: argparse.ArgumentParser, gpu_required: bool) -> None:

@@ -12,7 +12,6 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-
 import backends
 import capability_db
 from backends import BackendRejected, BoundedCache, DeviceDesc, Reason, defect_reason, defects_for, get_backend

@@ -59,10 +59,10 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, Optional
 
 import torch
 
-from backends import BoundedCache
-from ..checks import cache_halves, full_validation, paged_nhd, split_kv
-from backends import get_backend
+from backends import BoundedCache, get_backend
 from backends.base import BackendRejected
+
+from ..checks import cache_halves, full_validation, paged_nhd, split_kv
 
 from .. import autotune, checks, policy, router
 from ..problem import AttentionProblem, size_class
@@ -275,6 +275,9 @@ TYPED_KEYS = BoundedCache(maxsize=1024)  # keys of argument types a full (pydant
 
 
 class _EveryDimVaries(dict):
+    """``call_key``'s ``vary`` for a typed key: every dim of every tensor varies (ALL_DIMS), so the
+    key holds each tensor's dtype, device and rank, never a size."""
+
     def get(self, name, default=None):
         return ALL_DIMS
 
@@ -295,6 +298,8 @@ def validate_typed(spec_cls: type, args: dict) -> tuple:
         TYPED_KEYS.put(key, True)
         return validated
     return spec_cls.plain(spec_cls.with_defaults(args))
+
+
 LANES = BoundedCache(maxsize=1024, refresh=False)  # lane key -> Lane; first in, first out: a hit is one lookup
 
 

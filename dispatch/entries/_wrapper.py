@@ -18,14 +18,13 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import autotune, checks, choice, ops, policy, router
-from backends import get_backend
-from backends import BoundedCache
+from backends import BoundedCache, get_backend
+
+from .. import autotune, checks, choice, nvfp4, ops, policy, router
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
                       cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
                       need_sinks, need_soft_cap, need_tensor, need_window, out_dtype_of, parse_dtype, unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
-from .. import nvfp4
 from . import _base as B
 from . import _lse
 from ._base import is_dry

@@ -7,9 +7,8 @@ from typing import Any, Literal, Optional, Union, overload
 
 import torch
 
-from .. import ops
+from .. import nvfp4, ops
 from ..checks import Scale, bad, check_indptr_values, host_ints, host_lists, need_index, need_tensor
-from .. import nvfp4
 from . import _base as B
 from ._base import UNSET
 from ._wrapper import PlanSpecBase, PrefillWrapper, RunSpecBase, run_problem, run_sizes
