@@ -39,6 +39,11 @@ def ident(value) -> str:
     return str(value)
 
 
+def smallest(cases, keep=lambda case: True):
+    """The smallest case (``case_size``) of those ``keep`` accepts, as a one-case list."""
+    return sorted((c for c in cases if keep(c)), key=case_size)[:1]
+
+
 def case_size(case) -> int:
     """The product of a case's integer values: a rough measure of its work."""
     size = 1
@@ -48,16 +53,16 @@ def case_size(case) -> int:
     return size
 
 
-def grid(names: str, cpu_cases, gpu_cases=(), named=None):
+def grid(names: str, cpu_cases, gpu_cases=(), named=None, native=()):
     """pytest.mark.parametrize over ("device", "backend", *names): every CPU case through auto and the
-    smallest through our Triton kernels; every GPU case through auto and through ``named`` (the
-    backend or backends FlashInfer's test passes)."""
+    smallest (and the ``native`` cases: a kind the smallest lacks) through our Triton kernels; every GPU
+    case through auto and through ``named`` (the backend or backends FlashInfer's test passes)."""
     fields = tuple(n.strip() for n in names.split(","))
     named = (named,) if isinstance(named, str) else tuple(named or ())
     params = [pytest.param("cpu", "auto", *c, id="cpu-auto-" + "-".join(ident(v) for v in c)) for c in cpu_cases]
     params += [pytest.param("cpu", CPU_KERNEL, *c, marks=INTERPRETED,
                             id=f"cpu-{CPU_KERNEL}-" + "-".join(ident(v) for v in c))
-               for c in sorted(cpu_cases, key=case_size)[:1]]
+               for c in sorted(cpu_cases, key=case_size)[:1] + list(native)]
     for backend in ("auto",) + named:
         params += [pytest.param("cuda", backend, *c, marks=GPU, id=f"cuda-{backend}-" + "-".join(ident(v) for v in c))
                    for c in gpu_cases]

@@ -20,7 +20,7 @@ import torch
 import dispatch
 import dispatch.prefill  # FlashInfer's tests call flashinfer.prefill.<entry>
 from _fi_semantics import (close, expect_hardware_refusal, grid, needs_other_hardware, nvfp4, randn, sample,
-                           workspace)
+                           smallest, workspace)
 from oracle import attention_fp64
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
@@ -194,7 +194,8 @@ CUBIN = [(d, w, dt, sink) for (d, w) in ((128, -1), (256, -1), (128, 27)) for dt
          for sink in (False, True)][::2]
 
 
-@grid("head_dim, window_left, dtypes, enable_sink", CUBIN, CUBIN[:3], named="trtllm-gen")
+@grid("head_dim, window_left, dtypes, enable_sink", CUBIN, CUBIN[:3], named="trtllm-gen",
+      native=smallest(CUBIN, lambda c: c[2][2] == "fp8"))  # fp8 q, KV and output
 def test_trtllm_batch_prefill_cubin_variants(device, backend, head_dim, window_left, dtypes, enable_sink):
     """fp8 q/KV with 16-bit or fp8 output, head dims 128/256, sliding window, sinks."""
     max_q, max_kv = (23, 61) if device == "cpu" else (511, 2047)

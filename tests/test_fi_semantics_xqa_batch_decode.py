@@ -15,7 +15,8 @@ import torch
 
 import dispatch
 import dispatch.decode  # FlashInfer's tests call flashinfer.decode.<entry>
-from _fi_semantics import close, expect_hardware_refusal, forced, grid, needs_other_hardware, nvfp4, randn, workspace
+from _fi_semantics import (close, expect_hardware_refusal, forced, grid, needs_other_hardware, nvfp4, randn, smallest,
+                           workspace)
 from oracle import attention_fp64, pack_spec_bits, spec_decode_mask
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
@@ -127,7 +128,7 @@ def run_xqa(device, backend, batch_size, q_len_per_req, page_size, num_kv_heads,
     close(output.float(), ref / o_scale, rtol=tol, atol=tol)
 
 
-@grid(XQA_FIELDS, XQA_CPU, XQA_GPU, named="xqa")
+@grid(XQA_FIELDS, XQA_CPU, XQA_GPU, named="xqa", native=smallest(XQA_CPU, lambda c: c[9] == "fp8"))  # fp8 out
 def test_xqa_batch_decode(device, backend, batch_size, q_len_per_req, page_size, num_kv_heads, head_grp_size,
                           head_dim, window_left, q_dtype, kv_dtype, o_dtype, enable_sink, kv_layout,
                           spec_dec_mask_mode):

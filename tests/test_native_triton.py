@@ -72,12 +72,19 @@ SCENARIOS = {
     "nvfp4_paged_rope_d48": Case(kv_dtype="uint8", pos="ROPE_LLAMA", dqk=48, dvo=48, page_size=5),
     "nvfp4_dense_gqa_bf16": Case(storage="dense", kv_dtype="uint8", dtype="bfloat16", hq=8, hkv=2, q_lens=(7,),
                                  kv_lens=(37,)),
+    # fp8 e4m3 outputs (FlashInfer's o_dtype / o_data_type / xqa's out / trtllm's out_dtype): each element
+    # within one e4m3 spacing of the oracle's rounding
+    "fp8_out_paged_prefill_bf16": Case(dtype="bfloat16", out_dtype="float8_e4m3fn"),
+    "fp8_out_fp8_q_kv_hnd": Case(layout="HND", dtype="float8_e4m3fn", kv_dtype="float8_e4m3fn",
+                                 out_dtype="float8_e4m3fn", sinks=True),
+    "fp8_out_decode_fp8_kv": Case(kv_dtype="float8_e4m3fn", dtype="bfloat16", out_dtype="float8_e4m3fn", **DECODE),
 }
 
 
 def band_of(c: Case) -> float:
-    """METHOD.md's relative-error band for the case's dtypes (fp8 K/V: the fp8 band)."""
-    return BANDS["fp8"] if (c.kv_dtype or c.dtype).startswith("float8") else BANDS[c.dtype]
+    """METHOD.md's relative-error band for the case's dtypes (fp8 K/V or output: the fp8 band)."""
+    fp8 = (c.kv_dtype or c.dtype).startswith("float8") or c.out_dtype.startswith("float8")
+    return BANDS["fp8"] if fp8 else BANDS[c.dtype]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -97,6 +104,9 @@ def test_scenario_matches_fp64(name):
                                            kv_lens=(190, 64))),
     ("spec_decode", Case(phase="spec_decode", mask="spec_bits", causal=False, q_lens=(2, 2), kv_lens=(60, 9),
                          q_len_per_req=2, tensor_scales=True)),
+    # fp8 out: the splits' partials stay fp32; only the merge's store rounds to e4m3
+    ("decode_fp8_kv_fp8_out", Case(kv_dtype="float8_e4m3fn", dtype="bfloat16", out_dtype="float8_e4m3fn", sinks=True,
+                                   page_size=16, hq=8, hkv=2, **LONG_DECODE)),
 ])
 @pytest.mark.parametrize("fused_merge", [True, False])
 def test_split_kv_merge_matches_fp64(name, case, fused_merge):

@@ -101,6 +101,29 @@ def test_soft_cap_applies_after_scaling():
     assert lse.item() == pytest.approx(0.5 * math.tanh(s / 0.5) / math.log(2), abs=1e-14)
 
 
+def test_alibi_origin_moves_only_the_lse_without_a_soft_cap_and_the_output_with_one():
+    """The bias is slope * (key - query row) (FlashInfer FA2) or slope * (key - query position): a constant
+    shift per row, slope * (kv_len - q_len), that the softmax ignores but the soft cap, applied to the
+    biased logits, does not."""
+    q, k, v = _randn(3, 2, 8, seed=11), _randn(7, 2, 8, seed=12), _randn(7, 2, 8, seed=13)
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    shift = slopes * (7 - 3) / math.log(2)  # base 2
+
+    def run(origin, cap):
+        return attention_fp64(q, k, v, sm_scale=0.4, causal=True, soft_cap=cap, alibi_slopes=slopes,
+                              alibi_query=origin)
+    (out_row, lse_row), (out_pos, lse_pos) = run("row", 0.0), run("position", 0.0)
+    torch.testing.assert_close(out_row, out_pos, rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(lse_row - shift, lse_pos, rtol=1e-13, atol=1e-13)
+    (out_row, _), (out_pos, _) = run("row", 1.5), run("position", 1.5)
+    assert (out_row - out_pos).abs().max() > 1e-3
+    # the cap applies to the biased logits: one key, cap * tanh((sm_scale * q.k + slope * (0 - 0)) / cap)
+    one, lse = attention_fp64(q[:1], k[:1], v[:1], sm_scale=0.4, soft_cap=1.5, alibi_slopes=slopes,
+                              alibi_query="position")
+    logit = 1.5 * torch.tanh((q[0] * k[0]).sum(-1) * 0.4 / 1.5)
+    torch.testing.assert_close(lse[0], logit / math.log(2), rtol=1e-14, atol=0)
+
+
 def test_gqa_head_h_reads_kv_head_h_over_group():
     q = torch.zeros(1, 4, 2, dtype=torch.float64)
     k = _randn(1, 2, 2, seed=14)

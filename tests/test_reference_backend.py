@@ -344,6 +344,15 @@ def test_alibi(causal):
     assert_matches(problem, batch, ks, vs, BANDS[torch.float32])
 
 
+def test_alibi_enters_before_the_soft_cap():
+    """FlashInfer's order (include/flashinfer/attention/variants.cuh DefaultAttention): the bias is added to
+    the scaled logits, then the cap applies to their sum; q_len != kv_len, so the raw row index shows."""
+    case = Case(BASE_Q, BASE_KV, storage="ragged", hq=4, hkv=2,
+                opts=dict(causal=True, pos_encoding="ALIBI", logits_soft_cap=2.0))
+    problem, batch, ks, vs = build(case, seed=16)
+    assert_matches(problem, batch, ks, vs, BANDS[torch.float32])
+
+
 def test_rope_llama():
     case = Case(BASE_Q, BASE_KV, storage="paged", dqk=16, dvo=8,
                 opts=dict(causal=True, pos_encoding="ROPE_LLAMA", rope_theta=500.0, rope_scale=2.0))

@@ -21,8 +21,10 @@ Semantics not fixed by the problem docstring, chosen to match FlashInfer:
   soft cap, with qo_idx the query's row index *within its request* (FlashInfer
   FA2 prefill.cuh passes the raw row index to ``LogitsTransform``; decode passes
   0; include/flashinfer/attention/variants.cuh ``ALIBIAttention``), slopes as
-  ``flashinfer.utils.get_alibi_slopes``. The softmax equals the bottom-right
-  form slope*(k_pos - q_pos); only the LSE differs by slope*(kv_len - q_len).
+  ``flashinfer.utils.get_alibi_slopes``. Without a soft cap the softmax equals the
+  bottom-right form slope*(k_pos - q_pos) and only the LSE moves, by slope*(kv_len -
+  q_len); with a soft cap the bias enters before the cap, so the raw row index changes
+  the capped logits and the output too wherever kv_len != q_len.
 * custom mask and xqa spec mask replace ``causal`` (FlashInfer: mask mode CUSTOM
   overrides CAUSAL); window_left still applies on top of them.
 * sinks enter the softmax's denominator (not the numerator) and so the LSE, which is the
@@ -298,8 +300,19 @@ def _finish(ctx: _Context, req: _Request, r0: int, r1: int, m, l, acc) -> None:
         out = acc / torch.where(empty, torch.ones_like(l), l)[..., None]
     out = out * ctx.out_scale
     rows = slice(req.q_start + r0, req.q_start + r1)
-    batch.out[rows].copy_(out.permute(1, 0, 2).to(batch.out.dtype))
+    batch.out[rows].copy_(_stored(out.permute(1, 0, 2), batch.out.dtype))
     if batch.lse is not None:
         lse = torch.where(empty, torch.full_like(m, -math.inf), (m_safe + torch.log(torch.where(
             empty, torch.ones_like(l), l))) / _numerics.LN2)
         batch.lse[rows].copy_(lse.t().to(batch.lse.dtype))
+
+
+def _stored(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """values in the output's dtype. An fp8 output saturates at its largest finite value, as FlashInfer
+    0.7.2's kernels store it (their conversion is satfinite: backends/native/triton_kernels.py
+    _e4m3_grid cites them); the clamp keeps that whatever a torch release's own overflow rule. NaN
+    stays NaN."""
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        largest = torch.finfo(dtype).max
+        values = values.clamp(-largest, largest)
+    return values.to(dtype)

@@ -63,6 +63,34 @@ def _tanh(x):
 
 
 @triton.jit
+def _e4m3_grid(x):
+    """fp32 x rounded to the nearest fp8 e4m3 value (ties to even) and saturated at +-448, still fp32: the
+    value FlashInfer 0.7.2 stores for an fp8 output. Its kernels convert with the saturating conversion
+    (include/flashinfer/vec_dtypes.cuh vec_cast<__nv_fp8_e4m3, float>: __NV_SATFINITE; XQA's
+    csrc/xqa/utils.cuh convert<__nv_fp8_e4m3>: the __nv_fp8x2_e4m3 constructor, also satfinite; PTX has
+    no other f32 -> e4m3 conversion), so a value past 448 (inf too) stores 448 (as torch's own conversion
+    does), never NaN; NaN stays NaN. Rounded here, the cast that follows is exact on every
+    path: Triton's compiled cast (one cvt, or two through fp16 on some targets) and its interpreter's
+    (which truncates and does not saturate). Spacing 2^(e - 3) for |x| in [2^e, 2^(e+1)), 2^-9 below
+    2^-6 (the subnormals); adding and taking off 2^23 rounds |x| / spacing (< 16) to an integer."""
+    a = tl.abs(x)
+    a = tl.where(a > 448.0, 448.0, a)  # a NaN compares false and stays
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    spacing = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    inverse = ((127 - e + 3) << 23).to(tl.float32, bitcast=True)
+    a = ((a * inverse + 8388608.0) - 8388608.0) * spacing
+    return tl.where(x < 0, -a, a)
+
+
+@triton.jit
+def _out_values(out, Out):
+    """out in Out's dtype; an fp8 e4m3 output as FlashInfer stores it (_e4m3_grid)."""
+    if Out.dtype.element_ty == tl.float8e4nv:
+        out = _e4m3_grid(out)
+    return out.to(Out.dtype.element_ty)
+
+
+@triton.jit
 def _custom_mask_tile(CustomMask, MaskIndptr, b, t, t_first, q_len, kv_len, start, hi,
                       BLOCK_M: tl.constexpr, HPP: tl.constexpr, BLOCK_N: tl.constexpr):
     """The custom bool mask's bytes for key tile ``start``: a row per token when the tile's rows are whole
@@ -660,7 +688,7 @@ def _finish_rows(acc, m_i, l_i, h, tok, row_ok, dv, Out, Lse, Sinks, out_scale,
     out = acc * (o_scale / tl.where(any_key, l_i, 1.0))[:, None]
     out = tl.where(any_key[:, None], out, 0.0)  # fully masked rows: 0
     tl.store(Out + tok[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :] * stride_od,
-             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < HEAD_DV))
+             _out_values(out, Out), mask=row_ok[:, None] & (dv[None, :] < HEAD_DV))
 
 
 @triton.jit
@@ -744,7 +772,7 @@ def _merge_splits(
     denom_safe = tl.where(any_key, denom, 1.0)
     out = tl.sum(parts * w[:, None], 0) * (o_scale / denom_safe)
     out = tl.where(any_key, out, 0.0)
-    tl.store(Out + tok * stride_ot + h * stride_oh + dv * stride_od, out.to(Out.dtype.element_ty),
+    tl.store(Out + tok * stride_ot + h * stride_oh + dv * stride_od, _out_values(out, Out),
              mask=dv < HEAD_DV)
     if WRITE_LSE:  # the whole denominator's, the sink's term included
         has_sum = denom > 0

@@ -35,7 +35,11 @@ One request at a time, dense (q_len x kv_len) scores in fp64:
 ALiBi's slopes are not stated precisely enough in the conventions to be re-derived here:
 a caller passes them (``alibi_slopes``) and the oracle adds slope * (key - query position), or
 slope * (key - query row within its request) with ``alibi_query="row"`` (FlashInfer FA2 passes
-the raw row index; the softmax is the same, the LSE moves by slope * (kv_len - q_len)).
+the raw row index), before the soft cap. Without a soft cap the two give the same softmax and
+the LSE moves by slope * (kv_len - q_len); with one, the cap sees the bias, so the output
+differs too wherever kv_len != q_len.
+fp8 outputs: ``stored_e4m3`` is what a kernel stores (rounded to nearest even, saturated at
++-448 as FlashInfer's kernels convert), ``e4m3_ulp`` the format's spacing at each value.
 
 ``reference_of_batch`` applies all of this to an ``AttentionBatch`` (paged or ragged K/V, the
 problem's masks, sinks and scales) for the probe, the lab scenarios and the adapter tools.
@@ -282,6 +286,33 @@ def packbits_little(flat: torch.Tensor) -> torch.Tensor:
 
 
 # --- agreement ------------------------------------------------------------------------------
+E4M3_MAX = 448.0
+
+
+def stored_e4m3(values: torch.Tensor) -> torch.Tensor:
+    """fp64 values as an fp8 e4m3 output stores them, back in fp64: rounded to nearest even and
+    saturated at +-448 (FlashInfer's kernels convert with satfinite; the clamp keeps that whatever a
+    torch release's own overflow rule)."""
+    return values.double().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).double()
+
+
+def e4m3_ulp(values: torch.Tensor) -> torch.Tensor:
+    """The spacing of fp8 e4m3 values at each value's magnitude: 2^(e - 3) in [2^e, 2^(e+1)), 2^-9
+    below 2^-6 (the subnormals); past 448, the spacing at 448."""
+    magnitude = values.double().abs().clamp(2.0 ** -6, E4M3_MAX)
+    return torch.exp2(torch.floor(torch.log2(magnitude)) - 3)
+
+
+def e4m3_ulps_off(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest distance, in e4m3 spacings at the reference, between an fp8 output and the fp64
+    reference as stored (``stored_e4m3``): 0 when every element is the reference's rounding, 1 when a
+    computation error moved some across a rounding boundary; inf with a NaN."""
+    got, ref = got.double().to(ref.device), ref.double()
+    if torch.isnan(got).any():
+        return math.inf
+    return float(((got - stored_e4m3(ref)).abs() / e4m3_ulp(ref)).max()) if ref.numel() else 0.0
+
+
 # Relative Frobenius error bands by the dtype the inputs were stored in (METHOD): bf16/fp16 land
 # at 1e-3..1e-2, fp8 KV near 3e-2, fp32 well below 1e-3.
 BANDS = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2, "fp8": 6e-2}
