@@ -127,6 +127,8 @@ class PrefillWrapper:
 
     # -- plan -------------------------------------------------------------------------------------
     def _finish_plan(self, spec, d, **storage: Any) -> None:
+        """The plan's problem and Setup from the checked arguments: a captured graph follows it in
+        place (or refuses it unchanged); else it becomes the wrapper's plan (``_take_plan``)."""
         dev = self._device
         q_lens = [b - a for a, b in zip(d.qo[:-1], d.qo[1:])]
         custom = self._plan_mask(spec, q_lens, d.kv_lens)
@@ -166,6 +168,10 @@ class PrefillWrapper:
             if self._storage == "paged":
                 self._extras["pages_used"] = self._plan.max_page_id + 1
             return
+        self._take_plan(plan, problem)
+
+    def _take_plan(self, plan: Setup, problem: AttentionProblem) -> None:
+        """Make ``plan`` the wrapper's: its call cache, its extras, and its decision made now."""
         self._plan = plan
         self._explicit = policy.explicit_choice(self._backend)
         # static_indices: the batch's index tensors are this plan's own, never written (a backend
