@@ -2,7 +2,8 @@
 
 Translation (the function's signature and docstring, flashinfer/prefill.py):
 * paged only; our logical NHD page views go over in the caller's physical layout
-  (kv_layout "NHD" or "HND"), block_table as is;
+  (kv_layout "NHD" or "HND"), block_table as is; K and V page ids of their own (our v_block_table)
+  go as FlashInfer's (batch, 2, pages) table with ``uses_shared_paged_kv_idx=False`` (>= 0.6.10);
 * ``seq_lens`` = our kv_lens (total keys incl. the new tokens); cum_seq_lens_q = qo_indptr;
   cum_seq_lens_kv is ignored by the kernel for paged KV, we pass the kv token prefix sums;
 * bmm1_scale = sm_scale, bmm2_scale = out_scale (float or device tensor: CUDA-graph safe);
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from backends import _vendor
 from backends._device import on_device
@@ -43,6 +46,9 @@ class TrtllmGenBackend(_vendor.FlashInferModuleBackend):
             raise _vendor.rejected(self.name, "causal", False, "True with this flashinfer (causal= needs >= 0.6.17)", SRC)
         if problem.return_lse and not _vendor.has_param(fn, "lse"):
             raise _vendor.rejected(self.name, "return_lse", True, "False with this flashinfer (lse= needs >= 0.6.17)", SRC)
+        if not problem.uses_shared_paged_kv_idx and not _vendor.has_param(fn, "uses_shared_paged_kv_idx"):
+            raise _vendor.rejected(self.name, "uses_shared_paged_kv_idx", False,
+                                   "True with this flashinfer (separate K/V page tables need >= 0.6.10)", SRC)
         _vendor.workspace("trtllm-gen", batch.q.device, WORKSPACE_BYTES, zeroed=True)
         return TrtllmPlan(problem, fn)
 
@@ -60,9 +66,13 @@ class TrtllmGenBackend(_vendor.FlashInferModuleBackend):
             kwargs["causal"] = problem.causal
         if batch.lse is not None:
             kwargs["lse"] = batch.lse  # fp32 (total_q, Hq) base 2, filled in place
+        table = batch.block_table
+        if not problem.uses_shared_paged_kv_idx:  # FlashInfer's form: dim 1 is K's ids (0), V's (1)
+            table = torch.stack([batch.block_table, batch.v_block_table], dim=1)
+            kwargs["uses_shared_paged_kv_idx"] = False
         plan.fn(
             batch.q, (k, v), _vendor.workspace("trtllm-gen", dev, WORKSPACE_BYTES, zeroed=True),
-            batch.block_table, batch.kv_lens, batch.max_q_len, batch.max_kv_len,
+            table, batch.kv_lens, batch.max_q_len, batch.max_kv_len,
             _vendor.device_scalar(batch.sm_scale, dev), _vendor.device_scalar(batch.out_scale, dev),
             batch.batch_size, batch.qo_indptr, _vendor.cu_seqlens(batch.kv_lens), problem.window_left,
             **kwargs,

@@ -12,7 +12,9 @@ library), so ``capability_db``, ``backends`` and ``dispatch`` all build on it wi
   - ``q``: (total_q, Hq, Dqk), requests packed along dim 0 (request-major).
   - paged KV: ``k``/``v`` are 4-D *logical NHD* views (pages, P, Hkv, D) of the
     caller's cache, whatever its physical layout (an HND cache is a permuted view,
-    never a copy); ``block_table`` (B, max_pages) int32 and ``kv_lens`` (B,) int32.
+    never a copy); ``block_table`` (B, max_pages) int32 and ``kv_lens`` (B,) int32;
+    where K and V pages have ids of their own (``uses_shared_paged_kv_idx=False``),
+    ``block_table`` holds K's and ``v_block_table`` V's.
   - ragged/dense KV: ``k``/``v`` are (total_kv, Hkv, D) views; ``kv_indptr`` (B+1,).
   - ``qo_indptr`` (B+1,) int32 token prefix sums, ``kv_lens`` (B,) int32 =
     total keys per request *including* the new query tokens (bottom-right causal:
@@ -97,6 +99,9 @@ class AttentionProblem:
     rope_theta: float = 1e4
     has_sinks: bool = False
     return_lse: bool = False
+    # paged KV whose K and V pages have ids of their own (a block table per side, TensorRT-LLM's form):
+    # False reads V through ``AttentionBatch.v_block_table``
+    uses_shared_paged_kv_idx: bool = True
     q_len_per_req: int = 0  # spec decode: fixed draft length (0 when it varies)
     device_type: Literal["cpu", "cuda"] = "cuda"
     cuda_graph: bool = False  # the caller will capture run() in a CUDA graph
@@ -151,6 +156,7 @@ class AttentionProblem:
             (self.pos_encoding, self.pos_encoding != "NONE"),
             ("sinks", self.has_sinks),
             ("lse", self.return_lse),
+            ("separate K/V page ids", not self.uses_shared_paged_kv_idx),
             ("cuda_graph", self.cuda_graph),
         ]
         parts.extend(name for name, on in flags if on)
@@ -164,7 +170,7 @@ Scale = Union[float, torch.Tensor]
 @dataclass(kw_only=True)
 class AttentionBatch:
     """The tensors of one call, in the convention described in the module docstring; built with
-    keywords only (nineteen fields: a positional call would be read by counting)."""
+    keywords only (twenty-two fields: a positional call would be read by counting)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -189,6 +195,9 @@ class AttentionBatch:
     # leading dims of k/v (logical NHD views like them); backends/native/nvfp4.py has the format
     k_sf: Optional[torch.Tensor] = None
     v_sf: Optional[torch.Tensor] = None
+    # paged, ``uses_shared_paged_kv_idx=False``: V's page ids (B, max_pages) int32, with the row stride of
+    # ``block_table`` (then K's alone); None: block_table serves K and V
+    v_block_table: Optional[torch.Tensor] = None
 
     @property
     def total_q(self) -> int:

@@ -97,6 +97,8 @@ def make_batch(case: Case, device, seed: int = 0) -> AttentionBatch:
     extra = dict(kv_indptr=None, block_table=None)
     if p.kv_storage == "paged":
         (k, k_sf), (v, v_sf), extra["block_table"] = _paged_kv(p, case.kv_lens, device, gen)
+        if not p.uses_shared_paged_kv_idx:  # V's page ids of their own: the same pages through a second table
+            extra["v_block_table"] = extra["block_table"].clone()
     else:
         k, k_sf = _kv((total_kv, p.num_kv_heads, p.head_dim_qk), p.kv_dtype, device, gen)
         v, v_sf = _kv((total_kv, p.num_kv_heads, p.head_dim_vo), p.kv_dtype, device, gen)

@@ -139,9 +139,10 @@ def _trtllm_compute(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_sc
         raise NotImplementedError("sliding window requires causal")
     for i in range(block_tables.shape[0]):
         n = int(seq_lens[i])
-        pages = block_tables[i, : (n + psize - 1) // psize].long()
-        k = _pages_to_seq(k_cache, pages, n, kv_layout).float()
-        v = _pages_to_seq(v_cache, pages, n, kv_layout).float()
+        # a (batch, 2, pages) table (uses_shared_paged_kv_idx=False): K's page ids, then V's
+        k_ids, v_ids = (block_tables[i, 0], block_tables[i, 1]) if block_tables.dim() == 3 else (block_tables[i],) * 2
+        k = _pages_to_seq(k_cache, k_ids[: (n + psize - 1) // psize].long(), n, kv_layout).float()
+        v = _pages_to_seq(v_cache, v_ids[: (n + psize - 1) // psize].long(), n, kv_layout).float()
         a, z = int(cum_seq_lens_q[i]), int(cum_seq_lens_q[i + 1])
         o, l = attend(query[a:z], k, v, scale=bmm1, lo=window_left if window_left >= 0 else None,
                       hi=0 if causal else None, sinks=sinks)
@@ -173,7 +174,8 @@ def _trtllm_new(rec):
         rec.add("trtllm", query=query, block_tables=block_tables, seq_lens=seq_lens, max_q_len=max_q_len,
                 max_kv_len=max_kv_len, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, batch_size=batch_size,
                 cum_seq_lens_q=cum_seq_lens_q, window_left=window_left, out=out, kv_layout=kv_layout,
-                sinks=sinks, causal=causal, lse=lse)
+                sinks=sinks, causal=causal, lse=lse, uses_shared_paged_kv_idx=uses_shared_paged_kv_idx)
+        assert block_tables.dim() == (2 if uses_shared_paged_kv_idx else 3), "FlashInfer's block_tables rank rule"
         return _trtllm_compute(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale, cum_seq_lens_q,
                                window_left, out, kv_layout, sinks, causal, lse)
     return trtllm_batch_context_with_kv_cache

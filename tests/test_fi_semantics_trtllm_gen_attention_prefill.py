@@ -2,8 +2,9 @@
 
 ``trtllm_batch_context_with_kv_cache`` against the fp64 oracle with FlashInfer's tolerances (1e-2;
 fp8 q 4e-2/6e-2 with a 16-bit output, 5e-2/7e-2 with an fp8 output): HND and NHD paged caches, K and
-V sharing page ids (``uses_shared_paged_kv_idx=False``, a (batch, 2, pages) table into one
-interleaved pool, is refused by name), causal or not, sinks, window, fp8 q/KV/out with their scales folded into
+V sharing page ids or with ids of their own (``uses_shared_paged_kv_idx=False``: FlashInfer's test
+interleaves the pages into one pool, K of page p at 2p and V at 2p + 1, a (batch, 2, pages) table into
+``(pool, pool)``), causal or not, sinks, window, fp8 q/KV/out with their scales folded into
 ``bmm1_scale``/``bmm2_scale``, a non-contiguous query, head dims 128/256/512, page sizes up to 1024,
 and the LSE contract (returned, caller-provided, base 2). The skip-softmax threshold FlashInfer's
 test sets (1e-30) is a speed hint here. On a GPU the cases also run with ``backend="trtllm-gen"``
@@ -19,8 +20,8 @@ import torch
 
 import dispatch
 import dispatch.prefill  # FlashInfer's tests call flashinfer.prefill.<entry>
-from _fi_semantics import (close, expect_hardware_refusal, grid, needs_other_hardware, nvfp4, randn, sample,
-                           smallest, workspace)
+from _fi_semantics import (CPU_KERNEL, INTERPRETED, close, expect_hardware_refusal, grid, needs_other_hardware, nvfp4,
+                           randn, sample, smallest, workspace)
 from oracle import attention_fp64
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
@@ -118,10 +119,6 @@ def run_case(device, backend, kv_layout, batch_size, page_size, num_kv_heads, he
             out_dtype=DTYPES[o_dtype], kv_layout=kv_layout, sinks=sinks.to(device) if enable_sink else None,
             skip_softmax_threshold_scale_factor=1e-30 if skips_softmax else None,
             uses_shared_paged_kv_idx=uses_shared_paged_kv_idx, lse=lse, return_lse=bool(return_lse), backend=backend)
-    if not uses_shared_paged_kv_idx:  # no backend of ours reads a (batch, 2, pages) table
-        with pytest.raises(ValueError, match=r"uses_shared_paged_kv_idx=False: allowed True"):
-            call()
-        return None
     if needs_other_hardware(device, backend):
         return expect_hardware_refusal(call)
     if return_lse is None:  # FlashInfer checks the LSE where its reference has one it trusts
@@ -248,3 +245,71 @@ def test_trtllm_batch_prefill_nvfp4_refused(device, backend, q_dtype, kv_dtype, 
         dispatch.prefill.trtllm_batch_context_with_kv_cache(
             q, cache, workspace(device), table, torch.full((batch_size,), seq, dtype=torch.int32, device=device), 8,
             seq, head_dim ** -0.5, 1.0, batch_size, cu_q, cu_q, kv_layout="HND", backend=backend, **kw)
+
+
+def separate_tables_case(seed=3, pages=20, page_size=4, hkv=2, group=2, head_dim=64, q_lens=(3, 1, 5),
+                         kv_lens=(9, 14, 21)):
+    """A (k_cache, v_cache) pair of NHD pools and (batch, 2, pages) tables whose K and V ids differ:
+    request b's K pages at k_ids[b], its V pages at v_ids[b] (another permutation of the pool)."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(pages, page_size, hkv, head_dim, generator=g).half()
+    v = torch.randn(pages, page_size, hkv, head_dim, generator=g).half()
+    per = -(-max(kv_lens) // page_size)
+    k_ids = torch.randperm(pages, generator=g)[: len(kv_lens) * per].reshape(len(kv_lens), per).to(torch.int32)
+    v_ids = torch.randperm(pages, generator=g)[: len(kv_lens) * per].reshape(len(kv_lens), per).to(torch.int32)
+    q = torch.randn(sum(q_lens), hkv * group, head_dim, generator=g).half()
+    return q, (k, v), k_ids, v_ids
+
+
+def call_trtllm(q, cache, table, kv_lens, q_lens, backend, shared, **kw):
+    cu_q = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return dispatch.prefill.trtllm_batch_context_with_kv_cache(
+        q, cache, workspace("cpu"), table, torch.tensor(kv_lens, dtype=torch.int32), max(q_lens), max(kv_lens),
+        q.shape[-1] ** -0.5, 1.0, len(kv_lens), cu_q, cu_q, kv_layout="NHD", uses_shared_paged_kv_idx=shared,
+        backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param(CPU_KERNEL, marks=INTERPRETED)])
+def test_separate_page_tables_conversion(backend):
+    """uses_shared_paged_kv_idx=False: K's ids index k_cache's pages, V's ids v_cache's (FlashInfer's
+    semantics); with ids that differ the result is the oracle's over those pages, the same pages in
+    one interleaved pool (FlashInfer's test's form) give it exactly, and a (batch, 2, pages) table
+    holding the same ids twice equals the shared table's result exactly."""
+    q_lens, kv_lens = (3, 1, 5), (9, 14, 21)
+    q, (k, v), k_ids, v_ids = separate_tables_case(q_lens=q_lens, kv_lens=kv_lens)
+    out = call_trtllm(q, (k, v), torch.stack([k_ids, v_ids], dim=1), kv_lens, q_lens, backend, False)
+    start, ref = 0, []
+    for b, (n, kv) in enumerate(zip(q_lens, kv_lens)):
+        keys = k[k_ids[b].long()].flatten(0, 1)[:kv].double()
+        values = v[v_ids[b].long()].flatten(0, 1)[:kv].double()
+        ref.append(attention_fp64(q[start:start + n].double(), keys, values, sm_scale=q.shape[-1] ** -0.5,
+                                  causal=True)[0])
+        start += n
+    close(out.float(), torch.cat(ref), rtol=1e-2, atol=1e-2)
+    pool = torch.stack([k, v], dim=1).flatten(0, 1)  # TensorRT-LLM's pool: K of page p at 2p, V at 2p + 1
+    interleaved = call_trtllm(q, (pool, pool), torch.stack([2 * k_ids, 2 * v_ids + 1], dim=1), kv_lens, q_lens,
+                              backend, False)
+    assert torch.equal(interleaved, out)
+    shared = call_trtllm(q, (k, v), k_ids, kv_lens, q_lens, backend, True)
+    twice = call_trtllm(q, (k, v), torch.stack([k_ids, k_ids], dim=1), kv_lens, q_lens, backend, False)
+    assert torch.equal(shared, twice)
+
+
+def test_separate_page_tables_refusals():
+    """Named refusals, the caller's out untouched: a 2-D table with separate ids, a (batch, 3, pages)
+    table, a V id past the cache's pages, and a backend with one table for K and V."""
+    q_lens, kv_lens = (3, 1, 5), (9, 14, 21)
+    q, cache, k_ids, v_ids = separate_tables_case(q_lens=q_lens, kv_lens=kv_lens)
+    out = torch.full((q.shape[0], q.shape[1], q.shape[2]), 7.0, dtype=q.dtype)
+    bad_v = v_ids.clone()
+    bad_v[2, 0] = 20
+    cases = [(k_ids, "auto", r"block_tables=.*allowed a 3-D tensor \(batch_size, 2, max_pages\) with "
+                             r"uses_shared_paged_kv_idx=False"),
+             (torch.stack([k_ids, v_ids, v_ids], dim=1), "auto",
+              r"block_tables\.shape=\(3, 3, 6\): allowed \(batch_size, 2, max_pages\)"),
+             (torch.stack([k_ids, bad_v], dim=1), "auto", r"block_tables\[:, 1\]=20: allowed page ids in \[0, 20\)"),
+             (torch.stack([k_ids, v_ids], dim=1), "fa2", r"uses_shared_paged_kv_idx=False: allowed True")]
+    for table, backend, named in cases:
+        with pytest.raises((ValueError, TypeError, dispatch.BackendRefusedError), match=named):
+            call_trtllm(q, cache, table, kv_lens, q_lens, backend, False, out=out)
+        assert bool((out == 7.0).all())

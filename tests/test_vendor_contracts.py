@@ -167,10 +167,29 @@ def test_trtllm_translation(fakes, layout, causal, window):
     assert_agrees(p, batch, refs)
 
 
+def test_trtllm_separate_page_tables(fakes):
+    """K and V pages with ids of their own (v_block_table) go as FlashInfer's (batch, 2, pages) table
+    with uses_shared_paged_kv_idx=False; V's pages moved to other ids give the oracle's result."""
+    rec, install = fakes
+    install(flashinfer=True, new_api=True)
+    p = dataclasses.replace(make_problem(kv_layout="HND"), uses_shared_paged_kv_idx=False)
+    batch, refs = make_batch(p, [5, 1, 12], [5, 30, 40])
+    moved = torch.randperm(batch.v.shape[0], generator=torch.Generator().manual_seed(1))
+    v = batch.v.clone()  # same strides: FlashInfer reads V with K's
+    v[moved] = batch.v
+    batch = dataclasses.replace(batch, v=v, v_block_table=moved[batch.block_table.long()].to(torch.int32))
+    run_backend("trtllm-gen", p, batch)
+    call = rec.last("trtllm")
+    assert call["uses_shared_paged_kv_idx"] is False and call["block_tables"].shape[1] == 2
+    assert torch.equal(call["block_tables"][:, 1], batch.v_block_table)
+    assert_agrees(p, batch, refs)
+
+
 def test_trtllm_old_flashinfer_refuses_lse_and_non_causal(fakes):
     _, install = fakes
     install(flashinfer=True)
-    for kw, field in ((dict(causal=False), "causal"), (dict(causal=True, return_lse=True), "return_lse")):
+    for kw, field in ((dict(causal=False), "causal"), (dict(causal=True, return_lse=True), "return_lse"),
+                      (dict(causal=True, uses_shared_paged_kv_idx=False), "uses_shared_paged_kv_idx")):
         p = make_problem(**kw)
         batch, _ = make_batch(p, [2], [8], lse=kw.get("return_lse", False))
         with pytest.raises(BackendRejected) as info:
@@ -373,6 +392,9 @@ def test_hardware_reasons(name, gpu, field):
     ("trtllm-gen", dict(causal=False, window_left=5), "has_window"),
     ("trtllm-gen", dict(logits_soft_cap=30.0), "has_soft_cap"),
     ("trtllm-gen", dict(kv_dtype="float8_e4m3fn"), "kv_dtype"),
+    ("xqa", dict(phase="decode", uses_shared_paged_kv_idx=False), "uses_shared_paged_kv_idx"),
+    ("fa2", dict(uses_shared_paged_kv_idx=False), "uses_shared_paged_kv_idx"),
+    ("fa3", dict(uses_shared_paged_kv_idx=False), "uses_shared_paged_kv_idx"),
     ("fa2", dict(has_sinks=True), "has_sinks"),
     ("fa2", dict(head_dim_qk=1024, head_dim_vo=1024), "head_dim_qk"),  # 512: a provider limit by version
     ("fa3", dict(pos_encoding="ALIBI"), "pos_encoding"),

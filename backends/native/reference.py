@@ -119,6 +119,8 @@ def _validate(problem, batch) -> None:
     """Argument errors that would otherwise surface as obscure indexing failures."""
     if problem.kv_storage == "paged" and batch.block_table is None:
         raise ValueError("block_table=None: a paged problem needs a (B, max_pages) int32 block_table")
+    if not problem.uses_shared_paged_kv_idx and batch.v_block_table is None:
+        raise ValueError("v_block_table=None: uses_shared_paged_kv_idx=False needs V's (B, max_pages) page ids")
     if problem.kv_storage != "paged" and batch.kv_indptr is None:
         raise ValueError(f"kv_indptr=None: a {problem.kv_storage} problem needs a (B+1,) kv_indptr")
     if problem.mask == "custom" and (batch.custom_mask is None or batch.mask_indptr is None):
@@ -183,16 +185,19 @@ class _Context:
             idx = torch.arange(k0, k1, device=batch.block_table.device)
             pages = batch.block_table[req.index, idx // page_size].to(device=batch.k.device, dtype=torch.long)
             slots = (idx % page_size).to(batch.k.device)
+            v_pages = pages
+            if not self.problem.uses_shared_paged_kv_idx:  # V's pages have ids of their own
+                v_pages = batch.v_block_table[req.index, idx // page_size].to(device=batch.k.device, dtype=torch.long)
 
-            def rows(cache: torch.Tensor) -> torch.Tensor:
-                return _gather_rows(cache, pages, slots)
+            def rows(cache: torch.Tensor, side: str = "k") -> torch.Tensor:
+                return _gather_rows(cache, pages if side == "k" else v_pages, slots)
         else:
-            def rows(cache: torch.Tensor) -> torch.Tensor:
+            def rows(cache: torch.Tensor, side: str = "k") -> torch.Tensor:
                 return cache[req.kv_start + k0: req.kv_start + k1]
         if self.problem.kv_nvfp4:  # packed fp4 rows and their scale factors, read alike
             return (nvfp4.dequantize(rows(batch.k), rows(batch.k_sf), self.dtype),
-                    nvfp4.dequantize(rows(batch.v), rows(batch.v_sf), self.dtype))
-        return rows(batch.k).to(self.dtype), rows(batch.v).to(self.dtype)
+                    nvfp4.dequantize(rows(batch.v, "v"), rows(batch.v_sf, "v"), self.dtype))
+        return rows(batch.k).to(self.dtype), rows(batch.v, "v").to(self.dtype)
 
 
 def _gather_rows(cache: torch.Tensor, pages: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -282,6 +282,10 @@ def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
         raise ValueError("mask='spec_bits' needs spec_mask (uint16 bit rows); got None")
     if problem.has_sinks and batch.sinks is None:
         raise ValueError("has_sinks=True needs sinks (Hq,) float32; got None")
+    v_table = batch.v_block_table
+    if not problem.uses_shared_paged_kv_idx and (v_table is None or v_table.shape != batch.block_table.shape):
+        raise ValueError(f"v_block_table={None if v_table is None else tuple(v_table.shape)}: uses_shared_paged_kv_idx"
+                         f"=False needs V's page ids of block_table's shape {tuple(batch.block_table.shape)}")
 
 
 # The one-line switch to the plain-path kernel for prefill: None keeps the general kernel.
@@ -549,6 +553,7 @@ def plain_reasons(problem: AttentionProblem) -> list[str]:
         (problem.logits_soft_cap <= 0, f"logits_soft_cap {problem.logits_soft_cap} (0)"),
         (problem.pos_encoding in ("NONE", "ROPE_LLAMA"), f"pos_encoding {problem.pos_encoding} (NONE, ROPE_LLAMA)"),
         (not problem.has_sinks, "has_sinks True (False)"),
+        (problem.uses_shared_paged_kv_idx, "uses_shared_paged_kv_idx False (True: one page table for K and V)"),
     ]
     return [why for ok, why in checks if not ok]
 
@@ -658,6 +663,7 @@ def _constexprs(problem: AttentionProblem, cfg: TileConfig, splits: int, fixup: 
         HAS_ALIBI=problem.pos_encoding == "ALIBI", ROPE=problem.pos_encoding == "ROPE_LLAMA", SPLIT=splits > 1,
         DOT_F32=problem.q_dtype == "float32" or (interpreting() and problem.q_dtype == "bfloat16" and not f16_dots),
         F16_DOTS=f16_dots, MERGE_BLOCK_S=_fused_merge_splits(cfg, splits), FIXUP=fixup, NVFP4=problem.kv_nvfp4,
+        V_TABLE=not problem.uses_shared_paged_kv_idx,
     )
 
 
@@ -741,9 +747,13 @@ def _readable_indices(batch: AttentionBatch) -> AttentionBatch:
     stride is an argument, so a table sliced from a wider one goes as it is)."""
     fixed = {name: t.contiguous() for name in _UNIT_STRIDE_INDICES
              if (t := getattr(batch, name)) is not None and not t.is_contiguous()}
-    table = batch.block_table
+    table, v_table = batch.block_table, batch.v_block_table
     if table is not None and table.dim() == 2 and table.shape[1] > 1 and table.stride(1) != 1:
         fixed["block_table"] = table.contiguous()
+    if v_table is not None and (v_table.stride(1) != 1 and v_table.shape[1] > 1
+                                or v_table.stride(0) != fixed.get("block_table", table).stride(0)):
+        # the kernel reads V's ids with K's row stride: both go as row-major copies of one shape
+        fixed.update(block_table=table.contiguous(), v_block_table=v_table.contiguous())
     return replace(batch, **fixed) if fixed else batch
 
 
@@ -776,8 +786,8 @@ def _attention_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tup
             raise ValueError("k_sf/v_sf=None: NVFP4 K/V (kv_dtype 'uint8') need their fp8 scale factors")
         k_sf, v_sf = batch.k_sf.view(torch.uint8), batch.v_sf.view(torch.uint8)
     head = (batch.q, batch.k, batch.v, batch.out, batch.lse, plan.part_o, plan.part_lse, plan.split_count,
-            batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table, batch.sinks, custom,
-            batch.mask_indptr, spec, plan.alibi, plan.rope_freq, k_sf, v_sf, sm_scale, out_scale,
+            batch.qo_indptr, batch.kv_lens, batch.kv_indptr, batch.block_table, batch.v_block_table, batch.sinks,
+            custom, batch.mask_indptr, spec, plan.alibi, plan.rope_freq, k_sf, v_sf, sm_scale, out_scale,
             float(p.logits_soft_cap))
     return head, _attention_ints(plan, batch, spec), (batch.lse is not None, scale_ptr, out_scale_ptr)
 
@@ -794,8 +804,8 @@ def _merge_args(plan: TritonPlan, batch: AttentionBatch) -> tuple[tuple, tuple, 
 
 # The batch fields the attention kernel's head takes per call, by position (None: plan-held or a float).
 _ATTENTION_FIELDS = ("q", "k", "v", "out", "lse", None, None, None, "qo_indptr", "kv_lens", "kv_indptr",
-                     "block_table", "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None, "k_sf", "v_sf",
-                     "sm_scale", "out_scale", None)
+                     "block_table", "v_block_table", "sinks", "custom_mask", "mask_indptr", "spec_mask", None, None,
+                     "k_sf", "v_sf", "sm_scale", "out_scale", None)
 _MERGE_FIELDS = (None, None, "out", "lse", "sinks", "out_scale")
 
 

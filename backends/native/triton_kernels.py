@@ -348,32 +348,40 @@ def _v_to_dot(v, dtype: tl.constexpr):
 
 @triton.jit
 def _tile(q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start, window_left,
-          scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt, stride_kh,
-          stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask, stride_spec_b,
+          scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, VBlockTable, stride_bt, stride_kp, stride_kt,
+          stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask, stride_spec_b,
           stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp, stride_vst,
           stride_vsh, BLOCK_N: tl.constexpr, HEAD_DQK: tl.constexpr, HEAD_DV: tl.constexpr,
           BLOCK_DQK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_HALF: tl.constexpr, PAGED: tl.constexpr,
           PAGE_SIZE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr,
           MASK_MODE: tl.constexpr, HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, DOT_F32: tl.constexpr,
-          MASKED: tl.constexpr, BLOCK_M: tl.constexpr, HPP: tl.constexpr, NVFP4: tl.constexpr):
+          MASKED: tl.constexpr, BLOCK_M: tl.constexpr, HPP: tl.constexpr, NVFP4: tl.constexpr,
+          V_TABLE: tl.constexpr):
     """One BLOCK_N tile of keys folded into the online softmax (m_i, l_i, acc), log2 domain.
     MASKED=False: the caller guarantees every key is < hi and visible to every row. NVFP4: K/V hold
-    packed bytes, KSf/VSf their scale factors (strides: page, token, head), read at the same keys."""
+    packed bytes, KSf/VSf their scale factors (strides: page, token, head), read at the same keys.
+    V_TABLE: V's page ids come from VBlockTable (same row stride as BlockTable), K's from BlockTable."""
     n = start + tl.arange(0, BLOCK_N)
     dv = tl.arange(0, BLOCK_DV)
     n_ok = n < hi
-    if PAGED:  # one block-table lookup serves K and V
+    if PAGED:  # one block-table lookup serves K and V (V_TABLE: a second one serves V)
         # Interior tiles read the table unmasked (every key < hi): the masked loads cost ~40 predicate
         # instructions per tile in the prefill loop; the slot term stays 32-bit (< one page's stride).
         if MASKED:
             page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
         else:
             page = tl.load(BlockTable + b * stride_bt + n // PAGE_SIZE).to(tl.int64)
+        v_page = page
+        if V_TABLE:  # K and V pages with ids of their own (TensorRT-LLM's separate page tables)
+            if MASKED:
+                v_page = tl.load(VBlockTable + b * stride_bt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            else:
+                v_page = tl.load(VBlockTable + b * stride_bt + n // PAGE_SIZE).to(tl.int64)
         slot = n % PAGE_SIZE
         k_off = page * stride_kp + slot * stride_kt
-        v_off = page * stride_vp + slot * stride_vt
+        v_off = v_page * stride_vp + slot * stride_vt
         ksf_off = page * stride_ksp + slot * stride_kst
-        vsf_off = page * stride_vsp + slot * stride_vst
+        vsf_off = v_page * stride_vsp + slot * stride_vst
     else:
         k_off = (kv_start + n).to(tl.int64) * stride_kt
         v_off = (kv_start + n).to(tl.int64) * stride_vt
@@ -509,8 +517,8 @@ def _logits_bounded(Q, K, KvIndptr, BlockTable, tok, h, row_ok, pos, b, kvh, sca
 @triton.jit(do_not_specialize=["kv_chunk", "stride_bt", "stride_ps", "stride_ls"])
 def _attn_fwd(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
-    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq, KSf, VSf,
-    sm_scale, out_scale, soft_cap,
+    QoIndptr, KvLens, KvIndptr, BlockTable, VBlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
+    KSf, VSf, sm_scale, out_scale, soft_cap,
     window_left, kv_chunk, num_kv_heads,
     stride_qt, stride_qh, stride_qd,
     stride_kp, stride_kt, stride_kh, stride_kd,
@@ -525,6 +533,7 @@ def _attn_fwd(
     HAS_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, MASK_MODE: tl.constexpr,
     HAS_ALIBI: tl.constexpr, ROPE: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
     F16_DOTS: tl.constexpr, MERGE_BLOCK_S: tl.constexpr, FIXUP: tl.constexpr, NVFP4: tl.constexpr,
+    V_TABLE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SCALE_PTR: tl.constexpr, OUT_SCALE_PTR: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -617,33 +626,33 @@ def _attn_fwd(
                                                hi, BLOCK_M, HPP, BLOCK_N)
         m_i, l_i, acc = _tile(
             q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
-            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
-            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask,
+            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, VBlockTable, stride_bt, stride_kp,
+            stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, mask_tile, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp,
             stride_vst, stride_vsh, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
             PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
-            BLOCK_M, HPP, NVFP4)
+            BLOCK_M, HPP, NVFP4, V_TABLE)
         if MASK_MODE == 1:
             mask_tile = next_mask_tile
     for start in range(lo_full, hi_full, BLOCK_N):  # interior: no mask arithmetic
         m_i, l_i, acc = _tile(
             q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
-            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
-            stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
+            window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, VBlockTable, stride_bt, stride_kp,
+            stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
             stride_spec_b, stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp,
             stride_vst, stride_vsh, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
             PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, False,
-            BLOCK_M, HPP, NVFP4)
+            BLOCK_M, HPP, NVFP4, V_TABLE)
     if MASK_MODE != 1:  # empty under a mask (lo_full = hi); without this guard it would see no mask tile
         for start in range(tl.maximum(hi_full, lo_full), hi, BLOCK_N):  # causal diagonal and the ragged end
             m_i, l_i, acc = _tile(
                 q, q2, m_i, l_i, acc, start, hi, t, row_ok, pos, b, kvh, q_start, q_len, kv_len, kv_start,
-                window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, stride_bt, stride_kp, stride_kt,
-                stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
+                window_left, scale, soft_cap, slope, f_hi, f_lo, K, V, BlockTable, VBlockTable, stride_bt, stride_kp,
+                stride_kt, stride_kh, stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, 0, SpecMask,
                 stride_spec_b, stride_spec, spec_ragged, KSf, VSf, stride_ksp, stride_kst, stride_ksh, stride_vsp,
                 stride_vst, stride_vsh, BLOCK_N, HEAD_DQK, HEAD_DV, BLOCK_DQK, BLOCK_DV, BLOCK_HALF,
                 PAGED, PAGE_SIZE, CAUSAL, HAS_WINDOW, SOFT_CAP, MASK_MODE, HAS_ALIBI, ROPE, DOT_F32, True,
-                BLOCK_M, HPP, NVFP4)
+                BLOCK_M, HPP, NVFP4, V_TABLE)
 
     if SPLIT:
         # Normalized partial + its log2-sum-exp; empty splits give 0 / -inf.

@@ -243,8 +243,8 @@ def _kv_descriptors(K, V, KvIndptr, batch_size, num_kv_heads, stride_kt, stride_
 @triton.jit(do_not_specialize=["m_blocks", "batch_size", "stride_bt", "stride_ps", "stride_ls"])
 def _attn_fwd_plain(
     Q, K, V, Out, Lse, PartO, PartLse, SplitCount,
-    QoIndptr, KvLens, KvIndptr, BlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq, KSf, VSf,
-    sm_scale, out_scale, soft_cap,
+    QoIndptr, KvLens, KvIndptr, BlockTable, VBlockTable, Sinks, CustomMask, MaskIndptr, SpecMask, Alibi, RopeFreq,
+    KSf, VSf, sm_scale, out_scale, soft_cap,
     m_blocks, batch_size, num_kv_heads,
     stride_qt, stride_qh, stride_qd,
     stride_kp, stride_kt, stride_kh, stride_kd,

@@ -180,17 +180,20 @@ def request_kv(batch, b: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     if batch.block_table is not None:
         page = batch.k.shape[1]
         pages = batch.block_table[b, : -(-kv_len // page)].long().to(batch.k.device)
+        v_table = getattr(batch, "v_block_table", None)  # V's page ids of their own (TensorRT-LLM's form)
+        v_pages = pages if v_table is None else v_table[b, : -(-kv_len // page)].long().to(batch.k.device)
 
-        def rows(x: torch.Tensor) -> torch.Tensor:
-            return x[pages].reshape(-1, *x.shape[2:])[:kv_len]
+        def rows(x: torch.Tensor, ids: torch.Tensor = pages) -> torch.Tensor:
+            return x[ids].reshape(-1, *x.shape[2:])[:kv_len]
     else:
-        start = int(batch.kv_indptr[b])
+        start, v_pages = int(batch.kv_indptr[b]), None
 
-        def rows(x: torch.Tensor) -> torch.Tensor:
+        def rows(x: torch.Tensor, ids=None) -> torch.Tensor:
             return x[start:start + kv_len]
     if getattr(batch, "k_sf", None) is not None:
-        return nvfp4_fp64(rows(batch.k), rows(batch.k_sf)), nvfp4_fp64(rows(batch.v), rows(batch.v_sf))
-    return rows(batch.k), rows(batch.v)
+        k, v = (rows(batch.k), rows(batch.k_sf)), (rows(batch.v, v_pages), rows(batch.v_sf, v_pages))
+        return nvfp4_fp64(*k), nvfp4_fp64(*v)
+    return rows(batch.k), rows(batch.v, v_pages)
 
 
 def nvfp4_fp64(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,10 @@ def trtllm_batch_context_with_kv_cache(
     query : (num_tokens, num_qo_heads, head_dim)
     kv_cache : (pages, 2, num_kv_heads, page_size, head_dim) for HND, (pages, 2, page_size,
         num_kv_heads, head_dim) for NHD, or a (k_cache, v_cache) tuple of 4-D tensors
-    block_tables : (batch_size, max_pages_per_seq) int32
+    block_tables : (batch_size, max_pages_per_seq) int32; with ``uses_shared_paged_kv_idx=False``
+        (batch_size, 2, max_pages_per_seq): K's page ids (dim 1 index 0) and V's (index 1), each an
+        index into its own cache's pages (TensorRT-LLM's form: one pool holding K and V pages,
+        passed as ``(pool, pool)``)
     seq_lens : (batch_size,) uint32 or int32, KV length per request including the new tokens
     cum_seq_lens_q : (batch_size + 1,) int32 token prefix sums of the queries
     sinks : (num_qo_heads,) fp32 tensor, or a list of floats / of one such tensor
@@ -68,7 +71,7 @@ def trtllm_batch_context_with_kv_cache(
     block_scales = None if kv_block_scales is UNSET and kv_cache_sf is UNSET else B.one_of(
         "kv_block_scales", kv_block_scales, "kv_cache_sf", kv_cache_sf, None)
     if (torch.compiler.is_compiling() and block_scales is None and o_sf_scale is None and o_sf_vec_size is None
-            and (backend is None or backend == "auto")):
+            and (backend is None or backend == "auto") and uses_shared_paged_kv_idx is True):
         return _compiled(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_q_len, max_kv_len, bmm1_scale,
                          bmm2_scale, batch_size, cum_seq_lens_q, window_left, out, out_dtype, kv_layout, sinks,
                          causal, lse, return_lse)
@@ -87,9 +90,10 @@ def trtllm_batch_context_with_kv_cache(
         out = torch.empty(z.total_q, z.hq, z.dvo, dtype=z.out_dtype, device=device)
     if lse is None and return_lse:
         lse = torch.empty(z.total_q, z.hq, dtype=torch.float32, device=device)
+    k_table, v_table = (block_tables, None) if uses_shared_paged_kv_idx else block_tables.unbind(1)  # views
     lane.launch(AttentionBatch(q=query, k=k, v=v, qo_indptr=cum_seq_lens_q, kv_lens=seq_lens, out=out,
                                batch_size=batch_size, max_q_len=max_q_len, max_kv_len=max_kv_len, sm_scale=bmm1_scale,
-                               out_scale=bmm2_scale, block_table=block_tables, lse=lse, sinks=sinks,
+                               out_scale=bmm2_scale, block_table=k_table, v_block_table=v_table, lse=lse, sinks=sinks,
                                extras=B.NO_EXTRAS))
     return (out, lse) if return_lse else out
 
@@ -119,6 +123,7 @@ def _problem(spec, d, size: tuple) -> AttentionProblem:
         kv_layout=spec.kv_layout, num_qo_heads=d.hq, num_kv_heads=d.hkv, head_dim_qk=d.dqk, head_dim_vo=d.dvo,
         q_dtype=dtype_name(spec.query.dtype), kv_dtype=dtype_name(d.k.dtype), out_dtype=dtype_name(d.out_dtype),
         page_size=d.page_size, causal=spec.causal, window_left=spec.window_left, has_sinks=spec.sinks is not None,
+        uses_shared_paged_kv_idx=spec.uses_shared_paged_kv_idx,
         return_lse=spec.return_lse or spec.lse is not None,
         device_type="cpu" if spec.query.device.type == "cpu" else "cuda", sizes=size,
         replay_kv=size[2] if size else 0)  # its kv size is its length bound: what a graph of it replays
@@ -173,8 +178,6 @@ class TrtllmContextSpec(Spec):
     def static_checks(self, d):
         q, dev = self.query, self.query.device
         need_kv_static(d, q)
-        if not self.uses_shared_paged_kv_idx:
-            raise bad("uses_shared_paged_kv_idx", False, "True (separate K/V page tables are not supported)")
         for name in ("kv_cache_sf", "o_sf_scale", "o_sf_vec_size"):
             if getattr(self, name) is not None:
                 raise bad(name, getattr(self, name), "None (NVFP4 KV/output: FlashInfer 0.7.2 serves them through "
@@ -185,11 +188,24 @@ class TrtllmContextSpec(Spec):
                       "float16, bfloat16, float32 or an fp8 dtype")
         need_window(self.window_left)
         need_index("block_tables", self.block_tables, None, dev)
-        need_tensor("block_tables", self.block_tables, ranks=(2,))
+        self._check_table_rank()
         need_index("seq_lens", self.seq_lens, None, dev)
         need_tensor("seq_lens", self.seq_lens, ranks=(1,))
         need_index("cum_seq_lens_q", self.cum_seq_lens_q, None, dev)
         need_sinks(self.sinks, d.hq, dev)
+
+    def _check_table_rank(self):
+        """FlashInfer's rule: (batch, pages) for page ids K and V share, (batch, 2, pages) for their own."""
+        t, shared = self.block_tables, self.uses_shared_paged_kv_idx
+        if not isinstance(shared, bool):
+            raise bad("uses_shared_paged_kv_idx", shared, "True or False", TypeError)
+        need_tensor("block_tables", t)
+        form = ("(batch_size, max_pages) with uses_shared_paged_kv_idx=True" if shared else
+                "(batch_size, 2, max_pages) with uses_shared_paged_kv_idx=False (dim 1: K's page ids, then V's)")
+        if t.dim() != (2 if shared else 3):
+            raise bad("block_tables", t, f"a {2 if shared else 3}-D tensor {form}")
+        if not shared and t.shape[1] != 2:
+            raise bad("block_tables.shape", tuple(t.shape), form)
 
     def size_checks(self, d):
         dev, b = self.query.device, self.batch_size
@@ -197,7 +213,9 @@ class TrtllmContextSpec(Spec):
         need_int("max_q_len", self.max_q_len, 1)
         need_int("max_kv_len", self.max_kv_len, 1)
         if self.block_tables.shape[0] != b:
-            raise bad("block_tables.shape", tuple(self.block_tables.shape), f"({b}, max_pages) for batch_size={b}")
+            raise bad("block_tables.shape", tuple(self.block_tables.shape),
+                      (f"({b}, max_pages)" if self.uses_shared_paged_kv_idx else f"({b}, 2, max_pages)")
+                      + f" for batch_size={b}")
         need_index("seq_lens", self.seq_lens, b, dev)
         need_index("cum_seq_lens_q", self.cum_seq_lens_q, b + 1, dev)
         check_scale("bmm1_scale", self.bmm1_scale, dev, values=False)
@@ -213,7 +231,11 @@ class TrtllmContextSpec(Spec):
             raise bad("max_q_len", self.max_q_len, f">= the longest query ({longest} tokens from cum_seq_lens_q)")
         if self.seq_lens.numel() and int(self.seq_lens.max()) > self.max_kv_len:
             raise bad("max_kv_len", self.max_kv_len, f">= max(seq_lens) = {int(self.seq_lens.max())}")
-        check_paged_values(self.block_tables, self.seq_lens, d.page_size, d.pages)
+        if self.uses_shared_paged_kv_idx:
+            check_paged_values(self.block_tables, self.seq_lens, d.page_size, d.pages)
+        else:  # each id indexes its own cache's pages
+            for side, name in ((0, "block_tables[:, 0]"), (1, "block_tables[:, 1]")):
+                check_paged_values(self.block_tables[:, side], self.seq_lens, d.page_size, d.pages, table_name=name)
         check_scale("bmm1_scale", self.bmm1_scale, dev, values=True)
         check_scale("bmm2_scale", self.bmm2_scale, dev, values=True)
 
