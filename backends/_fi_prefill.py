@@ -259,7 +259,8 @@ class FlashInferPrefill(Provider):
         if room is None:
             return f"{self.label}: the plan was not made for a CUDA graph (use_cuda_graph=False)"
         if not fi_internal.checked(self.version()):
-            return f"{self.label}: flashinfer {self.version()}, its graph re-plan was read in another version"
+            return (f"{self.label}: flashinfer {self.version()}; its graph re-plan (the wrapper's fixed buffers) was "
+                    f"read in {', '.join(fi_internal.CHECKED_VERSIONS)} only")
         fixed_batch, page_ids, mask_bytes = room
         if batch.batch_size != fixed_batch:
             return f"{self.label}: batch size {batch.batch_size}, the graph's is {fixed_batch}"
