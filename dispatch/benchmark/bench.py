@@ -172,13 +172,9 @@ def _warm_sweep(plist: list, args: argparse.Namespace, reps: int, save) -> list[
         warmup.close()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    from . import report, runner
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--trace" in argv:  # its own options (dispatch/benchmark/trace.py)
-        from . import trace
-        return trace.main([a for a in argv if a != "--trace"])
+def _parsed(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and its checked options; a random sweep without --seed draws one and says how to
+    run it again."""
     parser = _parser()
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -193,6 +189,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.random is not None:
         print(f"random sweep: {args.random} problems, seed {args.seed} (again: --random {args.random} "
               f"--seed {args.seed})", file=sys.stderr, flush=True)
+    return parser, args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from . import report, runner
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--trace" in argv:  # its own options (dispatch/benchmark/trace.py)
+        from . import trace
+        return trace.main([a for a in argv if a != "--trace"])
+    parser, args = _parsed(argv)
     try:
         name, plist = load_problems(args)
     except (OSError, ValueError) as exc:
