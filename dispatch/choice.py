@@ -39,7 +39,7 @@ import capability_db
 from capability_db.choice_table import ANCHORS, KV_LENS, ChoiceTable, Sizes, key_phase, table_for
 
 from . import autotune
-from .problem import AttentionProblem, DeviceDesc, class_middle
+from .problem import AttentionProblem, DeviceDesc, class_middle, size_class
 
 TIE = 0.03  # estimates within 3% are a tie: the priority list decides
 
@@ -184,7 +184,7 @@ def _kept_times(problem: AttentionProblem, device: DeviceDesc, accepted: list[st
 def replay_bound(max_kv: int) -> int:
     """The ``replay_kv`` of a graph that replays kv lengths up to ``max_kv``: rounded up to a power of
     two, as a size class is, so that the plans of one graph wrapper share one decision."""
-    return 1 << max(int(max_kv) - 1, 0).bit_length()
+    return size_class(1, 1, max_kv)[2]
 
 
 def replay_points(problem: AttentionProblem, sizes: Sizes, of_class: bool = True) -> list[Sizes]:
