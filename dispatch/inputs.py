@@ -32,12 +32,16 @@ def _random(shape, dtype, device, gen) -> torch.Tensor:
     return data.to(dtype)
 
 
-def _kv(shape, kv_dtype: str, device, gen) -> tuple:
-    """(K or V as stored, its NVFP4 scale factors or None): kv_dtype "uint8" is NVFP4 (fp4 values
-    quantized from random reals in FlashInfer's format, backends/native/nvfp4.py)."""
+def stored_kv(reals: torch.Tensor, kv_dtype: str) -> tuple:
+    """(K or V as stored, its NVFP4 scale factors or None) of real values: kv_dtype "uint8" is NVFP4
+    (fp4 values quantized in FlashInfer's format, backends/native/nvfp4.py), else a cast."""
     if kv_dtype == "uint8":
-        return nvfp4.quantize(_random(shape, torch.float32, device, gen))
-    return _random(shape, NAME_DTYPES[kv_dtype], device, gen), None
+        return nvfp4.quantize(reals)
+    return reals.to(NAME_DTYPES[kv_dtype]), None
+
+
+def _kv(shape, kv_dtype: str, device, gen) -> tuple:
+    return stored_kv(_random(shape, torch.float32, device, gen), kv_dtype)
 
 
 def _paged_kv(problem, kv_lens, device, gen):

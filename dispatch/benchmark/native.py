@@ -25,6 +25,7 @@ from backends.native.triton_backend import NativeTritonBackend, TileConfig
 
 from .oracle import BANDS, batch_attention_fp64, e4m3_ulps_off, pack_spec_bits, spec_decode_mask
 from .oracle import relative_error as rel_err
+from ..inputs import stored_kv
 from ..problem import NAME_DTYPES, AttentionBatch, AttentionProblem
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -106,9 +107,9 @@ def build(c: Case):
             dense_v.append(v_real[rows].reshape(-1, c.hkv, c.dvo)[:n].double())
         batch.update(k=k, v=v, block_table=table)
     else:
-        k, k_sf = _stored(_rand((total_kv + 5, c.hkv, c.dqk), "float32"), kv_dtype)
+        k, k_sf = stored_kv(_rand((total_kv + 5, c.hkv, c.dqk), "float32"), kv_dtype)
         k, k_sf = k[5:], (k_sf[5:] if k_sf is not None else None)
-        v, v_sf = _stored(_rand((total_kv, c.hkv, c.dvo), "float32"), kv_dtype)
+        v, v_sf = stored_kv(_rand((total_kv, c.hkv, c.dvo), "float32"), kv_dtype)
         k_real, v_real = _real(k, k_sf), _real(v, v_sf)
         kv_indptr = torch.tensor([0, *torch.tensor(c.kv_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
         for b in range(len(c.kv_lens)):
@@ -119,13 +120,6 @@ def build(c: Case):
     if k_sf is not None:
         batch.update(k_sf=k_sf, v_sf=v_sf)
     return batch, dense_k, dense_v
-
-
-def _stored(x: torch.Tensor, kv_dtype: str) -> tuple:
-    """(values as stored, NVFP4 scale factors or None) of real values x."""
-    if kv_dtype == "uint8":
-        return nvfp4.quantize(x)
-    return x.to(NAME_DTYPES[kv_dtype]), None
 
 
 def _real(stored: torch.Tensor, sf) -> torch.Tensor:
@@ -139,10 +133,10 @@ def _paged_cache(c: Case, n_pages: int, kv_dtype: str):
     out = []
     for d in (c.dqk, c.dvo):
         if c.layout == "HND":
-            stored = _stored(_rand((n_pages, c.hkv, c.page_size, d), "float32"), kv_dtype)
+            stored = stored_kv(_rand((n_pages, c.hkv, c.page_size, d), "float32"), kv_dtype)
             out.append(tuple(x.permute(0, 2, 1, 3) if x is not None else None for x in stored))
         else:
-            out.append(_stored(_rand((n_pages, c.page_size, c.hkv, d), "float32"), kv_dtype))
+            out.append(stored_kv(_rand((n_pages, c.page_size, c.hkv, d), "float32"), kv_dtype))
     return out
 
 
