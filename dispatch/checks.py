@@ -541,12 +541,18 @@ def need_query(name, q, dtypes=Q_DTYPES):
         raise bad(f"{name}.stride()", tuple(q.stride()), "a unit stride on the last (head_dim) dimension")
 
 
+def need_unit_head_stride(d, name="kv_cache") -> None:
+    """K's and V's last (head_dim) dims contiguous; the error shows the strides of the half at fault."""
+    for half, t in (("k", d.k), ("v", d.v)):
+        if t.stride(-1) != 1:
+            raise bad(f"{name} ({half}).stride()", tuple(t.stride()), "a unit stride on the last (head_dim) dimension")
+
+
 def need_kv_static(d, q, name="kv_cache"):
     if d.k.device != q.device:
         raise bad(f"{name}.device", d.k.device, f"{q.device}, the device of the query (all tensors on one device)")
     need_kv_dtype(name, d.k, q.dtype)
-    if d.k.stride(-1) != 1 or d.v.stride(-1) != 1:
-        raise bad(f"{name}.stride()", tuple(d.k.stride()), "a unit stride on the last (head_dim) dimension")
+    need_unit_head_stride(d, name)
     if d.dqk != q.shape[2]:
         raise bad(f"{name} head_dim", d.dqk, f"{q.shape[2]} = query.shape[2]")
     read_from = "" if d.squeezed else layout_read(f"{name}'s K half of shape", _caller_shape(d), d.layout)

@@ -13,7 +13,7 @@ import torch
 from .. import nvfp4, ops, policy
 from ..checks import (Layout, OUT_DTYPES, Scale, Spec, bad, check_indptr_values, check_paged_values, check_scale,
                       need_finite, need_heads, need_index, need_int, need_kv_static, need_out, need_query, need_sinks,
-                      need_tensor, need_window, paged_kv_spec, uniform_indptr)
+                      need_tensor, need_unit_head_stride, need_window, paged_kv_spec, uniform_indptr)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name
 from . import _base as B
 
@@ -175,8 +175,7 @@ class XqaDecodeSpec(Spec):
         nvfp4.need_query_dtype("query.dtype", q.dtype)
         if d.k.device != q.device:
             raise bad("kv_cache.device", d.k.device, f"{q.device}, the device of the query (all tensors on one device)")
-        if d.k.stride(-1) != 1 or d.v.stride(-1) != 1:
-            raise bad("kv_cache.stride()", tuple(d.k.stride()), "a unit stride on the last (head_dim) dimension")
+        need_unit_head_stride(d)
         if d.dqk != q.shape[2]:
             raise bad("kv_cache head_dim", d.dqk, f"{q.shape[2]} = query.shape[2] ({q.shape[2] // 2} bytes a row: "
                       "NVFP4 holds two values a byte)")
