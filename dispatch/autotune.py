@@ -5,10 +5,10 @@ so an engine that wraps its warm-up in FlashInfer's context wraps it in ours the
 
 * **Inside a context with tune_mode=True**, each new bucket an entry point decides (its problem's
   facts and its size class: sizes rounded up to powers of two; ``choice.rank``, once per decision,
-  never per call) times the candidates ``lookup``'s ``leading`` names: the router's is
-  ``choice.leading``, the table's three predicted fastest (GPU time, plus host time for an eager
-  call) and any other predicted within 15% of the fastest, every accepted one where the GPU has no
-  table; without ``leading``, every accepted one. On a GPU a CPU-only backend (the PyTorch reference)
+  never per call) times the candidates ``lookup``'s ``leading`` names. The router's is
+  ``choice.leading``: the table's ``LEADING`` (3) predicted fastest (GPU time, plus host time for an
+  eager call) and any other predicted within ``WITHIN`` (15%) of the fastest; every accepted one where
+  the GPU has no table. Without ``leading``, every accepted one. On a GPU a CPU-only backend (the PyTorch reference)
   is not timed while a GPU backend is accepted (``timed_on``). Each is timed on a faithful input at
   the middle of the bucket: its own plan and workspace, a paged cache whose pages are shuffled over
   the pool (no request's pages adjacent, none shared), the L2 cache flushed before each repetition,
