@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+import backends
 import capability_db
 import dispatch
 from backends import Backend, BackendRejected, DeviceDesc, Reason
@@ -461,3 +462,18 @@ def test_reference_on_a_cuda_device_warns_once_naming_every_other_candidates_rea
     assert others and "slow PyTorch reference" in warnings[0] and h100.name in warnings[0]
     for c in others:
         assert f"{c.backend}: " in warnings[0] and c.reasons and str(c.reasons[0]) in warnings[0], c.backend
+
+
+def test_fa2_refuses_alibi_with_a_soft_cap_and_serves_each_alone():
+    """Both fa2 providers compute another function than the convention cap * tanh((sm_scale * q.k +
+    bias) / cap) when ALiBi and a soft cap meet (FlashInfer scales by sm_scale twice, flash-attn caps
+    before the bias): refused by name there, each alone served; the reference serves the pair."""
+    h100 = capability_db.resolve_device("h100")
+    gpu = dict(device_type="cuda", q_dtype="bfloat16", kv_dtype="bfloat16", out_dtype="bfloat16", head_dim_qk=128,
+               head_dim_vo=128)
+    both = make_problem(pos_encoding="ALIBI", logits_soft_cap=30.0, **gpu)
+    reasons = backends.get_backend("fa2").check(both, h100)
+    assert [r.field for r in reasons] == ["has_soft_cap"] and "with ALiBi" in str(reasons[0]), reasons
+    assert backends.get_backend("fa2").check(make_problem(pos_encoding="ALIBI", **gpu), h100) == []
+    assert backends.get_backend("fa2").check(make_problem(logits_soft_cap=30.0, **gpu), h100) == []
+    assert backends.get_backend("reference").check(make_problem(pos_encoding="ALIBI", logits_soft_cap=30.0), capability_db.CPU_DEVICE) == []
