@@ -170,7 +170,7 @@ Scale = Union[float, torch.Tensor]
 @dataclass(kw_only=True)
 class AttentionBatch:
     """The tensors of one call, in the convention described in the module docstring; built with
-    keywords only (twenty-two fields: a positional call would be read by counting)."""
+    keywords only (a positional call of this many fields would be read by counting)."""
 
     q: torch.Tensor
     k: torch.Tensor

@@ -14,8 +14,9 @@ Format (flashinfer/prefill.py ``kv_cache_sf``; include/flashinfer/page.cuh, the 
 A value is ``e2m1 * sf`` (times the global scale). Both factors are exact in fp32 and their
 product has at most 6 significant bits, within [2^-10, 2688]: exact in fp16 and bf16 too.
 
-``quantize`` makes such a cache from real values as FlashInfer's append kernel does (the
-benchmark scenarios use it; tests/_nvfp4.py has an independent one for the tests' oracle).
+``quantize`` makes such a cache from real values as FlashInfer's append kernel does (the random
+inputs of the probe, the autotune and the benchmark scenarios are made with it; the tests check
+it against a quantizer of their own).
 """
 from __future__ import annotations
 
