@@ -96,6 +96,8 @@ class Ranking:
     basis: str  # one line for explain()
     scores: dict[str, float] = field(default_factory=dict)  # time / the fastest's
     points: int = 1  # kept for explain's layout: one grid point per decision
+    # which evidence ordered them: "measured here (<ISO time>)", "the table" or "the static order"
+    evidence: str = "the static order"
 
 
 def host_us(table: Optional[ChoiceTable], backend: str, entry: str) -> tuple[float, str]:
@@ -162,7 +164,7 @@ def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
     basis = (f"expected time ({table.source}; {where})" if ests
              else f"priority list (no table entry for this problem in {table.source})")
     basis += "; GPU time only (CUDA graph)" if graph else "; GPU time + host time per eager call"
-    return _ordered(accepted, ests, basis)
+    return _ordered(accepted, ests, basis, "the table")
 
 
 def _kept_times(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],
@@ -218,7 +220,7 @@ def _over_replays(problem: AttentionProblem, table: ChoiceTable, accepted: list[
     b, q, _ = read[-1][1]
     basis += (f" ({', '.join(map(str, kvs))}) at batch {b} x q {q}: the graph runs its one backend at every "
               f"kv length it replays, up to {problem.replay_kv} ({table.source}); GPU time only")
-    return _ordered(accepted, ests, basis)
+    return _ordered(accepted, ests, basis, "the table")
 
 
 def _class_text(sizes: Sizes) -> str:
@@ -247,10 +249,10 @@ def _autotuned(problem: AttentionProblem, device: DeviceDesc, accepted: list[str
                                          else "; GPU time + host time per eager call" if counted else "")
     if graph and problem.replay_kv:
         basis += f", the mean over the kv buckets it replays up to {problem.replay_kv}"
-    return _ordered(accepted, ests, basis)
+    return _ordered(accepted, ests, basis, f"measured here ({when})")
 
 
-def _ordered(accepted: list[str], ests: dict[str, Estimate], basis: str) -> Ranking:
+def _ordered(accepted: list[str], ests: dict[str, Estimate], basis: str, evidence: str) -> Ranking:
     """Estimated backends fastest first (those within TIE of the best in priority order), then the
     ones without an estimate in priority order."""
     timed = [n for n in accepted if n in ests]
@@ -260,5 +262,5 @@ def _ordered(accepted: list[str], ests: dict[str, Estimate], basis: str) -> Rank
     near = [n for n in timed if ests[n].ms <= best * (1 + TIE)]
     order = near + sorted((n for n in timed if n not in near), key=lambda n: (ests[n].ms, timed.index(n)))
     order += [n for n in accepted if n not in ests]
-    return Ranking(order, ests, basis, {n: ests[n].ms / best for n in timed})
+    return Ranking(order, ests, basis, {n: ests[n].ms / best for n in timed}, evidence=evidence)
 

@@ -125,16 +125,13 @@ class Decision:
     fallbacks: list[tuple[str, list[Reason]]] = field(default_factory=list)  # plan-time rejections
     ran: Optional[str] = None  # the backend that served the latest call (differs from chosen after a fallback)
     ranking: str = ""  # what ordered the accepted candidates (measured time, cost model, priority list)
+    ranked_by: str = "the static order"  # choice.Ranking.evidence
 
     @property
     def evidence(self) -> str:
         """Which evidence decided: "measured here (<ISO time>)" (the autotune's times), "the table"
         (its expected times), "the static order" (the priority list), or "an explicit choice"."""
-        if self.explicit:
-            return "an explicit choice"
-        if self.ranking.startswith("measured here"):
-            return self.ranking.split(";")[0]
-        return "the table" if self.ranking and not self.ranking.startswith("priority list") else "the static order"
+        return "an explicit choice" if self.explicit else self.ranked_by
 
     def accepted(self) -> list[str]:
         """The automatic order: ranked candidates that accept the problem (fallbacks follow it)."""
@@ -227,19 +224,19 @@ def evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool = True) -
     return _evaluate(problem, device, live)[0]
 
 
-def _evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool) -> tuple[list[Candidate], str]:
-    """``evaluate``'s candidates, and what ordered the accepted ones ("" for the priority list alone)."""
+def _evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool) -> tuple[list[Candidate], choice.Ranking]:
+    """``evaluate``'s candidates, and the ranking that ordered the accepted ones."""
     ranked = [Candidate(e.backend, e.why, backend_reasons(e.backend, problem, device, live))
               for e in capability_db.candidates(device, problem.phase, problem.entry)]
-    ranked, basis = rank_measured(problem, device, ranked)
+    ranked, ranking = rank_measured(problem, device, ranked)
     listed = {c.backend for c in ranked}
     outside = f"not in the {capability_db.priority_list_name(device, problem.phase)} priority list"
     return ranked + [Candidate(name, outside, backend_reasons(name, problem, device, live), ranked=False)
-                     for name in backends.REGISTRY if name not in listed], basis
+                     for name in backends.REGISTRY if name not in listed], ranking
 
 
 def rank_measured(problem: AttentionProblem, device: DeviceDesc,
-                  ranked: list[Candidate]) -> tuple[list[Candidate], str]:
+                  ranked: list[Candidate]) -> tuple[list[Candidate], choice.Ranking]:
     """The accepted candidates ordered by measured time or cost model (dispatch/choice.py), each
     with its estimate: they trade places among their own slots of the priority list, so a rejected
     candidate keeps its place (strict mode and explain read it there); ties keep the priority order."""
@@ -249,9 +246,8 @@ def rank_measured(problem: AttentionProblem, device: DeviceDesc,
     for name, est in ranking.estimates.items():
         by_name[name].estimate, by_name[name].evidence = est.short(), est
         by_name[name].score = ranking.scores.get(name) if ranking.points > 1 else None
-    basis = ranking.basis if ranking.estimates else ""  # the priority list alone: nothing to add
     order = iter(ranking.order)
-    return [by_name[next(order)] if c.accepted else c for c in ranked], basis
+    return [by_name[next(order)] if c.accepted else c for c in ranked], ranking
 
 
 def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tuple[str, str]] = None,
@@ -284,7 +280,8 @@ def _decide(problem, device, explicit, strict, live) -> Decision:
     chosen = accepted[0].backend
     if strict:
         _check_strict(problem, device, candidates, chosen)
-    decision = Decision(problem, device, candidates, chosen, None, strict, ranking=ranking)
+    basis = ranking.basis if ranking.estimates else ""  # the priority list alone: nothing to add
+    decision = Decision(problem, device, candidates, chosen, None, strict, ranking=basis, ranked_by=ranking.evidence)
     if _logged.get((problem, device)) is None:
         _logged.put((problem, device), True)
         if chosen == "reference" and device.kind == "cuda":  # every faster backend refused: say so, once
