@@ -25,7 +25,7 @@ __all__ = [
 # FlashInfer-compatible entry points.
 from .decode import xqa_batch_decode_with_kv_cache  # noqa: E402
 from .explain import explain  # noqa: E402
-from .entries._base import last_decision  # noqa: E402
+from .entries import last_decision  # noqa: E402
 from .prefill import (cudnn_batch_prefill_with_kv_cache, single_prefill_with_kv_cache,  # noqa: E402
                       single_prefill_with_kv_cache_return_lse, trtllm_batch_context_with_kv_cache)
 from .wrappers import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper  # noqa: E402

@@ -12,8 +12,7 @@ from __future__ import annotations
 import functools
 
 from . import router
-from .entries import ENTRIES, _base
-from .entries._wrapper import PrefillWrapper
+from .entries import ENTRIES, PrefillWrapper, dry_run, last_decision
 
 FUNCTIONS = tuple(name for name, e in ENTRIES.items() if e.kind == "function")
 
@@ -26,9 +25,9 @@ def explain(entry, *args, **kwargs) -> router.Decision:
     if isinstance(entry, PrefillWrapper):
         return _explain_wrapper(entry, args, kwargs)
     entry = _entry_function(entry)
-    with _base.dry_run():
+    with dry_run():
         entry(*args, **kwargs)
-        return _base.last_decision()
+        return last_decision()
 
 
 def _entry_function(entry):
@@ -54,6 +53,6 @@ def _explain_wrapper(wrapper: PrefillWrapper, args, kwargs) -> router.Decision:
         raise ValueError(f"entry={type(wrapper).__name__}(...): allowed a wrapper after plan(...)")
     if not args and not kwargs:
         return wrapper.decision
-    with _base.dry_run():
+    with dry_run():
         wrapper.run(*args, **kwargs)
-        return _base.last_decision()
+        return last_decision()

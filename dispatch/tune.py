@@ -123,7 +123,7 @@ def tune_shapes(path: Path, cache: Optional[Path]) -> list[dict]:
 def tune_trace(path: Path, cache: Optional[Path], steps: Optional[int]) -> list[dict]:
     """Run a recorded trace's steps through our entry points inside a tuning context (module doc)."""
     from .benchmark import trace
-    from .entries._base import last_decision
+    from .entries import last_decision
 
     rep = json.loads(Path(path).read_text())
     if rep.get("benchmark") != "trace" or "config" not in rep or "seed" not in rep:

@@ -255,7 +255,7 @@ def test_host_rounds_keep_each_backends_least_time_in_interleaved_turns(monkeypa
     built = build.build(p, "cpu")
     turns, scopes = [], []
     monkeypatch.setattr(runner, "_sync", lambda device: None)  # no GPU here: the rounds' syncs are no-ops
-    monkeypatch.setattr(runner, "_scope", lambda name: scopes.append(name) or contextlib.nullcontext())
+    monkeypatch.setattr(runner, "backend_scope", lambda name: scopes.append(name) or contextlib.nullcontext())
     times = iter([30.0, 5.0, 40.0, 6.0, 50.0, 7.0, 60.0, 8.0])
     monkeypatch.setattr(runner, "_host_us", lambda call, b, device, repeats=3: (turns.append(call), next(times))[1])
     rows = [{"backend": "fa2", "host_us": 20.0, "eager_ms": 0.01}, {"backend": "cudnn", "host_us": 9.0, "eager_ms": 0.02},

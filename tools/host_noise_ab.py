@@ -42,12 +42,12 @@ def calls(problems: list, device: str) -> dict:
     for p in problems:
         built = build(p, device, 0)
         for name in [*runner.backends_to_force(p, device), runner.AUTO, *([runner.FLASHINFER] if api else [])]:
-            with runner._scope(name):
+            with runner.backend_scope(name):
                 try:
                     call = built.call(api if name == runner.FLASHINFER else None)
                     call(built.operands[0])
                 except Exception as exc:  # refused or failing: not a host path to time
-                    print(f"{p.name} {name}: {runner._one_line(exc)}", file=sys.stderr)
+                    print(f"{p.name} {name}: {runner.one_line(exc)}", file=sys.stderr)
                     continue
             out[(p.name, name)] = (call, built)
     runner._sync(device)
@@ -108,7 +108,7 @@ def time_all(paths: dict, modes: dict, rounds: int, device: str) -> dict:
     for r in range(rounds):
         order = list(modes)[r % len(modes):] + list(modes)[:r % len(modes)]
         for key, (call, built) in paths.items():
-            with runner._scope(key[1]):
+            with runner.backend_scope(key[1]):
                 for mode in order:
                     with modes[mode]():
                         times[key][mode].append(runner._host_us(call, built, device))

@@ -138,7 +138,7 @@ def sweep(plist: list, device: str, reps: int, budget_s: float = 0.0, on_result=
             with warmup.timing() if warmup is not None else contextlib.nullcontext():
                 r = runner.run_problem(p, device, reps, l2, seed=i, profile=profile, recheck=recheck)
         except Exception as exc:  # one problem failing (out of memory, say) is a result
-            r = {"problem": p.to_json(), "name": p.name, "error": runner._one_line(exc)}
+            r = {"problem": p.to_json(), "name": p.name, "error": runner.one_line(exc)}
         if waited is not None:
             r["warm_wait_s"] = waited
         results.append(r)

@@ -23,7 +23,7 @@ import torch
 
 from . import cases as lab
 from ..entries import ENTRIES
-from ..entries._base import last_decision
+from ..entries import last_decision
 from ..inputs import random_mask
 from ..problem import NAME_DTYPES
 from .oracle import attention_fp64, band, relative_error

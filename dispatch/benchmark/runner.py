@@ -72,7 +72,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _scope(backend: str):
+def backend_scope(backend: str):
     return contextlib.nullcontext() if backend in (AUTO, FLASHINFER) else policy.use_backend(backend)
 
 
@@ -81,7 +81,7 @@ def _cycling(fn: Callable[[Any], Any], operands: list) -> Callable[[], Any]:
     return lambda: fn(next(it))
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:240]
 
@@ -93,7 +93,7 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
     most host time per call (cProfile). ``calls``: where a timed backend's call is kept (for
     ``_host_rounds``)."""
     row: dict[str, Any] = {"backend": backend}
-    with _scope(backend):
+    with backend_scope(backend):
         try:
             call = built.call(api)
             built.poison()
@@ -103,7 +103,7 @@ def measure(built: Built, backend: str, device: str, reps: int, api: Optional[di
             return {**row, "status": "refused", "note": _refusal(exc)}
         except Exception as exc:  # a vendor failing is a result to report
             traceback.print_exc()
-            return {**row, "status": "error", "note": _one_line(exc)}
+            return {**row, "status": "error", "note": one_line(exc)}
         row["served"] = built.served() if api is None else backend
         err, lse_err, band = built.check(result)
         row.update(rel_err=err, lse_rel_err=lse_err, band=band)
@@ -157,7 +157,7 @@ def kernels_traced(fn: Callable[[], Any], runs: int, calls: int) -> list[str]:
 
 def _refusal(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines()[1:] if line.strip().startswith("- ")]
-    return ("; ".join(line[2:] for line in lines) or _one_line(exc))[:240]
+    return ("; ".join(line[2:] for line in lines) or one_line(exc))[:240]
 
 
 def _graph_capable(name: Optional[str]) -> bool:
@@ -217,7 +217,7 @@ def _host_rounds(rows: list[dict], calls: dict, built: Built, device: str) -> No
         return
     for k in range(HOST_ROUNDS):
         for r in timed[k % len(timed):] + timed[:k % len(timed)]:
-            with _scope(r["backend"]):
+            with backend_scope(r["backend"]):
                 r["host_us"] = min(r["host_us"], _host_us(calls[r["backend"]], built, device, repeats=1))
     for r in timed:
         r["host_rounds"] = HOST_ROUNDS
@@ -241,7 +241,7 @@ def _graph(call: Callable[[Any], Any], built: Built, reps: int, profile: int = 0
         same = torch.equal(out, eager)
         return {"graph_ms": ms, **traced} if same else {"graph_ms": None, "graph_note": "replay differs from eager"}
     except Exception as exc:  # capture refused: a result, eager still stands
-        return {"graph_ms": None, "graph_note": _one_line(exc)}
+        return {"graph_ms": None, "graph_note": one_line(exc)}
 
 
 # Not forced on a GPU unless a problem lists it: the fp64-accurate PyTorch path runs 100-1000x

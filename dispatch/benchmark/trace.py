@@ -76,7 +76,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..entries._base import last_decision
+from ..entries import last_decision
 from . import cases as lab
 from .oracle import attention_fp64, band, relative_error
 

@@ -117,11 +117,11 @@ def _warm_one(p: BenchProblem, device: str, folder: Path) -> list[str]:
     calls += [(runner.FLASHINFER, api)] if own else []
     for name, own in calls:
         wait_while_timing(folder)
-        with runner._scope(name):
+        with runner.backend_scope(name):
             try:
                 built.call(own)(built.operands[0])
             except Exception as exc:  # a refusal or a vendor's error: the sweep reports it
-                failed.append(f"{name}: {runner._one_line(exc)}")
+                failed.append(f"{name}: {runner.one_line(exc)}")
     if device == "cuda":
         import torch
         torch.cuda.synchronize()

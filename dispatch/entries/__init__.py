@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _base
+from ._base import dry_run, last_decision
+from ._wrapper import PrefillWrapper
 from .cudnn import cudnn_batch_prefill_with_kv_cache
 from .paged import BatchPrefillWithPagedKVCacheWrapper
 from .ragged import BatchPrefillWithRaggedKVCacheWrapper
@@ -49,4 +51,7 @@ def clear_caches() -> None:
     _base.clear_caches()
 
 
-__all__ = ["ENTRIES", "Entry", "clear_caches"] + list(ENTRIES)
+__all__ = ["ENTRIES", "Entry", "PrefillWrapper", "clear_caches", "dry_run", "last_decision",
+           "BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper", "cudnn_batch_prefill_with_kv_cache",
+           "single_prefill_with_kv_cache", "single_prefill_with_kv_cache_return_lse", "trtllm_batch_context_with_kv_cache",
+           "xqa_batch_decode_with_kv_cache"]

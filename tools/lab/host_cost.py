@@ -758,7 +758,7 @@ def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optiona
     on a built problem, after ``cfg.warmup`` calls; or why it did not run."""
     from dispatch.benchmark import runner
     row: dict[str, Any] = {"backend": backend}
-    with runner._scope(backend):
+    with runner.backend_scope(backend):
         try:
             call = built.call(api)
             for kv in built.operands[:1] * cfg.warmup:
@@ -767,7 +767,7 @@ def matrix_cell(built: Any, backend: str, device: str, cfg: Config, api: Optiona
         except router.BackendRefusedError as exc:
             return {**row, "status": "refused", "note": runner._refusal(exc)}
         except Exception as exc:  # a vendor failing is a result to report
-            return {**row, "status": "error", "note": runner._one_line(exc)}
+            return {**row, "status": "error", "note": runner.one_line(exc)}
         row["served"] = built.served() if api is None else backend
         spread = host_us({"call": runner._cycling(call, built.operands)}, device, cfg)["call"]
     return {**row, "status": "ok", "host_us": round(statistics.median(spread), 2),
@@ -788,7 +788,7 @@ def host_matrix(device: str, cfg: Config, small: bool) -> list[dict]:
             built = build.build(p, device, seed=len(rows))
         except Exception as exc:  # out of memory, say: a result
             rows.append({"entry": p.entry, "size": size, "problem": p.name, "status": "error",
-                         "note": runner._one_line(exc)})
+                         "note": runner.one_line(exc)})
             continue
         names = runner.backends_to_force(p, device) + [runner.AUTO]
         cells = [matrix_cell(built, name, device, cfg) for name in names]
