@@ -20,10 +20,13 @@ import math
 
 import torch
 
-from backends import _vendor
-
 from .oracle import LN2, attention_fp64, query_positions
 from ..problem import AttentionBatch, AttentionProblem
+
+
+def _cu_seqlens(lens: torch.Tensor) -> torch.Tensor:
+    """(B,) lengths -> (B+1,) int32 prefix sums from 0."""
+    return torch.cat([lens.new_zeros(1, dtype=torch.int64), torch.cumsum(lens.to(torch.int64), 0)]).to(torch.int32)
 
 
 def attend(q, k, v, *, scale, lo=None, hi=None, soft_cap=0.0, sinks=None, alibi=None, mask=None):
@@ -71,7 +74,7 @@ def make_batch(problem, q_lens, kv_lens, sm_scale=0.11, out_scale=1.0, sinks=Fal
     hq, hkv, d = problem.num_qo_heads, problem.num_kv_heads, problem.head_dim_qk
     rnd = lambda *s: torch.randn(*s, generator=gen)
     q = rnd(sum(q_lens), hq, d).to(dt)
-    qo = _vendor.cu_seqlens(torch.tensor(q_lens))
+    qo = _cu_seqlens(torch.tensor(q_lens))
     kvl = torch.tensor(kv_lens, dtype=torch.int32)
     seqs_k = [rnd(n, hkv, d) for n in kv_lens]
     seqs_v = [rnd(n, hkv, d) for n in kv_lens]
@@ -79,7 +82,7 @@ def make_batch(problem, q_lens, kv_lens, sm_scale=0.11, out_scale=1.0, sinks=Fal
     if problem.kv_storage == "paged":
         kv.update(_paged(problem, seqs_k, seqs_v, gen))
     else:
-        kv.update(k=torch.cat(seqs_k).to(dt), v=torch.cat(seqs_v).to(dt), kv_indptr=_vendor.cu_seqlens(kvl))
+        kv.update(k=torch.cat(seqs_k).to(dt), v=torch.cat(seqs_v).to(dt), kv_indptr=_cu_seqlens(kvl))
     masks = None
     if custom_mask:
         masks = [torch.rand(a, b, generator=gen) < 0.7 for a, b in zip(q_lens, kv_lens)]
