@@ -109,6 +109,7 @@ class Ranking:
     basis: str  # one line for explain()
     scores: dict[str, float] = field(default_factory=dict)  # what the order sorts (time / fastest's)
     points: int = 1  # sizes the scores are a geometric mean over
+    evidence: str = "the static order"  # which evidence ordered them (the router's Decision.evidence)
 
 
 def model_ms(table: TimingTable, backend: str, problem: AttentionProblem, sizes: Sizes) -> float:
@@ -328,7 +329,7 @@ def _ordered(accepted: list[str], ests: dict[str, Estimate], scores: dict[str, f
         near = [n for n in tier if scores[n] <= best * (1 + TIE)]
         order += near + sorted((n for n in tier if n not in near), key=lambda n: (scores[n], tier.index(n)))
     best = min(scores.values(), default=1.0)
-    return Ranking(order, ests, basis, {n: scores[n] / best for n in order}, points)
+    return Ranking(order, ests, basis, {n: scores[n] / best for n in order}, points, evidence="the fit")
 
 
 @contextlib.contextmanager
