@@ -120,7 +120,7 @@ def autotune(tune_mode: bool = True, cache: Union[str, os.PathLike, None] = None
         if value is not None:
             raise ValueError(f"autotune({name}={value!r}): allowed only None (dispatch times each bucket, powers "
                              "of two of batch, query and key lengths, eagerly)")
-    device = live_device()
+    device = current_device()
     env = fingerprint(device)
     ctx = Session(bool(tune_mode), Path(cache) if cache is not None else None,
                    frozenset([skip_ops] if isinstance(skip_ops, str) else skip_ops or ()), digest(env), env)
@@ -190,7 +190,7 @@ def _default_on() -> bool:
 
 
 # -- the environment's fingerprint and the files ----------------------------------------------------
-def live_device() -> DeviceDesc:
+def current_device() -> DeviceDesc:
     """This process's device: the current CUDA device, else the CPU."""
     if not torch.cuda.is_available():
         return capability_db.CPU_DEVICE
@@ -255,7 +255,7 @@ def describe_kept() -> str:
     with _lock:
         count = sum(len(buckets) for buckets in _known.values())
     if not count and _default_on():
-        count = len(_known_for(live_device()))
+        count = len(_known_for(current_device()))
     return f"kept times of {count} buckets ({describe_cache()})" if count else ""
 
 

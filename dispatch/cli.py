@@ -157,7 +157,7 @@ def cmd_query(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _this_device() -> DeviceDesc:
     from . import autotune
 
-    return autotune.live_device()
+    return autotune.current_device()
 
 
 def cmd_explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

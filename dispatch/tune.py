@@ -86,7 +86,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _device():
-    return autotune.live_device()
+    return autotune.current_device()
 
 
 def tune_shapes(path: Path, cache: Optional[Path]) -> list[dict]:

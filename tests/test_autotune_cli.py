@@ -36,7 +36,7 @@ def on_h100(monkeypatch):
     """This machine is an H100 (described: capability data only) whose timings are FAKE_MS; returns
     the names timed."""
     timed: list[str] = []
-    monkeypatch.setattr(autotune, "live_device", lambda: H100)
+    monkeypatch.setattr(autotune, "current_device", lambda: H100)
     monkeypatch.setattr(router, "decide", functools.partial(router.decide, live=False))
     monkeypatch.setattr(autotune, "measure",
                         lambda problem, names, sizes: timed.extend(names) or {n: FAKE_MS[n] for n in names})
