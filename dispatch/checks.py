@@ -518,8 +518,23 @@ class Spec(BaseModel):
 
     @classmethod
     def with_defaults(cls, args: dict) -> dict:
-        """``args`` with the defaults of the fields it leaves out (as the model would fill them)."""
-        return {**{name: f.default for name, f in cls.model_fields.items() if not f.is_required()}, **args}
+        """``args`` with the defaults of the fields it leaves out (as the model would fill them: a
+        default factory makes a new value each time)."""
+        fixed, factories = _defaults_of(cls)
+        missing = {name: make() for name, make in factories.items() if name not in args}
+        return {**fixed, **missing, **args}
+
+
+_DEFAULTS: dict = {}  # spec class -> (field -> default, field -> default factory): one per class
+
+
+def _defaults_of(spec: type) -> tuple[dict, dict]:
+    made = _DEFAULTS.get(spec)
+    if made is None:
+        optional = {name: f for name, f in spec.model_fields.items() if not f.is_required()}
+        made = _DEFAULTS[spec] = ({n: f.default for n, f in optional.items() if f.default_factory is None},
+                                  {n: f.default_factory for n, f in optional.items() if f.default_factory is not None})
+    return made
 
 
 # -- shared by several specs ---------------------------------------------------------------------

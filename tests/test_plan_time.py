@@ -120,3 +120,20 @@ def test_a_plan_of_a_seen_key_runs_every_check_without_pydantic(monkeypatch):
     with pytest.raises(ValueError, match="num_kv_heads"):  # another value: another key, validated in full
         w.plan(qo, indptr, ids, last, 4, 3, 16, 4, causal=True, q_data_type=torch.float32)
     assert full.count("PagedPlanSpec") == 2
+
+
+def test_a_known_typed_key_fills_left_out_fields_as_the_model_would():
+    """The plain path of a seen key fills left-out fields with their defaults, a default factory
+    with a new value each time (as pydantic does), never one value shared between calls."""
+    from pydantic import Field
+
+    from dispatch.checks import Spec
+
+    class WithDefaults(Spec):
+        a: int
+        b: int = 3
+        c: list = Field(default_factory=list)
+
+    first, second = WithDefaults.with_defaults({"a": 1}), WithDefaults.with_defaults({"a": 2, "b": 5})
+    assert first == {"a": 1, "b": 3, "c": []} and second == {"a": 2, "b": 5, "c": []}
+    assert first["c"] is not second["c"]
