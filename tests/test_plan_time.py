@@ -8,6 +8,7 @@ import torch
 
 import dispatch
 from backends import get_backend
+from dispatch import router
 from backends._fi_prefill import FlashInferPrefill
 from dispatch.benchmark.cases import paged, paged_wrapper, ragged, ragged_wrapper
 
@@ -137,3 +138,39 @@ def test_a_known_typed_key_fills_left_out_fields_as_the_model_would():
     first, second = WithDefaults.with_defaults({"a": 1}), WithDefaults.with_defaults({"a": 2, "b": 5})
     assert first == {"a": 1, "b": 3, "c": []} and second == {"a": 2, "b": 5, "c": []}
     assert first["c"] is not second["c"]
+
+
+def test_a_paged_plans_block_table_is_made_when_a_backend_first_reads_it(monkeypatch):
+    """FlashInfer's kernels take the caller's page lists, so a plan they serve never needs our block
+    table: it is made from the plan's page lists the first time a backend reads it, once per plan,
+    and equals the table made at once; a graph-mode wrapper makes it in plan() (its capture reads it)."""
+    from dispatch.checks import block_table_from_pages
+    from dispatch.entries import _wrapper
+    from dispatch.entries import paged as paged_entry
+
+    made = []
+    for module in (_wrapper, paged_entry):  # made on first read (_wrapper), at once for a graph (paged)
+        monkeypatch.setattr(module, "block_table_from_pages", lambda *a: made.append(1) or block_table_from_pages(*a))
+    c = paged(q_lens=(3, 1, 5), kv_lens=(9, 4, 13))
+    with dispatch.use_backend("reference"):
+        w = paged_wrapper(c)
+        out = w.run(c["q"], c["cache"])
+    expected = block_table_from_pages(c["kv_indptr"].tolist(), c["perm"].to(torch.int32), "cpu")
+    assert len(made) == 1 and torch.equal(w._plan.block_table, expected)  # the reference read it, once
+    w._plan.block_table, made[:] = None, []  # a plan nobody has read the table of yet
+    batch = w._plan_batch()
+    assert made == [] and batch.batch_size == 3  # built lazily: nothing made by building the batch
+    assert torch.equal(batch.block_table, expected) and torch.equal(w._plan_batch().block_table, expected)
+    assert len(made) == 1
+    with dispatch.use_backend("reference"):
+        assert torch.equal(w.run(c["q"], c["cache"]), out)
+    graph = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8), use_cuda_graph=True)
+    made[:] = []
+
+    def decided(*args, **kwargs):  # the plan is made before its decision: stop there (no CPU graph backend)
+        raise LookupError("decided")
+    monkeypatch.setattr(router, "decide", decided)
+    with pytest.raises(LookupError):
+        graph.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], c["num_qo_heads"], c["num_kv_heads"],
+                   c["head_dim"], c["page_size"], causal=True, q_data_type=c["dtype"])
+    assert made == [1] and torch.equal(graph._plan.block_table, expected) and graph._plan.pages is None

@@ -21,8 +21,8 @@ import torch
 from backends import BoundedCache, get_backend
 
 from .. import autotune, checks, choice, nvfp4, ops, policy, router
-from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, check_indptr_values, check_scale,
-                      cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
+from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, block_table_from_pages,
+                      check_indptr_values, check_scale, cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
                       need_sinks, need_soft_cap, need_tensor, need_window, out_dtype_of, parse_dtype, unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from . import _base as B
@@ -60,7 +60,8 @@ class Setup:
     batch_size: int
     page_size: int = 0
     max_page_id: int = -1
-    block_table: Optional[torch.Tensor] = None
+    block_table: Optional[torch.Tensor] = None  # read through table(): made from ``pages`` on first use
+    pages: Optional[tuple] = None  # (kv_indptr on the host, the page ids it covers on the host)
     # the caller's page lists as FlashInfer's plan takes them (indptr from 0 and last page lengths on
     # the host, ids on the device), so a vendor planned from them needs no conversion back from the table
     paged_csr: Optional[tuple] = None
@@ -70,6 +71,38 @@ class Setup:
     kv_indptr: Optional[torch.Tensor] = None
     total_kv: int = 0
     device: Any = None  # the workspace's: where the plan lives and every run must be
+
+    def table(self) -> Optional[torch.Tensor]:
+        """The block table; a paged plan's is made from its page lists the first time a backend
+        reads it (another thread making it too makes an equal one)."""
+        if self.block_table is None and self.pages is not None:
+            self.block_table = block_table_from_pages(*self.pages, self.device)
+        return self.block_table
+
+
+class TableOnRead(AttentionBatch):
+    """A paged plan's batch: its ``block_table`` is the plan's ``Setup.table()``, made when a backend
+    first reads it, unless a value was set."""
+
+    @property  # type: ignore[override]
+    def block_table(self) -> Optional[torch.Tensor]:
+        table = self.__dict__.get("_block_table")
+        setup = self.__dict__.get("_setup")
+        return setup.table() if table is None and setup is not None else table
+
+    @block_table.setter
+    def block_table(self, value: Optional[torch.Tensor]) -> None:
+        self.__dict__["_block_table"] = value
+
+
+def batch_of(setup: Setup, **fields: Any) -> AttentionBatch:
+    """An AttentionBatch of ``setup``'s plan: one whose block table waits for its first reader where
+    the plan has page lists to make it from."""
+    if setup.block_table is not None or setup.pages is None:
+        return AttentionBatch(block_table=setup.block_table, **fields)
+    batch = TableOnRead(block_table=None, **fields)
+    batch.__dict__["_setup"] = setup
+    return batch
 
 
 class PrefillWrapper:
@@ -205,12 +238,10 @@ class PrefillWrapper:
             return torch.empty(1, dtype=dtype, device=p.device).expand(*shape)
         kv_shape = (1, p.page_size, p.hkv, p.dqk) if self._storage == "paged" else (p.total_kv, p.hkv, p.dqk)
         q, out = stand_in((p.total_q, p.hq, p.dqk), p.q_dtype), stand_in((p.total_q, p.hq, p.dvo), p.out_dtype)
-        return AttentionBatch(q=q, k=stand_in(kv_shape, p.kv_dtype),
-                              v=stand_in(kv_shape[:-1] + (p.dvo,), p.kv_dtype),
-                              qo_indptr=p.qo_indptr, kv_lens=p.kv_lens, out=out, batch_size=p.batch_size,
-                              max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=p.sm_scale, kv_indptr=p.kv_indptr,
-                              block_table=p.block_table, custom_mask=p.custom_mask, mask_indptr=p.mask_indptr,
-                              extras=self._extras)
+        return batch_of(p, q=q, k=stand_in(kv_shape, p.kv_dtype), v=stand_in(kv_shape[:-1] + (p.dvo,), p.kv_dtype),
+                        qo_indptr=p.qo_indptr, kv_lens=p.kv_lens, out=out, batch_size=p.batch_size,
+                        max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=p.sm_scale, kv_indptr=p.kv_indptr,
+                        custom_mask=p.custom_mask, mask_indptr=p.mask_indptr, extras=self._extras)
 
     def _plan_mask(self, spec, q_lens, kv_lens) -> Optional[torch.Tensor]:
         sizes = [a * b for a, b in zip(q_lens, kv_lens)]
@@ -249,10 +280,10 @@ class PrefillWrapper:
             lse = torch.empty(p.total_q, p.hq, dtype=torch.float32, device=p.device)
         if lane.fast is None and (isinstance(sm_scale, torch.Tensor) or isinstance(out_scale, torch.Tensor)):
             lane.asked = True  # a device scale folded per call: its launcher would keep this call's tensor
-        batch = AttentionBatch(q=q, k=k, v=v, qo_indptr=p.qo_indptr, kv_lens=p.kv_lens, out=out,
-                               batch_size=p.batch_size, max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=sm_scale,
-                               out_scale=out_scale, kv_indptr=p.kv_indptr, block_table=p.block_table, lse=lse,
-                               sinks=sinks, custom_mask=p.custom_mask, mask_indptr=p.mask_indptr, extras=self._extras)
+        batch = batch_of(p, q=q, k=k, v=v, qo_indptr=p.qo_indptr, kv_lens=p.kv_lens, out=out,
+                         batch_size=p.batch_size, max_q_len=p.max_q, max_kv_len=p.max_kv, sm_scale=sm_scale,
+                         out_scale=out_scale, kv_indptr=p.kv_indptr, lse=lse, sinks=sinks,
+                         custom_mask=p.custom_mask, mask_indptr=p.mask_indptr, extras=self._extras)
         if kv_sf is not None:  # NVFP4: the scale factors' logical NHD views
             batch.k_sf, batch.v_sf = kv_sf
         planned = lane.launch(batch)

@@ -80,11 +80,16 @@ class BatchPrefillWithPagedKVCacheWrapper(PrefillWrapper):
             seq_lens=seq_lens, seq_lens_q=seq_lens_q, block_tables=block_tables,
             max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv,
             backend=self._backend or "auto"))
+        # the block table: cuDNN's own; a graph's now (its capture reads it); else made when a backend
+        # first reads it (FlashInfer's kernels take the page lists: a plan they serve makes none)
+        table, pages = None, None
         if d.cudnn:
             table = block_tables.to(self._device)
-        else:
+        elif self._use_cuda_graph:
             table = block_table_from_pages(d.kv_indptr, d.page_ids, self._device)
-        self._finish_plan(spec, d, block_table=table, page_size=page_size, max_page_id=d.max_page_id,
+        else:
+            pages = (d.kv_indptr, d.page_ids)
+        self._finish_plan(spec, d, block_table=table, pages=pages, page_size=page_size, max_page_id=d.max_page_id,
                           paged_csr=None if d.cudnn else self._page_lists(d, paged_kv_indices, paged_kv_last_page_len))
 
     begin_forward = plan
