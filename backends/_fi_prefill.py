@@ -218,6 +218,11 @@ class FlashInferPrefill(Provider):
         # from the tensors of the call
         return problem.kv_storage != "dense"
 
+    def reads_block_table(self, problem) -> bool:
+        # a wrapper's paged plan hands FlashInfer the caller's page lists (extras["paged_csr"]); a
+        # CUDA-graph plan sizes its index buffers by the block table
+        return problem.cuda_graph
+
     def plan(self, problem, batch) -> FiState:
         if problem.kv_storage == "dense":  # one request: FlashInfer's single-request kernel, no batch plan
             op = self._single_op(problem, batch)

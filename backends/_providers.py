@@ -61,6 +61,10 @@ class Provider:
         """Backend.plans_before_run for this provider."""
         return False
 
+    def reads_block_table(self, problem) -> bool:
+        """Backend.reads_block_table for this provider."""
+        return True
+
     def run(self, problem, state: Any, batch) -> None:
         raise NotImplementedError
 
@@ -127,6 +131,12 @@ class MultiProviderBackend(Backend):
             return self.choose(problem).plans_before_run(problem)
         except BackendRejected:
             return False
+
+    def reads_block_table(self, problem) -> bool:
+        try:
+            return self.choose(problem).reads_block_table(problem)
+        except BackendRejected:
+            return True
 
     def plan(self, problem, batch) -> ProviderPlan:
         _vendor.refuse_negative_scale(self.name, batch.sm_scale, self.name)

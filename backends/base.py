@@ -84,6 +84,11 @@ class Backend:
         first run only launches. The base: False (it plans on the first run, with the real tensors)."""
         return False
 
+    def reads_block_table(self, problem: "AttentionProblem") -> bool:
+        """Whether a paged batch's ``block_table`` is read by this backend (a wrapper then makes it
+        in plan(), not on a first read that could fall inside a CUDA-graph capture). The base: True."""
+        return True
+
     def plan_reusable(self, problem: "AttentionProblem") -> bool:
         """True when ``plan`` reads from the batch nothing but what a call key proves (dtypes,
         devices, head counts and dims): the entry points then keep one plan per call key instead

@@ -154,9 +154,10 @@ def test_a_paged_plans_block_table_is_made_when_a_backend_first_reads_it(monkeyp
     c = paged(q_lens=(3, 1, 5), kv_lens=(9, 4, 13))
     with dispatch.use_backend("reference"):
         w = paged_wrapper(c)
+        assert len(made) == 1  # a backend that reads it: made in plan(), never inside a later capture
         out = w.run(c["q"], c["cache"])
     expected = block_table_from_pages(c["kv_indptr"].tolist(), c["perm"].to(torch.int32), "cpu")
-    assert len(made) == 1 and torch.equal(w._plan.block_table, expected)  # the reference read it, once
+    assert len(made) == 1 and torch.equal(w._plan.block_table, expected)  # once
     w._plan.block_table, made[:] = None, []  # a plan nobody has read the table of yet
     batch = w._plan_batch()
     assert made == [] and batch.batch_size == 3  # built lazily: nothing made by building the batch

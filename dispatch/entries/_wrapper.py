@@ -22,8 +22,9 @@ from backends import BoundedCache, get_backend
 
 from .. import autotune, checks, choice, nvfp4, ops, policy, router
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, block_table_from_pages,
-                      check_indptr_values, check_scale, cumsum0, fold_scale, need_finite, need_heads, need_index, need_int, need_out, need_query,
-                      need_sinks, need_soft_cap, need_tensor, need_window, out_dtype_of, parse_dtype, unpack_bits)
+                      check_indptr_values, check_scale, cumsum0, fold_scale, need_finite, need_heads, need_index,
+                      need_int, need_out, need_query, need_sinks, need_soft_cap, need_tensor, need_window,
+                      out_dtype_of, parse_dtype, unpack_bits)
 from ..problem import AttentionBatch, AttentionProblem, dtype_name, size_class
 from . import _base as B
 from . import _lse
@@ -122,7 +123,8 @@ class PrefillWrapper:
                       else jit_kwargs, "None (JIT variants are not supported)")
         if variant_owns_mask:  # FlashInfer: True hands the whole mask to a custom variant's LogitsMask hook
             raise bad("variant_owns_mask", variant_owns_mask, "False (True needs a custom attention variant "
-                      "through jit_args with backend='fa2', as FlashInfer 0.7 requires; JIT variants are not supported)")
+                      "through jit_args with backend='fa2', as FlashInfer 0.7 requires; JIT variants are not "
+                      "supported)")
         self._backend = policy.normalize_backend_name(backend)  # unknown names fail here, with the options
         self._float_workspace = float_workspace_buffer
         self._int_workspace: Optional[torch.Tensor] = None
@@ -228,6 +230,8 @@ class PrefillWrapper:
         self._last = router.Planned(decision, decision.chosen, None)
         if not is_dry() and get_backend(decision.chosen).plans_before_run(problem):  # explain() only decides
             self._last = self._calls.proof(problem).keep(router.plan(decision, self._plan_batch()))
+        if not is_dry() and self._plan.pages is not None and get_backend(self._last.backend).reads_block_table(problem):
+            self._plan.table()  # made now, not on a first read that could fall inside a CUDA-graph capture
 
     def _plan_batch(self) -> AttentionBatch:
         """The batch a backend plans from in plan(): the plan's index tensors and sizes, and
