@@ -3,6 +3,8 @@ plan reads only what plan() knows, the page lists and index values FlashInfer's 
 on the host (no synchronizing copy back from the device), and the first run only launches."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -175,3 +177,15 @@ def test_a_paged_plans_block_table_is_made_when_a_backend_first_reads_it(monkeyp
         graph.plan(c["qo"], c["kv_indptr"], c["perm"], c["last"], c["num_qo_heads"], c["num_kv_heads"],
                    c["head_dim"], c["page_size"], causal=True, q_data_type=c["dtype"])
     assert made == [1] and torch.equal(graph._plan.block_table, expected) and graph._plan.pages is None
+
+
+def test_flashinfers_batch_kernels_read_the_page_lists_not_the_block_table():
+    """A paged plan FlashInfer serves makes no block table (it takes the caller's page lists); a
+    CUDA-graph plan sizes FlashInfer's index buffers by the table, and every other backend reads it."""
+    c = paged(q_lens=(3, 1, 5), kv_lens=(9, 4, 13))
+    with dispatch.use_backend("reference"):
+        problem = paged_wrapper(c)._plan.problem
+    graph = dataclasses.replace(problem, cuda_graph=True)
+    assert FlashInferPrefill("fa2").reads_block_table(problem) is False
+    assert FlashInferPrefill("fa2").reads_block_table(graph) is True
+    assert get_backend("reference").reads_block_table(problem) and get_backend("native-triton").reads_block_table(problem)
