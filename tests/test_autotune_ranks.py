@@ -47,6 +47,7 @@ def one_rank(rank: int, world: int, folder: str) -> None:
             failed = f"{type(exc).__name__}: {exc}"
         Path(folder, f"rank-{rank}.json").write_text(json.dumps({"chosen": chosen, "timed": timed, "failed": failed}))
     finally:
+        dist.barrier()  # both ranks done before either tears gloo down (a rank leaving first aborts the other)
         dist.destroy_process_group()
 
 

@@ -68,6 +68,7 @@ def main() -> int:
     agree = all(p == picks[0] for p in picks)
     if rank == 0:
         report(gathered, agree)
+    dist.barrier()  # every rank done before any tears the group down
     dist.destroy_process_group()
     return 0 if agree else 1
 
