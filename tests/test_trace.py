@@ -40,7 +40,7 @@ def test_trace_runs_every_entry_on_the_cpu(cpu_run):
             assert c["finite"] and c["ok"] and c["rows"] > 0
             assert 0 < c["rel_err_vs_fp64"] <= c["band"] == 1e-5
     wrappers = {part for name in ("paged", "ragged") for part in rep["entries"][name]["ours"]["parts_ms"]}
-    assert wrappers == {"plan", "first_run"}
+    assert wrappers == {"plan", "first_run", "gc"}
     md = (out / "trace-cpu-seed-7.md").read_text()
     assert "Seed 7 (given)" in md and "## The trace" in md
     for name, spec in trace.ENTRIES.items():
@@ -163,3 +163,29 @@ def test_bad_options_name_the_value_and_what_is_allowed(capsys):
         with pytest.raises(SystemExit) as exc:
             trace.main(["--device", "cpu", *argv])
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_steps_garbage_collection_is_its_own_part():
+    """A full collection inside a step is counted apart from the calls (a spike it causes is not a call's)."""
+    import gc
+
+    def step(x, parts):
+        gc.collect()
+        return x
+
+    host, gpu, out, parts = trace.timed_step(step, {"a": 1}, cuda=False)
+    assert out == {"a": 1} and gpu is None and 0 < parts["gc"] <= host
+    assert trace.timed_step(lambda x, parts: x, {}, cuda=False)[3]["gc"] == 0
+
+
+def test_first_calls_run_each_side_in_a_fresh_process(tmp_path):
+    rc = cli.main(["bench", "--trace", "--first-call", "--device", "cpu", "--entries", "single", "--seed", "3",
+                   "--out", str(tmp_path)])
+    rep = json.loads((tmp_path / "first-call-cpu-seed-3.json").read_text())
+    row = rep["first_call"]["single"]
+    assert rc == 0 and rep["benchmark"] == "first-call" and rep["seed"] == 3
+    assert row["prime"]["host_ms"] > 0 and row["ours"]["host_ms"] > 0 and row["ours"]["import_ms"] > 0
+    assert row["ours"]["synced_ms"] >= row["ours"]["host_ms"]
+    assert row["flashinfer"]["not_run"].startswith("not run: ") and row["ours_less_flashinfer_ms"] is None
+    md = (tmp_path / "first-call-cpu-seed-3.md").read_text()
+    assert "| single | " in md and "- flashinfer: not run: " in md

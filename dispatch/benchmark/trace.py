@@ -62,6 +62,7 @@ our side fails to run.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import math
@@ -499,15 +500,38 @@ def make_side(name: str, api: Optional[SimpleNamespace], reason: str, spec: Entr
         return Side(name, None, f"not run: {one_line(exc)}")
 
 
+class Collections:
+    """The time Python's garbage collector ran (``gc.callbacks``), in ms: a full collection walks every
+    object of the process, so a step it falls into can take hundreds of ms that no call of ours or
+    FlashInfer's spent; ``parts["gc"]`` tells such a step from a slow call."""
+
+    def __init__(self) -> None:
+        self.ms, self._t0 = 0.0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+            self._t0 = None
+
+
+COLLECTIONS = Collections()
+
+
 def timed_step(fn: Callable[[dict, dict], Any], x: dict, cuda: bool) -> tuple[float, Optional[float], Any, dict]:
-    """(host ms, GPU ms or None, output, parts) of one step."""
+    """(host ms, GPU ms or None, output, parts) of one step; ``parts["gc"]``: the garbage collector's ms."""
+    if COLLECTIONS not in gc.callbacks:
+        gc.callbacks.append(COLLECTIONS)
     parts: dict = {}
+    collected = COLLECTIONS.ms
     if cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     t0 = time.perf_counter()
     out = fn(x, parts)
     host = (time.perf_counter() - t0) * 1e3
+    parts["gc"] = COLLECTIONS.ms - collected
     if not cuda:
         return host, None, out, parts
     end.record()
@@ -818,7 +842,8 @@ DEFAULTS = {"cuda": dict(steps=300, max_batch=64, heads="32/8", head_dim=128, dt
             "cpu": dict(steps=20, max_batch=8, heads="4/2", head_dim=32, dtype="float32")}
 USAGE = ("attn-dispatch bench --trace [--steps N] [--warmup-steps N] [--layers L] [--entries NAME ...] [--seed S]\n"
          "                                   [--out DIR] [--device {cpu,cuda}] [--max-batch B] [--heads HQ/HKV]\n"
-         "                                   [--head-dim D] [--page-size P] [--dtype DTYPE] [--check-steps N]")
+         "                                   [--head-dim D] [--page-size P] [--dtype DTYPE] [--check-steps N]\n"
+         "                                   [--first-call]")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -843,6 +868,9 @@ def parser() -> argparse.ArgumentParser:
                    help="default: bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--check-steps", type=int, default=3, metavar="N",
                    help="timed steps whose output is checked against the fp64 oracle (default 3)")
+    p.add_argument("--first-call", action="store_true",
+                   help="instead of the trace: each side's first call of each entry in a fresh process, compiles "
+                        "excluded on both sides (dispatch/benchmark/first_call.py)")
     return p
 
 
@@ -902,6 +930,8 @@ def main(argv: Optional[list[str]] = None) -> int:
            "seed_source": "given" if args.seed is not None else "drawn at run time from os.urandom",
            "again": again(cfg, seed, args.entries), "environment": environment(cfg.device), "config": cfg.to_json(),
            "distribution": distribution(cfg), "method": METHOD, "entries": {}}
+    if args.first_call:
+        return _first_calls(rep, [a for a in (argv or []) if a != "--first-call"], args, seed)
     stem, fi = f"trace-{cfg.device}-seed-{seed}", flashinfer_api(cfg.device)
     for name in args.entries:
         t0 = time.perf_counter()
@@ -914,6 +944,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(md[md.index("## Host time"):].split("\n\n## ")[0])
     print("outputs:\n" + "\n".join(f"  {path}" for path in paths))
     return 0 if rep["ok"] else 1
+
+
+def _first_calls(rep: dict, argv: list[str], args: argparse.Namespace, seed: int) -> int:
+    """``--first-call``: the first-call table instead of the trace (first_call.py)."""
+    from . import first_call
+
+    rep.update(benchmark="first-call", first_call=first_call.measure(argv + ["--seed", str(seed)], args.entries,
+                                                                     seed))
+    paths = first_call.write(rep, args.out, f"first-call-{rep['device']}-seed-{seed}")
+    print("\n".join(first_call.markdown(rep["first_call"])))
+    print("outputs:\n" + "\n".join(f"  {path}" for path in paths))
+    ran = all("host_ms" in r["ours"] for r in rep["first_call"].values())
+    return 0 if ran else 1
 
 
 if __name__ == "__main__":
