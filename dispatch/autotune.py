@@ -197,12 +197,19 @@ def current_device() -> DeviceDesc:
     return devices.live_device(torch.empty(0, device="cuda"))
 
 
+# The distributions that provide the modules a timing depends on, looked up by name: asking the
+# metadata which distribution provides a module reads every installed distribution (0.2 s here, more
+# on a long path), and the first decision of a process reads the fingerprint.
+_DISTRIBUTIONS = {"cudnn": ("nvidia-cudnn-frontend",), "flashinfer": ("flashinfer-python", "flashinfer"),
+                  "triton": ("triton", "pytorch-triton")}
+
+
 @functools.lru_cache(maxsize=None)
 def _package(module: str) -> str:
     """The installed version of the distribution providing ``module`` (package metadata: nothing imported)."""
     from importlib import metadata
 
-    for dist in metadata.packages_distributions().get(module, []):
+    for dist in _DISTRIBUTIONS.get(module, (module,)):
         with contextlib.suppress(metadata.PackageNotFoundError):
             return metadata.version(dist)
     return "none"

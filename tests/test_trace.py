@@ -189,3 +189,23 @@ def test_first_calls_run_each_side_in_a_fresh_process(tmp_path):
     assert row["flashinfer"]["not_run"].startswith("not run: ") and row["ours_less_flashinfer_ms"] is None
     md = (tmp_path / "first-call-cpu-seed-3.md").read_text()
     assert "| single | " in md and "- flashinfer: not run: " in md
+
+
+def test_tune_runs_our_warm_up_pass_inside_autotune(tmp_path, monkeypatch):
+    import contextlib
+
+    opened = []
+
+    @contextlib.contextmanager
+    def recording(tune_mode=True, cache=None):
+        opened.append((tune_mode, cache))
+        yield
+
+    monkeypatch.setattr(trace.autotune, "autotune", recording)
+    rc = cli.main(["bench", "--trace", "--device", "cpu", "--steps", "2", "--warmup-steps", "2", "--seed", "5",
+                   "--entries", "single", "xqa", "--tune", "--out", str(tmp_path)])
+    rep = json.loads((tmp_path / "trace-cpu-seed-5-tuned.json").read_text())
+    cache = str(tmp_path / "trace-cpu-seed-5-tuned-autotune.json")
+    assert rc == 0 and opened == [(True, cache)] * 2 and rep["config"]["tune_cache"] == cache
+    assert rep["again"].endswith(" --tune")
+    assert "Ours tuned in the warm-up pass" in (tmp_path / "trace-cpu-seed-5-tuned.md").read_text()

@@ -62,6 +62,7 @@ our side fails to run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import json
@@ -70,13 +71,14 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 import torch
 
+from .. import autotune
 from ..entries import last_decision
 from . import cases as lab
 from .oracle import attention_fp64, band, relative_error
@@ -118,6 +120,7 @@ class Config:
     dtype: torch.dtype
     bounds: Bounds
     check_steps: int
+    tune_cache: Optional[str] = None  # --tune: ours' warm-up pass inside dispatch.autotune, kept in this file
 
     @property
     def scale(self) -> float:
@@ -663,7 +666,8 @@ def run_entry(name: str, cfg: Config, seed: int, fi: tuple[Optional[SimpleNamesp
     sides = [make_side("ours", ours_api(), "", spec, cfg), make_side("flashinfer", fi_api, fi_reason, spec, cfg)]
     cuda = cfg.device == "cuda"
     build = lambda step: spec.inputs(step, pools, cfg)  # noqa: E731
-    run_pass(warm, build, sides, "warm-up", cuda)
+    with autotune.autotune(True, cache=cfg.tune_cache) if cfg.tune_cache else contextlib.nullcontext():
+        run_pass(warm, build, sides, "warm-up", cuda)
     checks, at = [], check_steps(cfg.steps, cfg.check_steps)
 
     def after(i: int, step: Step, x: dict, outs: dict) -> None:
@@ -784,7 +788,9 @@ def markdown(rep: dict) -> str:
              f"Seed {rep['seed']} ({rep['seed_source']}); again: `{rep['again']}`", "",
              f"{cfg['hq']}/{cfg['hkv']} heads, head dim {cfg['head_dim']}, {cfg['dtype']}, pages of {cfg['page']}; "
              f"{cfg['steps']} timed steps per entry after a warm-up pass of {cfg['warmup_steps']} steps over a "
-             f"separate draw; {cfg['layers']} layers a step.", "", "## The trace", ""]
+             f"separate draw; {cfg['layers']} layers a step."
+             + (" Ours tuned in the warm-up pass (dispatch.autotune: each new bucket timed its leading candidates "
+                "there); the timed pass only looked up." if cfg.get("tune_cache") else ""), "", "## The trace", ""]
     lines += [f"- {line}" for line in rep["distribution"]]
     lines += ["", "## Host time per step (ms): ours against FlashInfer's", "", rep["method"], "",
               "| entry | host p50 ours | FlashInfer | host p99 ours | FlashInfer | host max ours | FlashInfer "
@@ -843,7 +849,7 @@ DEFAULTS = {"cuda": dict(steps=300, max_batch=64, heads="32/8", head_dim=128, dt
 USAGE = ("attn-dispatch bench --trace [--steps N] [--warmup-steps N] [--layers L] [--entries NAME ...] [--seed S]\n"
          "                                   [--out DIR] [--device {cpu,cuda}] [--max-batch B] [--heads HQ/HKV]\n"
          "                                   [--head-dim D] [--page-size P] [--dtype DTYPE] [--check-steps N]\n"
-         "                                   [--first-call]")
+         "                                   [--tune] [--first-call]")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -868,6 +874,10 @@ def parser() -> argparse.ArgumentParser:
                    help="default: bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--check-steps", type=int, default=3, metavar="N",
                    help="timed steps whose output is checked against the fp64 oracle (default 3)")
+    p.add_argument("--tune", action="store_true",
+                   help="ours' warm-up pass inside dispatch.autotune(True, cache=DIR/trace-...-autotune.json), as "
+                        "an engine that tunes in its warm-up: each new bucket times its leading candidates there; "
+                        "the timed pass only looks up")
     p.add_argument("--first-call", action="store_true",
                    help="instead of the trace: each side's first call of each entry in a fresh process, compiles "
                         "excluded on both sides (dispatch/benchmark/first_call.py)")
@@ -911,7 +921,7 @@ def again(cfg: Config, seed: int, entries: list[str]) -> str:
     return (f"attn-dispatch bench --trace --device {cfg.device} --seed {seed} --steps {cfg.steps} --warmup-steps "
             f"{cfg.warmup_steps} --layers {cfg.layers} --max-batch {cfg.max_batch} --heads {cfg.hq}/{cfg.hkv} "
             f"--head-dim {cfg.head_dim} --page-size {cfg.page} --dtype {str(cfg.dtype).replace('torch.', '')} "
-            f"--entries {' '.join(entries)}")
+            f"--entries {' '.join(entries)}" + (" --tune" if cfg.tune_cache else ""))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -932,7 +942,11 @@ def main(argv: Optional[list[str]] = None) -> int:
            "distribution": distribution(cfg), "method": METHOD, "entries": {}}
     if args.first_call:
         return _first_calls(rep, [a for a in (argv or []) if a != "--first-call"], args, seed)
-    stem, fi = f"trace-{cfg.device}-seed-{seed}", flashinfer_api(cfg.device)
+    stem, fi = f"trace-{cfg.device}-seed-{seed}" + ("-tuned" if args.tune else ""), flashinfer_api(cfg.device)
+    if args.tune:
+        cfg = replace(cfg, tune_cache=str(args.out / f"{stem}-autotune.json"))
+        rep["config"] = cfg.to_json()
+        rep["again"] = again(cfg, seed, args.entries)
     for name in args.entries:
         t0 = time.perf_counter()
         rep["entries"][name] = r = run_entry(name, cfg, seed, fi)
