@@ -224,9 +224,13 @@ def graph_key(problem, batch) -> GraphKey:
         # ceil(max_sequence_kv / page_size) wide, fixed by the engine): an engine's table grows with its
         # longest request, and a graph per width would be built on the request path; a narrower table is
         # padded (table_of)
+        # cuDNN reads a page table exactly ceil(S_kv / page_size) wide (9.19 with frontend 1.32 declines
+        # any other width: "block table size must equal ceil(s_kv/block_size)"): the cuDNN entry's S_kv
+        # is the call's max_sequence_kv and its table is cut or padded to that; elsewhere S_kv is the
+        # bucketed table's reach
         width = int(batch.block_table.shape[1])
-        width = width if problem.entry == CUDNN_ENTRY else bucket(width)
-        s_kv = min(size(batch.max_kv_len), width * problem.page_size)
+        s_kv = size(batch.max_kv_len) if problem.entry == CUDNN_ENTRY else bucket(width) * problem.page_size
+        width = -(-s_kv // problem.page_size)
     else:
         kv = tuple(tuple(t.stride()[:2]) for t in (batch.k, batch.v))
         s_kv, width = size(batch.max_kv_len), 0
@@ -384,10 +388,12 @@ def build_graph(cudnn, key: GraphKey, handle, modes: Optional[list] = None) -> A
 # buffers go flat, as they are when already int32 and contiguous: no reshape, no copy, no launch.
 def table_of(key: GraphKey, table: torch.Tensor) -> torch.Tensor:
     """The block table as the graph reads it: int32, ``key.table_width`` columns (a narrower one
-    padded with page 0; the columns past a request's pages are never read)."""
+    padded with page 0, a wider one cut: the columns past a request's pages are never read)."""
     table = _int32(table)
     if table.shape[1] == key.table_width:
         return table
+    if table.shape[1] > key.table_width:
+        return table[:, : key.table_width].contiguous()
     padded = table.new_zeros(table.shape[0], key.table_width)
     padded[:, : table.shape[1]] = table
     return padded

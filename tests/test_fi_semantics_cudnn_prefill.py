@@ -88,7 +88,7 @@ def test_cudnn_prefill_fp8(device, backend, batch_size, s_qo, s_kv, page_size, n
           enumerate(c["seq_kv"].tolist())]
     q_lens = c["seq_q"].tolist()
     c8 = dict(c, q=q8, k_cache=k8, v_cache=v8)
-    call = cudnn_wrapper_call(c8, device, causal, s_qo, s_kv, page_size, num_kv_heads, q_data_type=torch.float8_e4m3fn,
+    call = cudnn_wrapper_call(c8, device, causal, s_qo, s_kv, page_size, num_kv_heads, q_dtype=torch.float8_e4m3fn,
                               q_scale=q_scale.to(device), k_scale=k_scale.to(device), v_scale=v_scale.to(device))
     if device == "cpu":
         with pytest.raises(dispatch.BackendRefusedError, match=r"device_kind='cpu': allowed one of 'cuda'"):
