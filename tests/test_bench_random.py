@@ -84,3 +84,13 @@ def test_distribution_covers_every_entry_form_and_feature_within_its_caps(device
     if device == "cuda":
         assert max(p.batch for p in drawn) >= 128 and max(p.kv_len for p in drawn) >= 32768
         assert max(p.q_len for p in drawn) >= 4096
+
+
+def test_warm_only_warms_every_problem_and_times_none(tmp_path, capsys):
+    rc = cli.main(["bench", "--device", "cpu", "--random", "2", "--seed", "5", "--warm-workers", "2", "--warm-only",
+                   "--out", str(tmp_path)])
+    assert rc == 0 and "warm-only: 2 of 2 problems warm" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())  # nothing timed, nothing written
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--device", "cpu", "--random", "2", "--warm-only"])
+    assert "--warm-only: allowed with --warm-workers J" in capsys.readouterr().err

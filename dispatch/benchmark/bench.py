@@ -15,6 +15,7 @@ and prints a summary that fits 100 columns (the full table is the .md); a progre
     attn-dispatch bench --random 60 --out $OUT                # a fresh seed, printed and recorded
     attn-dispatch bench --random 60 --seed 1234 --start 40    # resume that sweep at problem 40
     attn-dispatch bench --random 60 --tune    # auto after the warm-up autotune (-autotune files, -cache.json)
+    attn-dispatch bench --random 150 --seed S --warm-workers 8 --warm-only  # compile its modules, time nothing
     attn-dispatch bench --trace --device cpu --steps 20       # an engine-shaped trace, ours vs FlashInfer (trace.py)
 
 Modules: oracle (the one fp64 oracle; the one timer is dispatch.timing, which autotune uses too),
@@ -45,7 +46,7 @@ from .. import autotune
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
-         "                           [--warm-workers J] [--profile N] [--tune] [--list] [--recheck] [--json]\n"
+         "                           [--warm-workers J [--warm-only]] [--profile N] [--tune] [--list] [--recheck] [--json]\n"
          "       %(prog)s --trace [its own options: --trace --help]")
 
 
@@ -88,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tune", action="store_true",
                    help="the sweep runs inside dispatch.autotune(True, cache=DIR/<stem>-cache.json): each new "
                         "bucket's first auto call (a warm call, before any timing) times its leading candidates")
+    p.add_argument("--warm-only", action="store_true",
+                   help="with --warm-workers J: compile the problems' vendor modules and exit, timing nothing "
+                        "(a machine then keeps them for the sweep; --budget-s bounds the wait)")
     p.add_argument("--list", action="store_true", help="list the problems and exit")
     p.add_argument("--json", action="store_true", help="print the regret figures and output paths as JSON only")
     return p
@@ -172,6 +176,26 @@ def _warm_sweep(plist: list, args: argparse.Namespace, reps: int, save) -> list[
         warmup.close()
 
 
+def _warm_only(plist: list, args: argparse.Namespace) -> int:
+    """``--warm-only``: the workers warm every problem (warm.py), the sweep times none. A sweep's
+    compiles run ahead of its timings on the same cores either way; apart, the compiles can go in
+    a run of their own (FlashInfer's modules stay in its cache for the sweep that follows)."""
+    from .warm import Warmup
+
+    warmup, start, waited = Warmup(plist, args.warm_workers, args.device), time.perf_counter(), 0
+    try:
+        for i, p in enumerate(plist):
+            if args.budget_s and time.perf_counter() - start > args.budget_s:
+                break
+            warmup.wait(i)
+            waited = i + 1
+            print(f"  warm [{i}] {p.name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        warmup.close()
+    print(f"warm-only: {waited} of {len(plist)} problems warm in {time.perf_counter() - start:.0f} s")
+    return 0 if waited == len(plist) else 1
+
+
 def _parsed(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The parser and its checked options; a random sweep without --seed draws one and says how to
     run it again."""
@@ -183,6 +207,8 @@ def _parsed(argv: list[str]) -> tuple[argparse.ArgumentParser, argparse.Namespac
         os.environ.setdefault("TRITON_INTERPRET", "1")  # native-triton on the CPU: Triton's interpreter
     if args.seed is not None and args.random is None:
         parser.error("--seed goes with --random N")
+    if args.warm_only and args.warm_workers < 1:
+        parser.error("--warm-only: allowed with --warm-workers J, J >= 1 (the workers compile)")
     if args.random is not None and args.seed is None:
         from .randomgrid import new_seed
         args.seed = new_seed()
@@ -209,6 +235,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.list:
         print("\n".join(p.name for p in plist))
         return 0
+    if args.warm_only:
+        return _warm_only(plist, args)
     reps = args.reps or (10 if args.device == "cuda" else 5)
     stem = (f"bench-{name}-{args.device}" + ("-autotune" if args.tune else "")
             + (f"-from-{args.start}" if args.start else ""))  # a resume keeps the first part
