@@ -185,6 +185,10 @@ class Decision:
 # bounded like every cache: a model's new size classes add decisions for as long as it serves
 _decisions = BoundedCache(maxsize=4096)  # (problem, device, explicit, strict, live) -> Decision
 _logged = BoundedCache(maxsize=4096)  # (problem, device) whose reference choice was logged -> True
+# (backend, problem less its sizes, device, live, defects) -> reasons: capabilities, availability and known
+# defects read the problem's facts, never its sizes, so a new size class of a problem decided before
+# checks nothing again (an engine's batch reaches a new size class every few steps)
+_reasons = BoundedCache(maxsize=4096)
 _lock = threading.Lock()
 
 
@@ -192,6 +196,15 @@ def backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, li
                     defects: bool = True) -> list[Reason]:
     """Availability and known defects of the installed version (only for a live device) plus
     capability reasons of one backend. ``defects=False``: an explicit choice (run with a warning)."""
+    key = (name, problem, device, live, defects)
+    known = _reasons.get(key)
+    if known is None:
+        known = _reasons.put(key, tuple(_backend_reasons(name, problem, device, live, defects)))
+    return list(known)
+
+
+def _backend_reasons(name: str, problem: AttentionProblem, device: DeviceDesc, live: bool,
+                     defects: bool) -> list[Reason]:
     backend = get_backend(name)
     reasons = []
     if live:
@@ -226,12 +239,13 @@ def evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool = True) -
 
 def _evaluate(problem: AttentionProblem, device: DeviceDesc, live: bool) -> tuple[list[Candidate], choice.Ranking]:
     """``evaluate``'s candidates, and the ranking that ordered the accepted ones."""
-    ranked = [Candidate(e.backend, e.why, backend_reasons(e.backend, problem, device, live))
+    static = replace(problem, sizes=(), replay_kv=0) if problem.sizes or problem.replay_kv else problem
+    ranked = [Candidate(e.backend, e.why, backend_reasons(e.backend, static, device, live))
               for e in capability_db.candidates(device, problem.phase, problem.entry)]
     ranked, ranking = rank_measured(problem, device, ranked)
     listed = {c.backend for c in ranked}
     outside = f"not in the {capability_db.priority_list_name(device, problem.phase)} priority list"
-    return ranked + [Candidate(name, outside, backend_reasons(name, problem, device, live), ranked=False)
+    return ranked + [Candidate(name, outside, backend_reasons(name, static, device, live), ranked=False)
                      for name in backends.REGISTRY if name not in listed], ranking
 
 
@@ -412,6 +426,7 @@ def clear_caches() -> None:
     with _lock:
         _decisions.clear()
         _logged.clear()
+        _reasons.clear()
         _warned_defects.clear()
 
 

@@ -326,6 +326,17 @@ def test_decision_cached_per_problem_key(fakes):
     assert vendor.calls["check"] == 3
 
 
+def test_a_new_size_class_is_decided_without_checking_the_backends_again(fakes):
+    vendor, native = fakes(FakeBackend("fake-vendor", reasons=[HEAD_DIM_REASON]), FakeBackend("fake-native"))
+    small = router.decide(make_problem(sizes=(1, 8, 16)), FAKE_GPU)
+    large = router.decide(make_problem(sizes=(64, 512, 4096)), FAKE_GPU)  # another size class: decided anew
+    assert large is not small and large.chosen == small.chosen == "fake-native"
+    assert vendor.calls["check"] == native.calls["check"] == 1  # checks read facts, never sizes
+    assert [c.reasons for c in large.candidates] == [c.reasons for c in small.candidates] == [[HEAD_DIM_REASON], []]
+    router.decide(make_problem(sizes=(1, 8, 16), causal=True), FAKE_GPU)  # another fact: checked
+    assert vendor.calls["check"] == 2
+
+
 def test_decision_log_is_emitted_once_per_key(fakes, caplog):
     fakes(FakeBackend("fake-vendor", reasons=[HEAD_DIM_REASON]), FakeBackend("fake-native"))
     caplog.set_level(logging.INFO, logger="attn_dispatch")

@@ -46,7 +46,8 @@ from .. import autotune
 USAGE = ("%(prog)s [--grid {quick,h100} | --quick | --problems FILE | --random N [--seed S]]\n"
          "                           [--device {cpu,cuda}]\n"
          "                           [--out DIR] [--reps N] [--budget-s S] [--limit N] [--start N]\n"
-         "                           [--warm-workers J [--warm-only]] [--profile N] [--tune] [--list] [--recheck] [--json]\n"
+         "                           [--warm-workers J [--warm-only]] [--profile N] [--tune] [--list]\n"
+         "                           [--recheck] [--json]\n"
          "       %(prog)s --trace [its own options: --trace --help]")
 
 
