@@ -243,12 +243,18 @@ def digest(env: dict) -> str:
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=64)
+def environment_digest(device: DeviceDesc) -> str:
+    """``digest(fingerprint(device))``, once per device (a lookup reads it for every new bucket)."""
+    return digest(fingerprint(device))
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "attn-dispatch")
 
 
 def default_file(device: DeviceDesc) -> Path:
-    return cache_dir() / f"autotune-{digest(fingerprint(device))}.json"
+    return cache_dir() / f"autotune-{environment_digest(device)}.json"
 
 
 def describe_cache() -> str:
@@ -268,7 +274,7 @@ def describe_kept() -> str:
 
 def _known_for(device: DeviceDesc) -> dict[str, dict]:
     """The buckets known for ``device``'s environment; its default file is read at first use."""
-    key = digest(fingerprint(device))
+    key = environment_digest(device)
     with _lock:
         known = _known.setdefault(key, {})
         if key not in _read_default and _default_on():
@@ -470,7 +476,7 @@ def _tuned(problem, device, accepted, sizes, key, entry, leading: Optional[Leadi
                 known.clear()
                 known.update(kept)
             for ctx in _contexts:
-                if ctx.tune and ctx.digest == digest(fingerprint(device)):
+                if ctx.tune and ctx.digest == environment_digest(device):
                     ctx.new[key] = tuned
     return tuned
 
