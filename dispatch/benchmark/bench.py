@@ -224,8 +224,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--trace" in argv:  # its own options (dispatch/benchmark/trace.py)
-        from . import trace
-        return trace.main([a for a in argv if a != "--trace"])
+        from . import first_call, trace
+        own = [a for a in argv if a != "--trace"]
+        return first_call.main(own) if "--first-call" in own else trace.main(own)
     parser, args = _parsed(argv)
     try:
         name, plist = load_problems(args)

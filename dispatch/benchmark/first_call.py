@@ -138,3 +138,16 @@ def write(rep: dict, out: Path, stem: str) -> list[Path]:
             f"again: `{rep['again']}`", ""]
     paths[1].write_text("\n".join(head + markdown(rep["first_call"])) + "\n")
     return paths
+
+
+def main(argv: list[str]) -> int:
+    """``attn-dispatch bench --trace --first-call``: the first-call table instead of the trace."""
+    from . import trace as T
+
+    _, args, _, seed, rep = T.start(argv)
+    children = [a for a in argv if a != "--first-call"] + ["--seed", str(seed)]
+    rep.update(benchmark="first-call", first_call=measure(children, args.entries, seed))
+    paths = write(rep, args.out, f"first-call-{rep['device']}-seed-{seed}")
+    print("\n".join(markdown(rep["first_call"])))
+    print("outputs:\n" + "\n".join(f"  {path}" for path in paths))
+    return 0 if all("host_ms" in r["ours"] for r in rep["first_call"].values()) else 1

@@ -924,7 +924,8 @@ def again(cfg: Config, seed: int, entries: list[str]) -> str:
             f"--entries {' '.join(entries)}" + (" --tune" if cfg.tune_cache else ""))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def start(argv: Optional[list[str]]) -> tuple:
+    """(parser, args, config, seed, report head) of a run: the trace's, or the first calls' (first_call.py)."""
     from .report import environment
     from .randomgrid import new_seed
 
@@ -940,8 +941,13 @@ def main(argv: Optional[list[str]] = None) -> int:
            "seed_source": "given" if args.seed is not None else "drawn at run time from os.urandom",
            "again": again(cfg, seed, args.entries), "environment": environment(cfg.device), "config": cfg.to_json(),
            "distribution": distribution(cfg), "method": METHOD, "entries": {}}
+    return p, args, cfg, seed, rep
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p, args, cfg, seed, rep = start(argv)
     if args.first_call:
-        return _first_calls(rep, [a for a in (argv or []) if a != "--first-call"], args, seed)
+        p.error("--first-call: run it as attn-dispatch bench --trace --first-call")
     stem, fi = f"trace-{cfg.device}-seed-{seed}" + ("-tuned" if args.tune else ""), flashinfer_api(cfg.device)
     if args.tune:
         cfg = replace(cfg, tune_cache=str(args.out / f"{stem}-autotune.json"))
@@ -958,19 +964,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(md[md.index("## Host time"):].split("\n\n## ")[0])
     print("outputs:\n" + "\n".join(f"  {path}" for path in paths))
     return 0 if rep["ok"] else 1
-
-
-def _first_calls(rep: dict, argv: list[str], args: argparse.Namespace, seed: int) -> int:
-    """``--first-call``: the first-call table instead of the trace (first_call.py)."""
-    from . import first_call
-
-    rep.update(benchmark="first-call", first_call=first_call.measure(argv + ["--seed", str(seed)], args.entries,
-                                                                     seed))
-    paths = first_call.write(rep, args.out, f"first-call-{rep['device']}-seed-{seed}")
-    print("\n".join(first_call.markdown(rep["first_call"])))
-    print("outputs:\n" + "\n".join(f"  {path}" for path in paths))
-    ran = all("host_ms" in r["ours"] for r in rep["first_call"].values())
-    return 0 if ran else 1
 
 
 if __name__ == "__main__":
