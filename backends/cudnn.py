@@ -225,11 +225,15 @@ def graph_key(problem, batch) -> GraphKey:
         # longest request, and a graph per width would be built on the request path; a narrower table is
         # padded (table_of)
         # cuDNN reads a page table exactly ceil(S_kv / page_size) wide (9.19 with frontend 1.32 declines
-        # any other width: "block table size must equal ceil(s_kv/block_size)"): the cuDNN entry's S_kv
-        # is the call's max_sequence_kv and its table is cut or padded to that; elsewhere S_kv is the
-        # bucketed table's reach
+        # any other width: "block table size must equal ceil(s_kv/block_size)"), so the table is cut or
+        # padded to S_kv's pages (table_of; a column past a request's pages is never read). S_kv: the
+        # cuDNN entry's max_sequence_kv; elsewhere the bucket of the longest request, within the bucket
+        # of the table's reach (an engine's table is as wide as its longest context: S_kv follows the
+        # batch, not the table)
         width = int(batch.block_table.shape[1])
-        s_kv = size(batch.max_kv_len) if problem.entry == CUDNN_ENTRY else bucket(width) * problem.page_size
+        s_kv = size(batch.max_kv_len)
+        if problem.entry != CUDNN_ENTRY:
+            s_kv = min(s_kv, bucket(width) * problem.page_size)
         width = -(-s_kv // problem.page_size)
     else:
         kv = tuple(tuple(t.stride()[:2]) for t in (batch.k, batch.v))

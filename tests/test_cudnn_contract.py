@@ -114,6 +114,12 @@ class FakeGraph:
     def check_support(self):
         if self.module.refuse:
             raise FakeNotSupported("cudnnGraphNotSupportedError: no engine")
+        kw = self.sdpa_kwargs or {}
+        if "paged_attention_k_table" in kw:  # cuDNN 9.19 declines a table of another width (H200)
+            page = self.k.dim[2]
+            for table in (kw["paged_attention_k_table"], kw["paged_attention_v_table"]):
+                if table.dim[2] != -(-kw["paged_attention_max_seq_len_kv"] // page):
+                    raise FakeNotSupported("block table size must equal ceil(s_kv/block_size)")
 
     def build_plans(self):
         FakeGraph.built += 1
@@ -334,14 +340,31 @@ def test_declared_graph_offsets_tables_and_buckets(fake):
     assert plan.inputs[adapter.UID_OFF_STATS].reshape(-1).tolist() == [t * H for t in batch.qo_indptr.tolist()]
     assert g.stats.dim == (3, H, 64, 1)
     table = plan.inputs[adapter.UID_TABLE_K]  # read through its declaration: (B, 1, width, 1), row-major
-    width = batch.block_table.shape[1]  # 5 pages: the graph's table is 16 wide (its bucket), padded
-    assert fake.graphs[-1].declared[adapter.UID_TABLE_K].dim == (3, 1, 16, 1)
-    assert table.dtype == torch.int32 and table.is_contiguous() and table.shape == (3, 16)
+    # S_kv: the bucket of the longest request (72 keys -> 128); cuDNN reads a table exactly ceil(S_kv /
+    # page_size) wide (9.19 declines another): the 5 pages padded to 8
+    width = batch.block_table.shape[1]
+    assert g.sdpa_kwargs["paged_attention_max_seq_len_kv"] == 128 and case.problem.page_size == 16 and width == 5
+    assert fake.graphs[-1].declared[adapter.UID_TABLE_K].dim == (3, 1, 8, 1)
+    assert table.dtype == torch.int32 and table.is_contiguous() and table.shape == (3, 8)
     assert torch.equal(table[:, :width], batch.block_table) and not table[:, width:].any()
-    # cuDNN reads a table exactly ceil(S_kv / page_size) wide (9.19 declines another): S_kv is the bucketed
-    # table's reach, 16 pages of 16
-    assert g.sdpa_kwargs["paged_attention_max_seq_len_kv"] == 16 * case.problem.page_size
     assert g.sdpa_kwargs["use_causal_mask_bottom_right"] is True and g.sdpa_kwargs["use_padding_mask"] is True
+
+
+def test_an_engine_wide_page_table_is_cut_to_the_batchs_keys(fake):
+    """An engine's table is as wide as its longest context; the graph's S_kv follows the batch, and the
+    table goes over cut to S_kv's pages (cuDNN reads exactly that many; the rest are never read)."""
+    case = fp32_case("declared")
+    batch = make_batch(case, CPU)
+    width = batch.block_table.shape[1]
+    wide = torch.full((batch.batch_size, 64), 10 ** 6, dtype=batch.block_table.dtype)  # never read
+    wide[:, :width] = batch.block_table
+    batch = replace(batch, block_table=wide)
+    backend = adapter.CudnnBackend()
+    plan = backend.plan(case.problem, batch)
+    backend.run(plan, batch)
+    assert fake.graphs[-1].sdpa_kwargs["paged_attention_max_seq_len_kv"] == 128
+    assert plan.inputs[adapter.UID_TABLE_K].shape == (batch.batch_size, 8)
+    assert rel_error(batch.out, oracle(case.problem, batch)[0]) < 1e-5
 
 
 def test_window_is_a_left_band_of_w_plus_one(fake):
