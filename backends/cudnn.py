@@ -220,16 +220,12 @@ def graph_key(problem, batch) -> GraphKey:
     size = (lambda n: max(int(n), 1)) if problem.entry == CUDNN_ENTRY else bucket
     if paged:
         kv = tuple((tuple(_pool_view(t).shape), tuple(_pool_view(t).stride())) for t in (batch.k, batch.v))
-        # the page table's width in buckets too, but on the cuDNN entry (FlashInfer's graph: its table is
-        # ceil(max_sequence_kv / page_size) wide, fixed by the engine): an engine's table grows with its
-        # longest request, and a graph per width would be built on the request path; a narrower table is
-        # padded (table_of)
         # cuDNN reads a page table exactly ceil(S_kv / page_size) wide (9.19 with frontend 1.32 declines
         # any other width: "block table size must equal ceil(s_kv/block_size)"), so the table is cut or
-        # padded to S_kv's pages (table_of; a column past a request's pages is never read). S_kv: the
-        # cuDNN entry's max_sequence_kv; elsewhere the bucket of the longest request, within the bucket
-        # of the table's reach (an engine's table is as wide as its longest context: S_kv follows the
-        # batch, not the table)
+        # padded to S_kv's pages (table_of; a column past a request's pages is never read), and a graph
+        # per table width is never built. S_kv: the cuDNN entry's max_sequence_kv (FlashInfer's graph);
+        # elsewhere the bucket of the longest request, within the bucket of the table's reach (an
+        # engine's table is as wide as its longest context: S_kv follows the batch, not the table)
         width = int(batch.block_table.shape[1])
         s_kv = size(batch.max_kv_len)
         if problem.entry != CUDNN_ENTRY:
