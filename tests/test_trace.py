@@ -187,6 +187,8 @@ def test_first_calls_run_each_side_in_a_fresh_process(tmp_path):
     assert row["prime"]["host_ms"] > 0 and row["ours"]["host_ms"] > 0 and row["ours"]["import_ms"] > 0
     assert row["ours"]["synced_ms"] >= row["ours"]["host_ms"]
     assert row["flashinfer"]["not_run"].startswith("not run: ") and row["ours_less_flashinfer_ms"] is None
+    imported = row["ours_imported"]  # the vendors imported before the step (none installed here but triton)
+    assert imported["host_ms"] > 0 and imported["vendor_import_ms"] >= 0 and row["imported_less_flashinfer_ms"] is None
     md = (tmp_path / "first-call-cpu-seed-3.md").read_text()
     assert "| single | " in md and "- flashinfer: not run: " in md
 
