@@ -208,7 +208,7 @@ def _padded_lse(batch) -> Optional[torch.Tensor]:
 
 def index_sources(batch) -> tuple:
     """The batch tensors the metadata buffers are derived from."""
-    return (batch.qo_indptr, batch.kv_lens, batch.block_table, batch.kv_indptr, batch.sinks)
+    return (batch.qo_indptr, batch.kv_lens, batch.block_table, batch.kv_indptr, batch.sinks, batch.v_block_table)
 
 
 def graph_key(problem, batch) -> GraphKey:
@@ -399,6 +399,13 @@ def table_of(key: GraphKey, table: torch.Tensor) -> torch.Tensor:
     return padded
 
 
+def _tables(key: GraphKey, batch) -> dict:
+    """uid -> page table: K's, and V's own where its pages have ids of their own (cuDNN's SDPA takes
+    a table per operand), else K's for both."""
+    k = table_of(key, batch.block_table)
+    return {UID_TABLE_K: k, UID_TABLE_V: k if batch.v_block_table is None else table_of(key, batch.v_block_table)}
+
+
 def _int32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous int32 (itself when it is: no op dispatched)."""
     if t.dtype is torch.int32 and t.is_contiguous():
@@ -460,7 +467,7 @@ def call_inputs(key: GraphKey, batch) -> dict:
     if derived:  # read only when needed: the cuDNN entry's indptr is divided out of the offsets on read
         inputs.update(_strided_offsets(batch.qo_indptr, derived))
     if key.kv_storage == "paged":
-        inputs[UID_TABLE_K] = inputs[UID_TABLE_V] = table_of(key, batch.block_table)
+        inputs.update(_tables(key, batch))
     else:
         inputs.update(_strided_offsets(batch.kv_indptr, {UID_OFF_K: key.k_layout[0], UID_OFF_V: key.v_layout[0]}))
     if key.has_sinks:
@@ -566,7 +573,11 @@ def _index_binders(plan: CudnnPlan, batch) -> list:
         derived[UID_OFF_STATS] = key.lse_strides[0]
     binders += _offset_binders(qo, derived)
     if key.kv_storage == "paged":
-        binders.append(((UID_TABLE_K, UID_TABLE_V), lambda b: table_of(key, b.block_table)))
+        if batch.v_block_table is None:
+            binders.append(((UID_TABLE_K, UID_TABLE_V), lambda b: table_of(key, b.block_table)))
+        else:  # V's pages by ids of their own (uses_shared_paged_kv_idx=False)
+            binders += [((UID_TABLE_K,), lambda b: table_of(key, b.block_table)),
+                        ((UID_TABLE_V,), lambda b: table_of(key, b.v_block_table))]
     else:
         kv = _as_read(batch.kv_indptr, torch.int32, operator.attrgetter("kv_indptr"))
         binders += _offset_binders(kv, {UID_OFF_K: key.k_layout[0], UID_OFF_V: key.v_layout[0]})

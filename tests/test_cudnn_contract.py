@@ -367,6 +367,29 @@ def test_an_engine_wide_page_table_is_cut_to_the_batchs_keys(fake):
     assert rel_error(batch.out, oracle(case.problem, batch)[0]) < 1e-5
 
 
+def test_v_pages_with_ids_of_their_own_go_through_cudnns_v_table(fake):
+    """uses_shared_paged_kv_idx=False (the trtllm entry's separate K/V page ids): K's table to cuDNN's K
+    table input, V's to its V table input; V's pages moved to other ids give the oracle's result, on
+    the first call and on an exact repeat's launcher."""
+    case = fp32_case("declared")
+    problem = replace(case.problem, uses_shared_paged_kv_idx=False)
+    batch = make_batch(case, CPU)
+    moved = torch.randperm(batch.v.shape[0], generator=torch.Generator().manual_seed(3))
+    v = batch.v.clone()
+    v[moved] = batch.v
+    batch = replace(batch, v=v, v_block_table=moved[batch.block_table.long()].to(torch.int32))
+    backend = adapter.CudnnBackend()
+    assert "uses_shared_paged_kv_idx" not in [r.field for r in backend.check(problem, H100)]
+    plan = backend.plan(problem, batch)
+    backend.run(plan, batch)
+    want = oracle(problem, batch)[0]
+    assert rel_error(batch.out, want) < 1e-5
+    assert torch.equal(plan.inputs[adapter.UID_TABLE_V][:, : batch.v_block_table.shape[1]], batch.v_block_table)
+    batch.out.fill_(float("nan"))
+    backend.launcher(plan, batch)(batch)
+    assert rel_error(batch.out, want) < 1e-5
+
+
 def test_window_is_a_left_band_of_w_plus_one(fake):
     run_adapter(fp32_case("w", window_left=5))
     kw = fake.graphs[-1].sdpa_kwargs
