@@ -37,7 +37,8 @@ def run_ratios(path: str, gpu: str) -> dict:
     entry, cfg = run["entries"]["xqa"], run["config"]
     table = choice_table.table_for(capability_db.resolve_device(gpu))
     problem = xqa_problem(cfg)
-    config = replace(trace.config(trace.parser(), trace.parser().parse_args(["--device", "cpu"])),
+    parser = trace.parser()
+    config = replace(trace.config(parser, parser.parse_args(["--device", "cpu"])),
                      bounds=trace.Bounds(**cfg["bounds"]), page=cfg["page"], steps=cfg["steps"])
     steps = trace.draw("decode", run["seed"], "timed", cfg["steps"], config)
     if [s.describe() for s in steps] != entry["per_step"]:

@@ -52,7 +52,8 @@ def child(job: dict, ours_import_ms: Optional[float]) -> None:
 
     from . import trace as T
 
-    cfg = T.config(T.parser(), T.parser().parse_args(job["argv"]))
+    parser = T.parser()
+    cfg = T.config(parser, parser.parse_args(job["argv"]))
     spec = T.ENTRIES[job["entry"]]
     step = T.draw(spec.trace, job["seed"], "warm-up", 1, cfg)[0]
     result: dict = {}
