@@ -187,7 +187,9 @@ _decisions = BoundedCache(maxsize=4096)  # (problem, device, explicit, strict, l
 _logged = BoundedCache(maxsize=4096)  # (problem, device) whose reference choice was logged -> True
 # (backend, problem less its sizes, device, live, defects) -> reasons: capabilities, availability and known
 # defects read the problem's facts, never its sizes, so a new size class of a problem decided before
-# checks nothing again (an engine's batch reaches a new size class every few steps)
+# checks nothing again (an engine's batch reaches a new size class every few steps). Besides facts they
+# read the installed versions and native-triton's interpreter switch, each fixed for the process as the
+# backends' own availability already holds them; clear_caches() forgets them with the decisions.
 _reasons = BoundedCache(maxsize=4096)
 _lock = threading.Lock()
 
