@@ -9,12 +9,14 @@ so an engine that wraps its warm-up in FlashInfer's context wraps it in ours the
   ``choice.leading``: the table's ``LEADING`` (3) predicted fastest (GPU time, plus host time for an
   eager call) and any other predicted within ``WITHIN`` (15%) of the fastest; every accepted one where
   the GPU has no table. Without ``leading``, every accepted one. On a GPU a CPU-only backend (the PyTorch reference)
-  is not timed while a GPU backend is accepted (``timed_on``). Each is timed on a faithful input at
-  the middle of the bucket: its own plan and workspace, a paged cache whose pages are shuffled over
+  is not timed while a GPU backend is accepted (``timed_on``). Each is timed on a faithful input with
+  the per-request lengths of the call that opened the bucket (``CALL_LENGTHS``; equal lengths at the
+  bucket's middle where no call is known, as for a graph's replay points): its own plan and workspace, a paged cache whose pages are shuffled over
   the pool (no request's pages adjacent, none shared), the L2 cache flushed before each repetition,
   the median of ``REPS`` (a call shorter than ``SHORT_MS`` over back-to-back calls); the warm call
-  before the timing compiles what the bucket needs. On a GPU its host time per eager repeat is
-  timed too (its launcher's, else its run's): an eager call's ranking adds it. The times decide the
+  before the timing compiles what the bucket needs. On a GPU its host time per eager call is
+  timed too (its launcher's, else its run's; a plan and a run where a function entry plans every
+  call): an eager call's ranking adds it. The times decide the
   bucket from then on.
 * **Outside a context, with tune_mode=False, inside CUDA-graph capture or torch.compile
   tracing**: lookups only, never a timing. A bucket nobody timed is decided by the table.
@@ -49,6 +51,7 @@ buckets are powers of two of batch, query and key lengths; timings run eagerly, 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -86,6 +89,7 @@ log = logging.getLogger("attn_dispatch")
 
 # which of a bucket's accepted backends it times: (problem, device, accepted, sizes) -> names
 Leading = Callable[[AttentionProblem, DeviceDesc, list, tuple], list]
+Lengths = tuple[list[int], list[int]]  # per request: query lengths, key lengths
 _on_switch: list[Callable[[], None]] = []  # the router's and entries' caches: decisions made before are stale
 _lock = threading.RLock()
 _known: dict[str, dict[str, dict]] = {}  # environment digest -> bucket key -> {"measured", "times"}
@@ -455,6 +459,24 @@ def _failed(problem: AttentionProblem, device: DeviceDesc, point: tuple) -> list
     return [n for n, t in (entry or {}).get("times", {}).items() if t is None]
 
 
+# The call being decided: a function that reads its per-request (q, kv) lengths, set by ``router.decide``
+# on a decision it has not cached. A new bucket is timed on those lengths when they fall in it: a
+# decode batch's spread of lengths is what separates a kernel whose time follows the longest request
+# from one whose time follows the mean, which equal lengths at the bucket's middle hide.
+CALL_LENGTHS: contextvars.ContextVar[Optional[Callable[[], Lengths]]] = contextvars.ContextVar(
+    "attn_dispatch_call_lengths", default=None)
+
+
+def _call_lengths(sizes: tuple[int, int, int]) -> Optional[Lengths]:
+    """The decided call's lengths when they fall in the bucket ``sizes`` (a size class), else None."""
+    read = CALL_LENGTHS.get()
+    lengths = read() if read is not None else None
+    if not lengths or not lengths[0] or len(lengths[0]) != len(lengths[1]):
+        return None
+    q_lens, kv_lens = lengths
+    return lengths if size_class(len(q_lens), max(q_lens), max(kv_lens)) == tuple(sizes) else None
+
+
 def _tuned(problem, device, accepted, sizes, key, entry, leading: Optional[Leading]) -> Optional[dict]:
     """The bucket's entry with the leading candidates timed (what it lacks of them); agreed across ranks."""
     def complete() -> Optional[dict]:
@@ -463,7 +485,8 @@ def _tuned(problem, device, accepted, sizes, key, entry, leading: Optional[Leadi
         missing = [n for n in wanted if n not in (entry or {}).get("times", {})]
         if not missing:
             return entry
-        times = {**(entry or {}).get("times", {}), **measure(problem, missing, class_middle(sizes))}
+        times = {**(entry or {}).get("times", {}),
+                 **measure(problem, missing, class_middle(sizes), _call_lengths(sizes))}
         return {"measured": now(), "times": times}
     group = _ranks()
     tuned = complete() if group is None else _agreed(group, complete)
@@ -545,16 +568,17 @@ def timed_on(device: DeviceDesc, accepted: list[str]) -> list[str]:
 
 
 # -- the timing -----------------------------------------------------------------------------------------
-def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int]) -> dict[str, Optional[dict]]:
-    """Per backend, on fresh random inputs of these sizes: {"ms": GPU time per call, "host_us": host
-    time per eager repeat on a GPU (its launcher, what a lane's repeats call; else its run), None on
-    the CPU, "tune_s": seconds its timing took, compiles included}; None: it failed."""
+def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, int],
+            lengths: Optional[Lengths] = None) -> dict[str, Optional[dict]]:
+    """Per backend, on fresh random inputs of these sizes (every request at them), or of the call's
+    own ``lengths``: {"ms": GPU time per call, "host_us": host time per eager call on a GPU, None on
+    the CPU (``_host_us``), "tune_s": seconds its timing took, compiles included}; None: it failed."""
     from backends import get_backend
 
     b, q, kv = sizes
     device = torch.device("cuda" if problem.device_type == "cuda" else "cpu")
-    case = Case("autotune", problem, (q,) * b, (kv,) * b)
-    batch = make_batch(case, device, seed=0)  # paged: pages shuffled over the pool (dispatch/inputs.py)
+    q_lens, kv_lens = (tuple(lengths[0]), tuple(lengths[1])) if lengths else ((q,) * b, (kv,) * b)
+    batch = make_batch(Case("autotune", problem, q_lens, kv_lens), device, seed=0)  # paged: pages shuffled
     if problem.has_sinks and batch.sinks is None:
         batch.sinks = torch.zeros(problem.num_qo_heads, device=device)
     out: dict[str, Optional[dict]] = {}
@@ -564,12 +588,13 @@ def measure(problem: AttentionProblem, names: list[str], sizes: tuple[int, int, 
             plan = backend.plan(problem, batch)  # its own workspace, as a call's plan allocates it
             backend.run(plan, batch)  # warm: compiles what the bucket needs
             out[name] = {"ms": _timed(lambda: backend.run(plan, batch), device.type),
-                         "host_us": _host_us(backend, plan, batch) if device.type == "cuda" else None,
+                         "host_us": _host_us(backend, problem, plan, batch) if device.type == "cuda" else None,
                          "tune_s": round(time.perf_counter() - start, 3)}
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run here is not chosen by its time
             log.info("attn_dispatch: autotune of %s on %s failed: %s", name, problem.describe(), exc)
             out[name] = None
-    log.info("attn_dispatch: autotuned %s at %s: %s", problem.describe(), sizes, out)
+    log.info("attn_dispatch: autotuned %s at %s%s: %s", problem.describe(), sizes,
+             " (the call's own lengths)" if lengths else "", out)
     return out
 
 
@@ -600,13 +625,20 @@ def _timed(run: Callable[[], object], device_type: str) -> float:
     return timing.device_ms(run, device_type, reps=REPS, calls=calls, before_rep=flush)
 
 
-def _host_us(backend, plan, batch) -> float:
-    """Host microseconds per eager repeat: back-to-back calls of the backend's launcher (else its
-    run) on the host clock, no sync inside (HOST_CALLS, few enough that the launch queue never fills)."""
+def _host_us(backend, problem: AttentionProblem, plan, batch) -> float:
+    """Host microseconds per eager call: back-to-back calls on the host clock, no sync inside
+    (HOST_CALLS, few enough that the launch queue never fills). A wrapper's run, and a function
+    entry's call on a backend whose plan the entry keeps, repeat its launcher (else its run); a
+    function entry's call on any other backend plans on every call (an engine's lengths change every
+    step), so its time is a plan and a run."""
     from . import timing
 
-    launch = backend.launcher(plan, batch)
-    call = (lambda: launch(batch)) if launch is not None else (lambda: backend.run(plan, batch))
+    if not problem.entry.endswith("Wrapper") and not backend.plan_reusable(problem):
+        def call():
+            backend.run(backend.plan(problem, batch), batch)
+    else:
+        launch = backend.launcher(plan, batch)
+        call = (lambda: launch(batch)) if launch is not None else (lambda: backend.run(plan, batch))
     torch.cuda.synchronize()
     return timing.wall_ms(call, reps=3, warmup=1, calls=HOST_CALLS) * 1e3
 

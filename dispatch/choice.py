@@ -122,9 +122,9 @@ WITHIN = 0.15  # ... and every other one predicted within 15% of the fastest
 
 def leading(problem: AttentionProblem, device: DeviceDesc, accepted: list[str], sizes: tuple) -> list[str]:
     """The candidates a new bucket of the warm-up autotune times (``autotune.lookup``'s ``leading``):
-    the table's LEADING fastest at the bucket, and any other predicted within WITHIN of the fastest
-    (GPU time, plus host time for an eager call); every accepted one where there is no table or it
-    knows none of them."""
+    the table's LEADING fastest at the bucket, any other predicted within WITHIN of the fastest
+    (GPU time, plus host time for an eager call), and every accepted one the table has no time for
+    (nothing says it is slower); every accepted one where there is no table or it knows none of them."""
     table = table_for(device) if len(accepted) > LEADING else None
     if table is None:
         return list(accepted)
@@ -136,7 +136,8 @@ def leading(problem: AttentionProblem, device: DeviceDesc, accepted: list[str], 
         return list(accepted)
     order = sorted(est, key=lambda n: (est[n], accepted.index(n)))
     best = est[order[0]]
-    return [n for i, n in enumerate(order) if i < LEADING or est[n] <= best * (1 + WITHIN)]
+    near = [n for i, n in enumerate(order) if i < LEADING or est[n] <= best * (1 + WITHIN)]
+    return near + [n for n in accepted if n not in est]
 
 
 def rank(problem: AttentionProblem, device: DeviceDesc, accepted: list[str],

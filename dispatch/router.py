@@ -10,7 +10,7 @@ import logging
 import textwrap
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import backends
 import capability_db
@@ -267,15 +267,22 @@ def rank_measured(problem: AttentionProblem, device: DeviceDesc,
 
 
 def decide(problem: AttentionProblem, device: DeviceDesc, explicit: Optional[tuple[str, str]] = None,
-           strict: Optional[bool] = None, live: bool = True) -> Decision:
-    """The cached decision for (problem, device, explicit, strict). Raises if nothing can serve."""
+           strict: Optional[bool] = None, live: bool = True,
+           lengths: Optional[Callable[[], autotune.Lengths]] = None) -> Decision:
+    """The cached decision for (problem, device, explicit, strict). Raises if nothing can serve.
+    ``lengths``: reads the call's per-request (q, kv) lengths, which a new bucket is timed on inside
+    a tuning context (``autotune.CALL_LENGTHS``); read only then."""
     strict = policy.strict_mode() if strict is None else strict
     key = (problem, device, explicit, strict, live, choice.capturing(device))  # captured: GPU time alone
     decision = _decisions.get(key)
     if decision is None:
         if key[-1] and not problem.cuda_graph:  # decided inside a capture: only what a graph can hold
             problem = replace(problem, cuda_graph=True)
-        decision = _decide(problem, device, explicit, strict, live)
+        token = autotune.CALL_LENGTHS.set(lengths)
+        try:
+            decision = _decide(problem, device, explicit, strict, live)
+        finally:
+            autotune.CALL_LENGTHS.reset(token)
         _decisions.put(key, decision)
     return decision
 
@@ -419,8 +426,14 @@ def run(planned: Planned, batch: AttentionBatch) -> Planned:
 
 def execute(problem: AttentionProblem, batch: AttentionBatch, explicit: Optional[tuple[str, str]] = None) -> Planned:
     """One-shot path for the functions: decide (cached), plan (backend-cached), run."""
-    decision = decide(problem, live_device(batch.q), explicit)
+    decision = decide(problem, live_device(batch.q), explicit, lengths=lambda: batch_lengths(batch))
     return run(plan(decision, batch), batch)
+
+
+def batch_lengths(batch: AttentionBatch) -> autotune.Lengths:
+    """The batch's per-request query and key lengths, read from the device (a decision that times)."""
+    qo = batch.qo_indptr.tolist()
+    return [b - a for a, b in zip(qo[:-1], qo[1:])], batch.kv_lens.tolist()
 
 
 def clear_caches() -> None:

@@ -15,7 +15,7 @@ from _tables import synthetic_table, use_table
 from capability_db import choice_table
 from capability_db.choice_table import corners, key_of, point_of
 import dispatch
-from dispatch import autotune, choice, router
+from dispatch import autotune, choice, router, timing
 from dispatch.benchmark.vendors import make_problem
 
 H100 = capability_db.resolve_device("h100")
@@ -101,7 +101,7 @@ def cpu_problem(**kw):
 
 def fake_measure(monkeypatch, ms: dict, timed: list | None = None):
     """``autotune.measure`` returns ``ms`` (backend -> GPU ms) for the names asked; ``timed`` collects them."""
-    def measure(problem, names, sizes):
+    def measure(problem, names, sizes, lengths=None):
         (timed if timed is not None else []).extend(names)
         return {n: ms.get(n) for n in names}
     monkeypatch.setattr(autotune, "measure", measure)
@@ -235,6 +235,80 @@ def test_a_new_bucket_times_the_tables_three_leaders_or_all_within_15_percent(mo
     with autotune.autotune(True):
         autotune.lookup(graph, H100, names, (8, 1, 4096))  # no leading given: every accepted one
     assert timed == names
+    timed.clear()
+    use_table(monkeypatch, synthetic_table(graph, dict(zip(names[:4], (1.0, 2.0, 3.0, 4.0)))))
+    with autotune.autotune(True):  # the table has no time for native-triton: nothing says it is slower
+        autotune.lookup(graph, H100, names, (8, 1, 8192), choice.leading)
+    assert timed == ["fa2", "fa3", "cudnn", "native-triton"]
+
+
+def test_a_new_bucket_is_timed_on_the_lengths_of_the_call_that_opened_it(monkeypatch):
+    seen = []
+
+    def measure(problem, names, sizes, lengths=None):
+        seen.append((sizes, lengths))
+        return {n: 1.0 for n in names}
+    monkeypatch.setattr(autotune, "measure", measure)
+    names, p = ["fa2", "xqa"], decode_problem()
+    own = ([1, 1, 1], [100, 900, 3000])  # a decode batch's spread: size class 4 x 1 x 4096
+    with autotune.autotune(True):
+        token = autotune.CALL_LENGTHS.set(lambda: own)
+        try:
+            autotune.lookup(p, H100, names, (3, 1, 3000))
+            autotune.lookup(p, H100, names, (3, 1, 9000))  # another bucket (a graph's replay point)
+        finally:
+            autotune.CALL_LENGTHS.reset(token)
+        autotune.lookup(p, H100, names, (16, 1, 512))  # no call: equal lengths at the middle
+    assert seen[0] == ((3, 1, 3072), own)
+    assert [lengths for _, lengths in seen[1:]] == [None, None]
+
+
+def test_the_router_hands_the_calls_lengths_to_a_decision_that_times(monkeypatch):
+    read, p = [], with_times(monkeypatch, {"fa2": 0.40, "xqa": 0.20})
+    lookup = autotune.lookup
+
+    def spy(*args, **kw):
+        get = autotune.CALL_LENGTHS.get()
+        read.append(get() if get is not None else None)
+        return lookup(*args, **kw)
+    monkeypatch.setattr(autotune, "lookup", spy)
+    fake_measure(monkeypatch, {"fa2": 0.1, "xqa": 0.3})
+    with autotune.autotune(True):
+        router.decide(p, H100, live=False, lengths=lambda: ([1, 1], [7, 9]))
+        router.decide(p, H100, live=False, lengths=lambda: pytest.fail("a cached decision reads no lengths"))
+    assert read == [([1, 1], [7, 9])]
+    assert autotune.CALL_LENGTHS.get() is None  # reset after the decision
+
+
+def test_a_function_entrys_host_time_holds_a_plan_where_its_plan_is_not_kept(monkeypatch):
+    calls = []
+
+    class Backend:
+        def __init__(self, reusable):
+            self.reusable = reusable
+
+        def plan_reusable(self, problem):
+            return self.reusable
+
+        def plan(self, problem, batch):
+            calls.append("plan")
+
+        def run(self, plan, batch):
+            calls.append("run")
+
+        def launcher(self, plan, batch):
+            return None
+
+    def wall_ms(call, reps, warmup, calls):
+        call()
+        return 0.001
+    monkeypatch.setattr(autotune.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timing, "wall_ms", wall_ms)
+    function_entry = dataclasses.replace(decode_problem(), entry="xqa_batch_decode_with_kv_cache")
+    for backend, expected in ((Backend(False), ["plan", "run"]), (Backend(True), ["run"])):
+        calls.clear()
+        assert autotune._host_us(backend, function_entry, None, None) == pytest.approx(1.0)
+        assert calls == expected  # a call with new lengths plans again unless the entry keeps the plan
 
 
 def test_explain_says_which_evidence_decided(monkeypatch):
@@ -249,7 +323,7 @@ def test_explain_says_which_evidence_decided(monkeypatch):
 
 
 def test_autotune_times_order_the_candidates(monkeypatch):
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {"reference": 5.0, "native-triton": 1.0})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {"reference": 5.0, "native-triton": 1.0})
     with autotune.autotune(True):
         r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
     assert r.order == ["native-triton", "reference"] and r.basis.startswith("measured here (")
@@ -263,7 +337,7 @@ def _tuned_table(monkeypatch, gpu_ms: dict[str, float], host: dict[str, float]):
     table = synthetic_table(decode_problem(), opposite or {"fa2": 1.0},
                             {n: {e: us for e in measured_entries()} for n, us in host.items()})
     use_table(monkeypatch, table)
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: gpu_ms.get(n) for n in names})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {n: gpu_ms.get(n) for n in names})
 
 
 def tuned_rank(*args):
@@ -289,7 +363,7 @@ def test_autotune_counts_its_own_host_times_over_the_tables(monkeypatch):
     """The host times timed beside the GPU times (this machine, these versions) are counted, not the
     table's (which say fa2 is the cheaper call here); a cache file of GPU times alone still reads."""
     _tuned_table(monkeypatch, {}, {"fa2": 5.0, "native-triton": 30.0})
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {
         "fa2": {"ms": 0.010, "host_us": 30.0}, "native-triton": {"ms": 0.012, "host_us": 5.0}})
     r = tuned_rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
     assert r.order == ["native-triton", "fa2"] and r.estimates["fa2"].host_source == "autotune"
@@ -318,7 +392,7 @@ def test_autotune_never_times_the_cpu_only_reference_on_a_gpu(monkeypatch):
     timed = []
     _tuned_table(monkeypatch, {"fa2": 0.010, "reference": 0.001}, {})
     measure = autotune.measure
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: timed.extend(names) or measure(problem, names, sizes))
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: timed.extend(names) or measure(problem, names, sizes, lengths))
     r = tuned_rank(decode_problem(cuda_graph=True), H100, ["fa2", "reference"], (8, 1, 1024))
     assert timed == ["fa2"] and r.order == ["fa2", "reference"]
     assert autotune.timed_on(capability_db.CPU_DEVICE, ["reference"]) == ["reference"]
@@ -421,8 +495,10 @@ def test_autotune_host_time_is_the_launchers_an_eager_repeat_calls(monkeypatch):
 
         def run(self, plan, batch):
             calls["run"] += 1
+        def plan_reusable(self, problem):
+            return False  # a wrapper's runs repeat its plan whatever the backend says
     monkeypatch.setattr(autotune.torch.cuda, "synchronize", lambda: None)
-    assert autotune._host_us(Backend(), None, None) > 0
+    assert autotune._host_us(Backend(), decode_problem(), None, None) > 0
     assert calls == {"launch": 1 + 3 * autotune.HOST_CALLS, "run": 0}  # a warm call, three timed rounds
 
 
@@ -458,7 +534,7 @@ def test_a_graph_weighs_the_measured_times_of_every_kv_bucket_it_replays(monkeyp
     context, a graph whose buckets were not all timed is decided by the table."""
     by_kv = {"xqa": {48: 0.05, 192: 0.05, 768: 0.05, 3072: 0.06, 12288: 0.20},  # the faster at kv 4096 (3072)
              "fa2": {48: 0.01, 192: 0.012, 768: 0.03, 3072: 0.08, 12288: 0.25}}  # the faster over 64..16384
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: by_kv[n][sizes[2]] for n in names})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {n: by_kv[n][sizes[2]] for n in names})
     eager = decode_problem(sizes=(8, 1, 4096))
     graph = decode_problem(sizes=(8, 1, 4096), cuda_graph=True, replay_kv=16384)
     with autotune.autotune(True):
@@ -476,7 +552,7 @@ def test_an_eager_warm_up_call_with_a_kv_bound_times_what_its_capture_replays(mo
     the capture's decision (lookups only) finds them all."""
     by_kv = {"xqa": {48: 0.05, 192: 0.05, 768: 0.05, 3072: 0.06, 12288: 0.20},
              "fa2": {48: 0.01, 192: 0.012, 768: 0.03, 3072: 0.08, 12288: 0.25}}
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes: {n: by_kv[n][sizes[2]] for n in names})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {n: by_kv[n][sizes[2]] for n in names})
     eager = decode_problem(sizes=(8, 1, 16384), replay_kv=16384)  # a call whose kv length bound is 16384
     with autotune.autotune(True):
         choice.rank(eager, H100, ["xqa", "fa2"], eager.sizes)

@@ -27,7 +27,7 @@ def one_rank(rank: int, world: int, folder: str) -> None:
     try:
         timed: list[str] = []
 
-        def measure(problem, names, sizes):
+        def measure(problem, names, sizes, lengths=None):
             timed.extend(names)
             return {n: OWN_MS[rank][n] for n in names}
         autotune.measure = measure
@@ -37,7 +37,7 @@ def one_rank(rank: int, world: int, folder: str) -> None:
                 problem = make_problem(phase="decode" if sizes[1] == 1 else "prefill")
                 ranking = choice.rank(problem, capability_db.CPU_DEVICE, ["reference", "native-triton"], sizes)
                 chosen.append(ranking.order[0])
-        autotune.measure = lambda problem, names, sizes: (_ for _ in ()).throw(ValueError("no room"))
+        autotune.measure = lambda problem, names, sizes, lengths=None: (_ for _ in ()).throw(ValueError("no room"))
         try:  # rank 0's timing fails: every rank raises, none waits for it
             with autotune.autotune(True):
                 choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"],

@@ -233,14 +233,16 @@ class Proof:
         # plan is always kept, and is never made inside a CUDA-graph capture
         self.wrapper = wrapper
 
-    def decision(self, query: torch.Tensor, explicit) -> router.Decision:
+    def decision(self, query: torch.Tensor, explicit, batch=None) -> router.Decision:
         # a function entry's call inside a CUDA-graph capture is decided again (only backends a graph
-        # can hold); a wrapper's plan decided already, with its use_cuda_graph
+        # can hold); a wrapper's plan decided already, with its use_cuda_graph. ``batch``: the call's,
+        # whose lengths a decision that times (a warm-up's new bucket) is timed on
         key = (explicit, policy.strict_mode(),
                self.wrapper is None and query.is_cuda and torch.cuda.is_current_stream_capturing())
         decision = self._decisions.get(key)
         if decision is None:
-            decision = router.decide(self.problem, router.live_device(query), explicit, key[1])
+            lengths = (lambda: router.batch_lengths(batch)) if batch is not None else None
+            decision = router.decide(self.problem, router.live_device(query), explicit, key[1], lengths=lengths)
             self._decisions[key] = decision
         return decision
 
@@ -257,7 +259,7 @@ class Proof:
 
     def planned(self, batch, explicit) -> router.Planned:
         """The backend's plan: kept per call key when it reads nothing a later call could change."""
-        decision = self.decision(batch.q, explicit)
+        decision = self.decision(batch.q, explicit, batch)
         key = (decision.explicit, decision.strict, decision.chosen)  # a capture's decision may choose another
         planned = self._planned.get(key)
         if planned is None:

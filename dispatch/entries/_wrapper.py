@@ -226,12 +226,19 @@ class PrefillWrapper:
         # Decide now (refusals show at plan time) and plan the chosen backend now where its plan reads
         # only what plan() knows, as FlashInfer's plan() does; one whose plan reads the run's tensors
         # (cuDNN bakes their strides) plans on the first run.
-        decision = router.decide(problem, self._device_desc(), self._explicit)
+        decision = router.decide(problem, self._device_desc(), self._explicit, lengths=self._plan_lengths)
         self._last = router.Planned(decision, decision.chosen, None)
         if not is_dry() and get_backend(decision.chosen).plans_before_run(problem):  # explain() only decides
             self._last = self._calls.proof(problem).keep(router.plan(decision, self._plan_batch()))
         if not is_dry() and self._plan.pages is not None and get_backend(self._last.backend).reads_block_table(problem):
             self._plan.table()  # made now, not on a first read that could fall inside a CUDA-graph capture
+
+    def _plan_lengths(self) -> autotune.Lengths:
+        """The plan's per-request query and key lengths (what a decision that times is timed on)."""
+        p = self._plan
+        host = p.host_indices or {"qo_indptr": p.qo_indptr, "kv_lens": p.kv_lens}
+        qo = host["qo_indptr"].tolist()
+        return [b - a for a, b in zip(qo[:-1], qo[1:])], host["kv_lens"].tolist()
 
     def _plan_batch(self) -> AttentionBatch:
         """The batch a backend plans from in plan(): the plan's index tensors and sizes, and
