@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import sys
 import time
 from pathlib import Path
@@ -333,6 +334,10 @@ def run_loop(model, prompts, args, wrappers=dispatch):
                 kept = f"kept in {session.file}" if session.file else "not kept (ATTN_DISPATCH_AUTOTUNE=0)"
                 print(f"warm-up autotune: {len(session.new)} buckets timed, {time.perf_counter() - t0:.1f} s with the "
                       f"warm-up pass; {kept}")
+            # after the warm-up an engine freezes the collector's heap (SGLang's freeze_gc, vLLM's
+            # freeze_gc_heap): a full collection then walks what serving allocates, not the libraries
+            gc.collect()
+            gc.freeze()
         return engine, engine.generate(prompts, args.new_tokens)
 
 

@@ -45,7 +45,8 @@ host time (``time.perf_counter`` around the step's Python calls, no synchronize 
 on a GPU the step's GPU time (CUDA events around it, then a synchronize). The two sides take turns
 on every step (which goes first alternates). Reported: p50, p99 and max per step, the first step's
 host time (the warm-up pass's first step: the first call's cost), the wrappers' plan and first run,
-and the steps where our host time exceeds FlashInfer's worst + 1 ms. Nothing asserts speed.
+and the steps where our host time exceeds FlashInfer's worst + 1 ms. Nothing asserts speed. Between
+the passes the garbage collector's heap is frozen, as engines do after their warm-up (``settle_heap``).
 
 Check: on ``--check-steps`` steps of the timed pass the last layer's output is compared with the
 fp64 oracle (dispatch/benchmark/oracle.py) on the last rows of a few requests (relative error against the
@@ -654,6 +655,15 @@ def over_flashinfer(ours: Side, fi: Side, steps: list[Step]) -> Optional[list[di
             for i, t in enumerate(ours.times["timed"].host) if t > worst + SLACK_MS]
 
 
+def settle_heap() -> None:
+    """What an engine does after its warm-up (SGLang's ``freeze_gc``, vLLM's ``freeze_gc_heap``): collect
+    once, then move every object alive into the collector's permanent generation, so a full collection
+    in the timed pass walks only what the steps allocate, not the libraries' and the warm-up's heap
+    (one full collection of it took 146 ms inside a step on the GPU). Both sides share the process."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_entry(name: str, cfg: Config, seed: int, fi: tuple[Optional[SimpleNamespace], str]) -> dict:
     """Warm-up pass, timed pass and checks of one entry point, ours beside FlashInfer's."""
     spec = ENTRIES[name]
@@ -668,12 +678,14 @@ def run_entry(name: str, cfg: Config, seed: int, fi: tuple[Optional[SimpleNamesp
     build = lambda step: spec.inputs(step, pools, cfg)  # noqa: E731
     with autotune.autotune(True, cache=cfg.tune_cache) if cfg.tune_cache else contextlib.nullcontext():
         run_pass(warm, build, sides, "warm-up", cuda)
+    settle_heap()
     checks, at = [], check_steps(cfg.steps, cfg.check_steps)
 
     def after(i: int, step: Step, x: dict, outs: dict) -> None:
         if i in at and (result := check(i, step, x, outs, cfg)) is not None:
             checks.append(result)
     run_pass(timed, build, sides, "timed", cuda, after)
+    gc.unfreeze()  # the process as it was for the next entry (or the caller that ran the trace)
     pools = build = None  # the K/V pools go before the next entry draws its own
     if cuda:
         torch.cuda.empty_cache()
