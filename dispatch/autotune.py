@@ -11,7 +11,8 @@ so an engine that wraps its warm-up in FlashInfer's context wraps it in ours the
   the GPU has no table. Without ``leading``, every accepted one. On a GPU a CPU-only backend (the PyTorch reference)
   is not timed while a GPU backend is accepted (``timed_on``). Each is timed on a faithful input with
   the per-request lengths of the call that opened the bucket (``CALL_LENGTHS``; equal lengths at the
-  bucket's middle where no call is known, as for a graph's replay points): its own plan and workspace, a paged cache whose pages are shuffled over
+  bucket's middle where no call is known, as for a graph's replay points): its own plan and
+  workspace, a paged cache whose pages are shuffled over
   the pool (no request's pages adjacent, none shared), the L2 cache flushed before each repetition,
   the median of ``REPS`` (a call shorter than ``SHORT_MS`` over back-to-back calls); the warm call
   before the timing compiles what the bucket needs. On a GPU its host time per eager call is

@@ -323,7 +323,7 @@ def test_explain_says_which_evidence_decided(monkeypatch):
 
 
 def test_autotune_times_order_the_candidates(monkeypatch):
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {"reference": 5.0, "native-triton": 1.0})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, *_: {"reference": 5.0, "native-triton": 1.0})
     with autotune.autotune(True):
         r = choice.rank(make_problem(phase="decode"), capability_db.CPU_DEVICE, ["reference", "native-triton"])
     assert r.order == ["native-triton", "reference"] and r.basis.startswith("measured here (")
@@ -337,7 +337,7 @@ def _tuned_table(monkeypatch, gpu_ms: dict[str, float], host: dict[str, float]):
     table = synthetic_table(decode_problem(), opposite or {"fa2": 1.0},
                             {n: {e: us for e in measured_entries()} for n, us in host.items()})
     use_table(monkeypatch, table)
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {n: gpu_ms.get(n) for n in names})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, *_: {n: gpu_ms.get(n) for n in names})
 
 
 def tuned_rank(*args):
@@ -363,7 +363,7 @@ def test_autotune_counts_its_own_host_times_over_the_tables(monkeypatch):
     """The host times timed beside the GPU times (this machine, these versions) are counted, not the
     table's (which say fa2 is the cheaper call here); a cache file of GPU times alone still reads."""
     _tuned_table(monkeypatch, {}, {"fa2": 5.0, "native-triton": 30.0})
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, *_: {
         "fa2": {"ms": 0.010, "host_us": 30.0}, "native-triton": {"ms": 0.012, "host_us": 5.0}})
     r = tuned_rank(decode_problem(), H100, ["fa2", "native-triton"], (8, 1, 1024))
     assert r.order == ["native-triton", "fa2"] and r.estimates["fa2"].host_source == "autotune"
@@ -392,7 +392,7 @@ def test_autotune_never_times_the_cpu_only_reference_on_a_gpu(monkeypatch):
     timed = []
     _tuned_table(monkeypatch, {"fa2": 0.010, "reference": 0.001}, {})
     measure = autotune.measure
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: timed.extend(names) or measure(problem, names, sizes, lengths))
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, *own: timed.extend(names) or measure(problem, names, sizes, *own))
     r = tuned_rank(decode_problem(cuda_graph=True), H100, ["fa2", "reference"], (8, 1, 1024))
     assert timed == ["fa2"] and r.order == ["fa2", "reference"]
     assert autotune.timed_on(capability_db.CPU_DEVICE, ["reference"]) == ["reference"]
@@ -534,7 +534,7 @@ def test_a_graph_weighs_the_measured_times_of_every_kv_bucket_it_replays(monkeyp
     context, a graph whose buckets were not all timed is decided by the table."""
     by_kv = {"xqa": {48: 0.05, 192: 0.05, 768: 0.05, 3072: 0.06, 12288: 0.20},  # the faster at kv 4096 (3072)
              "fa2": {48: 0.01, 192: 0.012, 768: 0.03, 3072: 0.08, 12288: 0.25}}  # the faster over 64..16384
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {n: by_kv[n][sizes[2]] for n in names})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, *_: {n: by_kv[n][sizes[2]] for n in names})
     eager = decode_problem(sizes=(8, 1, 4096))
     graph = decode_problem(sizes=(8, 1, 4096), cuda_graph=True, replay_kv=16384)
     with autotune.autotune(True):
@@ -552,7 +552,7 @@ def test_an_eager_warm_up_call_with_a_kv_bound_times_what_its_capture_replays(mo
     the capture's decision (lookups only) finds them all."""
     by_kv = {"xqa": {48: 0.05, 192: 0.05, 768: 0.05, 3072: 0.06, 12288: 0.20},
              "fa2": {48: 0.01, 192: 0.012, 768: 0.03, 3072: 0.08, 12288: 0.25}}
-    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, lengths=None: {n: by_kv[n][sizes[2]] for n in names})
+    monkeypatch.setattr(autotune, "measure", lambda problem, names, sizes, *_: {n: by_kv[n][sizes[2]] for n in names})
     eager = decode_problem(sizes=(8, 1, 16384), replay_kv=16384)  # a call whose kv length bound is 16384
     with autotune.autotune(True):
         choice.rank(eager, H100, ["xqa", "fa2"], eager.sizes)
