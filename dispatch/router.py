@@ -1,7 +1,7 @@
 """Candidates -> checks -> choice -> fallback; decisions cached per problem key.
 
-The hot path is ``decide`` (a dict lookup after the first call for a key) and
-``execute`` (the chosen backend's plan cache + launch). Everything that explains
+The hot path is ``decide`` (a dict lookup after the first call for a key), then ``plan`` and
+``run`` on the chosen backend (the entry points keep the plans). Everything that explains
 a decision (reasons, fallbacks) is recorded on the Decision for ``explain()``.
 """
 from __future__ import annotations
@@ -422,12 +422,6 @@ def run(planned: Planned, batch: AttentionBatch) -> Planned:
             except BackendRejected as exc2:
                 _record_fallback(planned.decision, name, exc2)
         raise NoBackendError(f"every accepted backend refused:\n{planned.decision.explain()}") from exc
-
-
-def execute(problem: AttentionProblem, batch: AttentionBatch, explicit: Optional[tuple[str, str]] = None) -> Planned:
-    """One-shot path for the functions: decide (cached), plan (backend-cached), run."""
-    decision = decide(problem, live_device(batch.q), explicit, lengths=lambda: batch_lengths(batch))
-    return run(plan(decision, batch), batch)
 
 
 def batch_lengths(batch: AttentionBatch) -> autotune.Lengths:
