@@ -213,3 +213,10 @@ class FlashInferModuleBackend(Backend):
     def version(self) -> Optional[str]:
         top = load("flashinfer", "flashinfer")
         return top.version if top.ok else None
+
+    def extra_checks(self, problem, device) -> list[Reason]:
+        """The limits the data's flashinfer provider declares for the installed version (e.g. XQA's
+        fp8 output, from 0.7.0); none while FlashInfer is not installed (``available`` says so)."""
+        version = self.version()
+        providers = [p for p in self.caps.providers if p.module == "flashinfer"]
+        return providers[0].limits(problem.facts(), version) if version and providers else []

@@ -9,7 +9,10 @@ Translation (the function's signature and docstring, flashinfer/decode.py):
   (fp8/int8) cache (csrc/xqa/mha.cu ``isKVCacheQuantized ? kvCacheScaleValue : 1``), while
   FlashInfer 0.5.3 folds bmm2 into kv_scale and divides q_scale by it: with a 16-bit cache
   a bmm2_scale != 1 scales the logits by 1/bmm2 and leaves the output unscaled.
-  With bmm2 = 1 every version computes softmax(bmm1 * q.k) v exactly;
+  With bmm2 = 1 every version computes softmax(bmm1 * q.k) v exactly. An fp8 output (served
+  with an fp8 cache only, FlashInfer >= 0.7: capability_db/backends/xqa.json) is stored by the
+  kernel already rounded, so out_scale goes in as the kernel's kv_scale (q_scale divided by it),
+  as FlashInfer's decode function passes bmm2_scale with o_scale = 1;
 * no LSE (rejected by the data when return_lse);
 * workspace: one zeroed 128 MiB buffer per GPU (first 8 MiB = semaphores, which the
   kernel leaves zeroed), allocated and zeroed once: _vendor.workspace, keyed on (tag,
@@ -70,13 +73,14 @@ class DirectXqa:
     pdl: bool
     abi: str = "0.5"
 
-    def __call__(self, q_scale, out, q, sinks, k, v, table, kv_capacity: int, lens, rows: int) -> None:
-        """One launch; ``q_scale`` a float, or a device tensor (``q_scale_tensor``)."""
+    def __call__(self, q_scale, out, q, sinks, k, v, table, kv_capacity: int, lens, rows: int,
+                 kv_scale=1.0) -> None:
+        """One launch; ``q_scale`` (and on 0.7.x ``kv_scale``) a float, or a 0-dim device tensor."""
         tensor = isinstance(q_scale, torch.Tensor)
         if self.abi == "0.7":
             self.run(self.fp8_sm90, self.sm_count, self.num_kv_heads, self.sliding_window, q_scale,
                      out.unsqueeze(1), 1.0, q.unsqueeze(1), sinks, k, v, None, None, table, kv_capacity,
-                     lens.unsqueeze(1), rows, 1.0, self.semaphores, self.scratch, self.pdl, 1, None, None)
+                     lens.unsqueeze(1), rows, kv_scale, self.semaphores, self.scratch, self.pdl, 1, None, None)
             return
         self.run(self.fp8_sm90, self.sm_count, self.num_kv_heads, self.sliding_window, 1.0 if tensor else q_scale,
                  q_scale if tensor else None, out, 1.0, q, sinks, k, v, table, kv_capacity, lens, rows, 1.0, None,
@@ -204,17 +208,19 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         problem = plan.problem
         k, v, layout = _vendor.physical_kv(problem, batch.k, batch.v)
         out = _vendor.writable(batch.out)
+        scaled_store = out.dtype == torch.float8_e4m3fn  # the kernel scales before it rounds (module docstring)
         plan.fn(
             batch.q.contiguous(), (k, v),
             _vendor.workspace("xqa", batch.q.device, WORKSPACE_BYTES, zeroed=True),
             _contiguous(batch.block_table), _contiguous(batch.kv_lens), batch.max_kv_len,
             _vendor.device_scalar(batch.sm_scale, batch.q.device),  # bmm1_scale
-            1.0,  # bmm2_scale: out_scale is applied below, see the module docstring
+            _vendor.device_scalar(batch.out_scale, batch.q.device) if scaled_store else 1.0,  # bmm2_scale
             problem.window_left,
             out=out, sinks=batch.sinks, kv_layout=layout, **plan.spec,
         )
         _vendor.write_back(batch.out, out)
-        _vendor.apply_out_scale(batch.out, batch.out_scale)
+        if not scaled_store:
+            _vendor.apply_out_scale(batch.out, batch.out_scale)
 
     @staticmethod
     def _launch_direct(x: DirectXqa, batch) -> None:
@@ -227,18 +233,20 @@ class XqaBackend(_vendor.FlashInferModuleBackend):
         time; 0.7.x's entry takes them as FlashInfer passes them (``DirectXqa.__call__``)."""
         out = _vendor.writable(batch.out)
         q = batch.q if batch.q.is_contiguous() else batch.q.contiguous()
-        scale = batch.sm_scale
-        if isinstance(scale, torch.Tensor):  # 0.7.x: 0-dim, as FlashInfer's decode function passes ours
-            shape = (-1,) if x.abi == "0.5" else ()
-            q_scale = scale.reshape(shape).to(device=q.device, dtype=torch.float32) * x.sqrt_head_dim
-        else:
-            q_scale = float(scale) * x.sqrt_head_dim
+        q_scale = _vendor.device_scalar(batch.sm_scale, q.device) * x.sqrt_head_dim  # 0.7.x takes it 0-dim
+        if isinstance(q_scale, torch.Tensor) and x.abi == "0.5":
+            q_scale = q_scale.reshape(-1)
+        kv_scale = 1.0
+        if out.dtype == torch.float8_e4m3fn:  # 0.7.x only; the kernel scales before it rounds (module docstring)
+            kv_scale = _vendor.device_scalar(batch.out_scale, q.device)
+            q_scale = q_scale / kv_scale
         table = _contiguous(batch.block_table)
         sinks = batch.sinks.reshape(x.num_kv_heads, -1) if batch.sinks is not None else None
         x(q_scale, out, q, sinks, batch.k, batch.v, table, table.shape[-1] * x.page_size, _contiguous(batch.kv_lens),
-          table.shape[0])
+          table.shape[0], kv_scale)
         _vendor.write_back(batch.out, out)
-        _vendor.apply_out_scale(batch.out, batch.out_scale)
+        if out.dtype != torch.float8_e4m3fn:
+            _vendor.apply_out_scale(batch.out, batch.out_scale)
 
     def launcher(self, plan: XqaPlan, batch):
         """The kernel entry with everything but the call's tensors bound (``_launch_direct`` for

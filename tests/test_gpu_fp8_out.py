@@ -76,6 +76,31 @@ def test_xqa_fp8_out_saturates_at_448():
     assert past.any() and torch.equal(out.cpu().double()[past], 448.0 * ref[past].sign())
 
 
+@pytest.mark.parametrize("bmm2", [0.8, "tensor"])
+def test_xqa_backend_fp8_out_from_an_fp8_cache(bmm2):
+    """FlashInfer 0.7's XQA writes the fp8 output itself (fp8 cache only): bmm2_scale scales before its
+    rounding. Its fp8 kernel rounds P to fp8 too, so the whole is held to the fp8 band, not one spacing."""
+    pytest.importorskip("flashinfer")
+    batch, hkv, group, d, page, kv_lens = 5, 4, 8, 128, 16, [1, 700, 2500, 64, 1999]
+    per = -(-max(kv_lens) // page)
+    scale = 1.7 if bmm2 == "tensor" else bmm2
+    q = torch.randn(batch, hkv * group, d, device=DEV).to(torch.bfloat16)
+    k, v = ((torch.randn(batch * per, page, hkv, d, device=DEV) * 2).to(FP8) for _ in range(2))
+    table = torch.randperm(batch * per, device=DEV).to(torch.int32).reshape(batch, per)
+    out = torch.full(q.shape, math.nan, dtype=FP8, device=DEV)
+    with dispatch.use_backend("xqa"):
+        dispatch.decode.xqa_batch_decode_with_kv_cache(
+            q, (k, v), torch.zeros(128 << 20, dtype=torch.uint8, device=DEV), table,
+            torch.tensor(kv_lens, dtype=torch.int32, device=DEV), max(kv_lens), d ** -0.5,
+            torch.tensor([scale], device=DEV) if bmm2 == "tensor" else scale, out=out, o_scale=0.5)
+    ref = torch.cat([attention_fp64(q[b:b + 1].cpu(), k[table[b].long()].flatten(0, 1)[:n].cpu(),
+                                    v[table[b].long()].flatten(0, 1)[:n].cpu(), sm_scale=d ** -0.5,
+                                    causal=True)[0] for b, n in enumerate(kv_lens)]) * scale
+    assert out.dtype == FP8 and not out.isnan().any(), "an element unwritten or NaN"
+    err = relative_error(out.cpu(), stored_e4m3(ref))
+    assert err < BANDS["fp8"], f"rel. error {err:.2e} >= {BANDS['fp8']}"
+
+
 @pytest.mark.parametrize("backend", ["native-triton", "auto"])
 def test_trtllm_context_fp8_q_kv_out(backend):
     """trtllm_batch_context_with_kv_cache with fp8 q, KV and output (FlashInfer: out dtype = query's):

@@ -16,6 +16,7 @@ import torch
 
 import _fake_vendors as fv
 from _fake_vendors import make_batch, make_problem, reference
+from oracle import BANDS
 import capability_db
 from backends import BackendRejected, _vendor, get_backend
 from backends.fa2 import FA2Backend
@@ -31,10 +32,10 @@ def fakes(monkeypatch):
     """Install fake vendor modules; returns (recorder, install(**which))."""
     rec = fv.Recorder()
 
-    def install(flashinfer=False, new_api=False, flash_attn=False, fa3=False):
+    def install(flashinfer=False, new_api=False, flash_attn=False, fa3=False, version="0.5.3"):
         mods = {}
         if flashinfer:
-            mods.update(fv.make_flashinfer(rec, new_api=new_api))
+            mods.update(fv.make_flashinfer(rec, version=version, new_api=new_api))
         if flash_attn:
             mods.update(fv.make_flash_attn(rec))
         if fa3:
@@ -118,6 +119,35 @@ def test_xqa_tensor_scales_and_strided_out(fakes):
     assert isinstance(rec.last("xqa")["bmm1_scale"], torch.Tensor)
     assert torch.isnan(wide[..., p.head_dim_vo:]).all()
     assert_agrees(p, batch, refs)
+
+
+@pytest.mark.parametrize("out_scale", [0.7, torch.tensor([1.3])])
+def test_xqa_fp8_out_with_flashinfer_07_scales_before_the_kernel_rounds(fakes, out_scale):
+    """FlashInfer 0.7's XQA writes an fp8 output from an fp8 cache: out_scale goes in as bmm2_scale
+    (the kernel's kv_scale for a quantized cache) and nothing multiplies the rounded output again."""
+    rec, install = fakes
+    install(flashinfer=True, new_api=True, version="0.7.2")
+    p = make_problem(phase="decode", kv_dtype="float8_e4m3fn", out_dtype="float8_e4m3fn", has_sinks=True)
+    assert get_backend("xqa").check(p, capability_db.resolve_device("h100")) == []
+    batch, refs = make_batch(p, [1, 1, 1], [7, 50, 33], out_scale=out_scale, sinks=True)
+    batch.out = torch.full_like(batch.out, math.nan)  # poisoned: every element must be written
+    run_backend("xqa", p, batch)
+    bmm2 = rec.last("xqa")["bmm2_scale"]
+    assert float(bmm2) == pytest.approx(float(out_scale))
+    assert isinstance(bmm2, torch.Tensor) == isinstance(out_scale, torch.Tensor)
+    assert_agrees(p, batch, refs, band=BANDS["fp8"])
+
+
+@pytest.mark.parametrize("version, refused", [("0.6.18", True), ("0.7.2", False)])
+def test_xqa_fp8_out_is_refused_before_flashinfer_07(fakes, version, refused):
+    _, install = fakes
+    install(flashinfer=True, new_api=True, version=version)
+    p = make_problem(phase="decode", kv_dtype="float8_e4m3fn", out_dtype="float8_e4m3fn")
+    reasons = get_backend("xqa").check(p, capability_db.resolve_device("h100"))
+    assert [(r.field, r.value) for r in reasons] == ([("out_dtype", "float8_e4m3fn")] if refused else [])
+    assert not refused or f"flashinfer {version}" in reasons[0].allowed
+    p16 = make_problem(phase="decode", kv_dtype="bfloat16", out_dtype="float8_e4m3fn")  # fp8 out needs fp8 K/V
+    assert "kv_dtype" in [r.field for r in get_backend("xqa").check(p16, capability_db.resolve_device("h100"))]
 
 
 def test_xqa_spec_decode_rejected_by_old_flashinfer(fakes):
