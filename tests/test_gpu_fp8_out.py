@@ -151,10 +151,11 @@ def test_single_prefill_and_paged_wrapper_fp8_out():
 
 
 def test_flashinfer_fa2_stores_fp8_out_as_we_do():
-    """FlashInfer's own fa2 single prefill with o_dtype e4m3 on the same inputs, v large enough that many
-    outputs pass 448: its saturating store and ours agree, each element within one e4m3 spacing."""
+    """FlashInfer's own fa2 single prefill with o_dtype e4m3 on the same inputs, a sharp softmax over large
+    v so that some outputs pass 448: its saturating store and ours agree, each element within one e4m3
+    spacing. (A softmax over ~1000 keys of unscaled q averages v far below 448.)"""
     flashinfer = pytest.importorskip("flashinfer")
-    q = torch.randn(256, 8, 128, device=DEV).half()
+    q = (torch.randn(256, 8, 128, device=DEV) * 8).half()
     k = torch.randn(1024, 2, 128, device=DEV).half()
     v = (torch.randn(1024, 2, 128, device=DEV) * 300).half()
     try:
