@@ -10,7 +10,7 @@ Translation (FlashInfer's documented signatures and docstrings, flashinfer/prefi
 
 Caches: ``_wrappers``: (problem, device with its index, paged) -> a wrapper and its last plan
 (``HeldWrapper``), an LRU of ``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace);
-the float workspace is _vendor.workspace's, one per GPU. A plan remembers its arguments and
+``_statics``: problem -> the same problem without its size class, an LRU of 256; the float workspace is _vendor.workspace's, one per GPU. A plan remembers its arguments and
 re-plans the wrapper when another plan used it in between, or when a run brings another float
 sm_scale (FlashInfer bakes sm_scale into its plan; ours is a per-call value).
 
@@ -133,6 +133,7 @@ class FlashInferPrefill(Provider):
         self.kind = kind  # "fa2" | "fa3": FlashInfer's backend= string
         self.label = f"flashinfer {kind}"
         self._wrappers = BoundedCache(MAX_WRAPPERS)
+        self._statics = BoundedCache(256)  # problem -> the problem without its size class
 
     def limits(self, problem) -> list[Reason]:
         out = []
@@ -155,7 +156,7 @@ class FlashInferPrefill(Provider):
         device = device_key(device)
         # one wrapper per problem whatever its size class: a new FlashInfer wrapper allocates its int
         # workspace and a pinned host buffer (milliseconds), and a serving loop meets a new class often
-        key = (dataclasses.replace(problem, sizes=()), device, paged)
+        key = (self._static(problem), device, paged)
         held = self._wrappers.get(key)
         if held is None:
             prefill = self.loaded().module
@@ -167,6 +168,14 @@ class FlashInferPrefill(Provider):
             held = HeldWrapper(w)
             self._wrappers.put(key, held)
         return held
+
+    def _static(self, problem):
+        """The problem without its size class (a replace costs ~30 us; a plan per step pays it once per class)."""
+        static = self._statics.get(problem)
+        if static is None:
+            static = dataclasses.replace(problem, sizes=())
+            self._statics.put(problem, static)
+        return static
 
     def _graph_wrapper(self, problem, batch, paged: bool):
         """A FlashInfer wrapper in its CUDA-graph mode, owned by one plan (never shared: another

@@ -399,7 +399,8 @@ def host_lists(*tensors: torch.Tensor) -> list[list[int]]:
     devices = {t.device for t in tensors}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         return [host_ints(t) for t in tensors]
-    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors]).tolist()
+    same = len({t.dtype for t in tensors}) == 1  # an engine's int32 indices: one launch (the cat), no casts
+    flat = torch.cat([t.reshape(-1) if same else t.reshape(-1).to(torch.int64) for t in tensors]).tolist()
     out, at = [], 0
     for t in tensors:
         out.append(flat[at: at + t.numel()])

@@ -17,7 +17,7 @@ import dispatch
 import dispatch.decode  # FlashInfer's tests call flashinfer.decode.<entry>
 from _fi_semantics import (close, expect_hardware_refusal, forced, grid, needs_other_hardware, nvfp4, randn, smallest,
                            workspace)
-from oracle import attention_fp64, pack_spec_bits, spec_decode_mask
+from oracle import BANDS, attention_fp64, e4m3_ulps_off, pack_spec_bits, relative_error, spec_decode_mask
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 
@@ -111,9 +111,9 @@ def run_xqa(device, backend, batch_size, q_len_per_req, page_size, num_kv_heads,
         mask = (bits if ragged else bits.reshape(batch_size, q_len_per_req, -1)).to(device)
     q_cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
-    def call():
+    def call(entry=dispatch.decode.xqa_batch_decode_with_kv_cache):
         with forced(backend):
-            return dispatch.decode.xqa_batch_decode_with_kv_cache(
+            return entry(
                 q.contiguous(), cache, workspace(device), table,
                 torch.tensor(seq_lens, dtype=torch.int32, device=device),
                 max(seq_lens), k_scale * sm_scale, v_scale / o_scale, window_left, out=out, sinks=sinks,
@@ -121,11 +121,28 @@ def run_xqa(device, backend, batch_size, q_len_per_req, page_size, num_kv_heads,
                 **({"q_cu_seq_lens": q_cu} if ragged else {}))
     if needs_other_hardware(device, backend):
         return expect_hardware_refusal(call)
-    output = call()
+    output = call().clone()
     ref = reference(q, q_lens, ks, vs, sm_scale, window_left, sinks.cpu() if sinks is not None else None,
-                    spec_dec_mask_mode)
+                    spec_dec_mask_mode) / o_scale
+    if backend == "xqa" and o_dtype == "fp8":
+        return xqa_fp8_output_checks(output, ref, call)
     tol = 1e-1 if kv_dtype == "fp8" else 1e-2
-    close(output.float(), ref / o_scale, rtol=tol, atol=tol)
+    close(output.float(), ref, rtol=tol, atol=tol)
+
+
+def xqa_fp8_output_checks(output: torch.Tensor, ref: torch.Tensor, call) -> None:
+    """XQA's fp8 output (fp8 KV) weighs V by probabilities rounded to fp8: FlashInfer's elementwise 1e-1,
+    set against its own 16-bit reference, misses an fp64 oracle on a few short requests with FlashInfer's
+    own call too (an H200: 52 and 4 of 1,048,576 elements, up to 0.27 off, on two of three seeds, the same
+    elements and values through dispatch). So our call is held to FlashInfer's own on the same inputs
+    (each element within one e4m3 spacing) and to the fp64 oracle in the fp8 band."""
+    assert not torch.isnan(output.float()).any(), "NaN in the output (an unwritten or poisoned element)"
+    err = relative_error(output.cpu(), ref)
+    assert err < BANDS["fp8"], f"rel. error {err:.2e} >= {BANDS['fp8']}"
+    import flashinfer.decode  # installed: the xqa backend ran through it
+    theirs = call(flashinfer.decode.xqa_batch_decode_with_kv_cache)
+    off = e4m3_ulps_off(output.cpu(), theirs.cpu().double())
+    assert off <= 1.0, f"{off:.2f} e4m3 spacings from FlashInfer's own call"
 
 
 @grid(XQA_FIELDS, XQA_CPU, XQA_GPU, named="xqa", native=smallest(XQA_CPU, lambda c: c[9] == "fp8"))  # fp8 out

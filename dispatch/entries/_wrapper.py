@@ -129,6 +129,7 @@ class PrefillWrapper:
         self._float_workspace = float_workspace_buffer
         self._int_workspace: Optional[torch.Tensor] = None
         self._device = float_workspace_buffer.device
+        self._desc = None  # the router's description of that device (``_device_desc``)
         self._kv_layout = kv_layout
         self._use_cuda_graph = bool(use_cuda_graph)
         self._graph_pages = 0  # the page capacity of a graph-mode wrapper's indices buffer (paged)
@@ -189,12 +190,13 @@ class PrefillWrapper:
             storage.pop("paged_csr", None)  # a captured graph reads the table it was planned with
         else:
             storage["host_indices"] = host_indices(d, ragged=self._storage == "ragged")
+        # qo_indptr and kv_lens reach the device in one copy (two views of it)
+        index = torch.tensor([*d.qo, *d.kv_lens], dtype=torch.int32, device=dev)
         plan = Setup(
             hq=d.hq, hkv=d.hkv, dqk=d.dqk, dvo=d.dvo, q_dtype=d.q_dtype, kv_dtype=d.kv_dtype, out_dtype=d.out_dtype,
             layout=self._kv_layout, backend=self._backend, cudnn=d.cudnn, window_left=spec.window_left,
             total_q=d.qo[-1] - d.qo[0], sm_scale=spec.sm_scale if spec.sm_scale is not None else 1.0 / math.sqrt(d.dqk),
-            qo_indptr=torch.tensor(d.qo, dtype=torch.int32, device=dev),
-            kv_lens=torch.tensor(d.kv_lens, dtype=torch.int32, device=dev), max_q=max(q_lens, default=0),
+            qo_indptr=index[:len(d.qo)], kv_lens=index[len(d.qo):], max_q=max(q_lens, default=0),
             max_kv=max_kv, custom_mask=custom,
             mask_indptr=torch.tensor(cumsum0(sizes), dtype=torch.int32, device=dev) if custom is not None else None,
             problem=problem, batch_size=len(d.kv_lens), device=dev, **storage)
@@ -246,7 +248,7 @@ class PrefillWrapper:
         p = self._plan
 
         def stand_in(shape, dtype):
-            return torch.empty(1, dtype=dtype, device=p.device).expand(*shape)
+            return _stand_in_base(dtype, p.device).expand(*shape)
         kv_shape = (1, p.page_size, p.hkv, p.dqk) if self._storage == "paged" else (p.total_kv, p.hkv, p.dqk)
         q, out = stand_in((p.total_q, p.hq, p.dqk), p.q_dtype), stand_in((p.total_q, p.hq, p.dvo), p.out_dtype)
         return batch_of(p, q=q, k=stand_in(kv_shape, p.kv_dtype), v=stand_in(kv_shape[:-1] + (p.dvo,), p.kv_dtype),
@@ -263,8 +265,9 @@ class PrefillWrapper:
         return None
 
     def _device_desc(self):
-        probe = torch.empty(0, device=self._device)  # live_device reads a tensor's device
-        return router.live_device(probe)
+        if self._desc is None:  # the workspace's device, fixed for the wrapper's life
+            self._desc = router.live_device(torch.empty(0, device=self._device))  # it reads a tensor's device
+        return self._desc
 
     def _kv_shape(self) -> tuple:
         raise NotImplementedError
@@ -374,6 +377,19 @@ class PrefillWrapper:
     def decision(self) -> Optional[router.Decision]:
         """The router's decision for the latest plan/run (chosen, rejected with reasons, fallbacks)."""
         return self._last.decision if self._last is not None else None
+
+
+_STAND_INS: dict = {}  # (dtype, device) -> a one-element tensor (a few dtypes per GPU: unbounded)
+
+
+def _stand_in_base(dtype: torch.dtype, device) -> torch.Tensor:
+    """One element of ``dtype`` on ``device`` that a plan's stand-ins expand (never written: a plan
+    reads shapes and dtypes only), made once, not per plan."""
+    key = (dtype, device)
+    base = _STAND_INS.get(key)
+    if base is None:
+        base = _STAND_INS[key] = torch.empty(1, dtype=dtype, device=device)
+    return base
 
 
 def host_indices(d, ragged: bool) -> dict:
