@@ -294,8 +294,8 @@ E4M3_MAX = 448.0
 
 def stored_e4m3(values: torch.Tensor) -> torch.Tensor:
     """fp64 values as an fp8 e4m3 output stores them, back in fp64: rounded to nearest even and
-    saturated at +-448 (FlashInfer's kernels convert with satfinite; the clamp keeps that whatever a
-    torch release's own overflow rule)."""
+    saturated at +-448 (FlashInfer's XQA converts with satfinite; the clamp keeps that whatever a torch
+    release's own overflow rule)."""
     return values.double().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).double()
 
 
