@@ -43,6 +43,10 @@ RECORDED_RUN_VERSIONS = ("0.7.",)
 FLOAT_WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's examples use 128 MiB
 MAX_WRAPPERS = 32
 FA3_HEAD_DIMS = (64, 128, 256)  # FI utils.py fa3 (qk, vo) pairs with qk == vo
+# DeepSeek's MLA prefill pair, which FlashInfer's own tests run through fa2's and fa3's ragged wrappers
+# (tests/attention/test_hopper.py test_deepseek_prefill); fa2's is provider data (capability_db fa2.json)
+DEEPSEEK_HEAD_DIMS = (192, 128)
+SRC_DEEPSEEK = "flashinfer tests/attention/test_hopper.py test_deepseek_prefill (ragged, fa2 and fa3, 192/128)"
 # FlashInfer's fa2 head dims are provider data by version (capability_db/backends/fa2.json): d=16 fails
 # its dispatch ("Invalid configuration: NUM_MMA_D_QK=1", H200, 0.5.3); 512 arrived in 0.6.14 (#3576).
 SRC_FI = "flashinfer flashinfer/utils.py (is_fa3_backend_supported, determine_attention_backend)"
@@ -140,8 +144,7 @@ class FlashInferPrefill(Provider):
         if self.kind == "fa2":  # head dims by installed version: capability_db/backends/fa2.json's provider data
             out.extend(self.data_limits("fa2", problem))
         if self.kind == "fa3":
-            if problem.head_dim_qk not in FA3_HEAD_DIMS:
-                out.append(Reason("head_dim_qk", problem.head_dim_qk, f"one of {FA3_HEAD_DIMS}", SRC_FI))
+            out.extend(self._fa3_head_dims(problem))
             if problem.mask == "custom":
                 out.append(Reason("mask", problem.mask, "'none' (fa3 has no custom mask)", SRC_FI))
             if problem.pos_encoding != "NONE":
@@ -150,6 +153,20 @@ class FlashInferPrefill(Provider):
                 out.append(Reason("kv_dtype", problem.kv_dtype, "16-bit (FI paged fa3 run passes no fp8 scales)",
                                   "flashinfer 0.5.3 prefill.py run(): scale_q/k/v 'not supported yet'"))
         return out
+
+    @staticmethod
+    def _fa3_head_dims(problem) -> list[Reason]:
+        dims = (problem.head_dim_qk, problem.head_dim_vo)
+        if dims == DEEPSEEK_HEAD_DIMS:
+            if problem.kv_storage != "ragged":
+                return [Reason("kv_storage", problem.kv_storage, "'ragged' with head dims 192/128", SRC_DEEPSEEK)]
+            return []
+        if problem.head_dim_qk not in FA3_HEAD_DIMS:
+            return [Reason("head_dim_qk", problem.head_dim_qk, f"one of {FA3_HEAD_DIMS} (or 192 with head_dim_vo 128, "
+                           "ragged)", SRC_FI)]
+        if problem.head_dim_vo != problem.head_dim_qk:
+            return [Reason("head_dim_vo", problem.head_dim_vo, f"equal to head_dim_qk {problem.head_dim_qk}", SRC_FI)]
+        return []
 
     # -- plan ------------------------------------------------------------------------------
     def _wrapper(self, problem, device, paged: bool):
