@@ -10,9 +10,10 @@ Translation (FlashInfer's documented signatures and docstrings, flashinfer/prefi
 
 Caches: ``_wrappers``: (problem, device with its index, paged) -> a wrapper and its last plan
 (``HeldWrapper``), an LRU of ``MAX_WRAPPERS`` per provider (each wrapper holds its own int workspace);
-``_statics``: problem -> the same problem without its size class, an LRU of 256; the float workspace is _vendor.workspace's, one per GPU. A plan remembers its arguments and
-re-plans the wrapper when another plan used it in between, or when a run brings another float
-sm_scale (FlashInfer bakes sm_scale into its plan; ours is a per-call value).
+``_statics``: problem -> the same problem without its size class, an LRU of 256; the float workspace
+is _vendor.workspace's, one per GPU. A plan remembers its arguments and re-plans the wrapper when
+another plan used it in between, or when a run brings another float sm_scale (FlashInfer bakes
+sm_scale into its plan; ours is a per-call value).
 
 FlashInfer's private API (the compiled ops behind the public run, what plan() stored) is touched
 only through backends/_flashinfer_internal.py, for the versions it was read in.

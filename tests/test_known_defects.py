@@ -225,7 +225,7 @@ def test_fa2_head_dim_512_follows_the_flashinfer_version(vendors, version, serve
             with pytest.raises(BackendRejected, match=refused):
                 get_backend("fa2").choose(fp8_kv)
     else:
-        with pytest.raises(BackendRejected, match=rf"head_dim_qk=512: allowed one of 64, 128, 256 with flashinfer "
+        with pytest.raises(BackendRejected, match=rf"head_dim_qk=512: allowed one of 64, 128, 192, 256 with flashinfer "
                                                   rf"{version}") as info:
             get_backend("fa2").choose(p512)
         assert "0.6.14" in str(info.value)
