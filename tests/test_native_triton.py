@@ -558,3 +558,19 @@ def test_fixup_covers_any_length_and_refuses_what_it_cannot_bound():
                          (replace(c, pos="ROPE_LLAMA"), "pos_encoding")):
         with pytest.raises(ValueError, match=named):
             BACKEND.plan(problem_of(other), batch, fixup=True)
+
+
+def test_a_fixup_plan_serves_its_batch_size_at_any_length():
+    """A decode step's new lengths with a batch size seen before take the fix-up plan made (no plan per
+    step); a new batch size gets its own; an attention plan still plans per longest length."""
+    c = FIXUP_CASES["fp16"]
+    kw, _, _ = build(c)
+    batch = AttentionBatch(out=torch.empty(3, c.hq, c.dvo, device=DEVICE, dtype=torch.float16), lse=None, **kw)
+    plan = BACKEND.plan(problem_of(c), batch, fixup=True)
+    assert BACKEND.plan_for(plan, replace(batch, max_kv_len=batch.max_kv_len + 100)) is plan
+    assert plan.others is None
+    kw2, _, _ = build(replace(c, q_lens=(1, 1), kv_lens=(37, 20)))
+    fewer = AttentionBatch(out=torch.empty(2, c.hq, c.dvo, device=DEVICE, dtype=torch.float16), lse=None, **kw2)
+    assert BACKEND.plan_for(plan, fewer) is not plan and plan.others[tb.plan_facts(fewer, True)].grid[1] < plan.grid[1]
+    attention = BACKEND.plan(problem_of(c), batch)
+    assert BACKEND.plan_for(attention, replace(batch, max_kv_len=batch.max_kv_len + 100)) is not attention

@@ -79,7 +79,7 @@ class TritonPlan:
     pointer_attention: Optional[KernelLaunch] = None  # kv_tma plans: calls whose K/V a TMA cannot read
     fixed_ints: tuple = ()  # the kernel's integer arguments the plan fixes (see _attention_ints)
     facts: tuple = ()  # plan_facts of the batch it was made for: a batch with other facts gets its own plan
-    overrides: tuple = (None, None)  # plan()'s (num_splits, config), kept for the plans of other facts
+    overrides: tuple = (None, None, False)  # plan()'s (num_splits, config, fixup), for the plans of other facts
     others: Optional[dict] = None  # plan_facts -> the plan of those facts (run / launcher, at most MAX_OTHERS)
 
 
@@ -123,7 +123,7 @@ class NativeTritonBackend(Backend):
         ``fixup``: the plan of a vendor decode's fix-up (see fixup_refusal): a launch after the vendor's
         that recomputes only the row blocks whose logits it cannot bound (the kernel's FIXUP)."""
         plan = self._plan(problem, batch, num_splits, config, fixup)
-        plan.facts, plan.overrides = plan_facts(batch), (num_splits, config, fixup)
+        plan.facts, plan.overrides = plan_facts(batch, fixup), (num_splits, config, fixup)
         return plan
 
     def plans_before_run(self, problem: AttentionProblem) -> bool:
@@ -138,7 +138,7 @@ class NativeTritonBackend(Backend):
     def plan_for(self, plan: TritonPlan, batch: AttentionBatch) -> TritonPlan:
         """The plan serving ``batch``: ``plan`` when the batch's facts are its own, else the plan of
         those facts (made once and kept by ``plan``: a call key's lanes share one kept plan)."""
-        facts = plan_facts(batch)
+        facts = plan_facts(batch, plan.overrides[2])
         if facts == plan.facts:
             return plan
         others = plan.others if plan.others is not None else {}
@@ -226,7 +226,7 @@ class NativeTritonBackend(Backend):
         return None
 
     def follow(self, plan: TritonPlan, batch: AttentionBatch) -> None:
-        plan.facts = plan_facts(batch)  # the captured launches serve these facts now (follow_refusal)
+        plan.facts = plan_facts(batch, plan.overrides[2])  # the captured launches serve these facts now
 
     def launcher(self, plan: TritonPlan, batch: AttentionBatch) -> Optional[Callable[[AttentionBatch], None]]:
         """Exact repeats of ``batch`` (Backend.launcher): what run checks and derives per call (capacity,
@@ -262,10 +262,13 @@ def fixup_refusal(problem: AttentionProblem) -> str:
     return ""
 
 
-def plan_facts(batch: AttentionBatch) -> tuple:
+def plan_facts(batch: AttentionBatch, fixup: bool = False) -> tuple:
     """Everything of a batch that ``plan`` reads besides the problem (grid, splits, scratch sizes,
-    tile shape and the device of the buffers): equal facts, equal plan."""
-    return (batch.batch_size, batch.max_q_len, batch.max_kv_len, batch.total_q, device_key(batch.q.device))
+    tile shape and the device of the buffers): equal facts, equal plan. A fix-up plan's one split
+    covers any length (FIXUP_CHUNK), so its facts leave the longest length out: a decode batch of a
+    size seen before (an engine's steps) finds its fix-up plan made."""
+    kv = None if fixup else batch.max_kv_len
+    return (batch.batch_size, batch.max_q_len, kv, batch.total_q, device_key(batch.q.device))
 
 
 def _check_batch(problem: AttentionProblem, batch: AttentionBatch) -> None:
