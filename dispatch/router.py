@@ -17,7 +17,6 @@ import capability_db
 from backends import BackendRejected, BoundedCache, DeviceDesc, Reason, defect_reason, defects_for, get_backend
 
 from . import autotune, choice, policy
-from .devices import live_device  # noqa: F401  (callers name it here: the device a call decides for)
 from .problem import AttentionBatch, AttentionProblem
 
 log = logging.getLogger("attn_dispatch")

@@ -524,11 +524,11 @@ def test_a_gpu_run_records_the_table_auto_ranked_by(monkeypatch):
     ranks by the H100's own compiled table (no GPU here: its name, capability and description are faked)."""
     import capability_db
     from capability_db import choice_table
-    from dispatch import router
+    from dispatch import devices
     from dispatch.benchmark import bench
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(router, "live_device", lambda tensor: capability_db.resolve_device("h100"))
+    monkeypatch.setattr(devices, "live_device", lambda tensor: capability_db.resolve_device("h100"))
     monkeypatch.setattr(bench.torch, "empty", lambda *a, **k: None)
     env = report.environment("cuda")
     assert env["timing_table"] == choice_table.describe(capability_db.resolve_device("h100"))

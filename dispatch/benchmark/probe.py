@@ -176,7 +176,8 @@ def context_poisoned() -> bool:
 
 # ------------------------------------------------------------------ the report
 def run_probe(backends: list[str], cases: list[Case], try_rejected: bool = True, log=print) -> list[Outcome]:
-    from ..router import backend_reasons, live_device
+    from ..devices import live_device
+    from ..router import backend_reasons
 
     device = torch.device("cuda")
     desc = live_device(torch.empty(0, device=device))

@@ -287,8 +287,8 @@ def environment(device: str) -> dict:
     if device == "cuda":  # what auto's column ranked by (an H100 ranks by the H200's table, scaled)
         from capability_db import choice_table
 
-        from .. import router
-        env["timing_table"] = choice_table.describe(router.live_device(torch.empty(0, device="cuda")))
+        from .. import devices
+        env["timing_table"] = choice_table.describe(devices.live_device(torch.empty(0, device="cuda")))
     from .. import autotune
 
     kept = autotune.describe_kept()

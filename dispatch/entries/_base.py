@@ -64,7 +64,7 @@ from backends.base import BackendRejected
 
 from ..checks import cache_halves, full_validation, paged_nhd, split_kv
 
-from .. import autotune, checks, policy, router
+from .. import autotune, checks, devices, policy, router
 from ..problem import AttentionProblem, size_class
 
 
@@ -242,7 +242,7 @@ class Proof:
         decision = self._decisions.get(key)
         if decision is None:
             lengths = (lambda: router.batch_lengths(batch)) if batch is not None else None
-            decision = router.decide(self.problem, router.live_device(query), explicit, key[1], lengths=lengths)
+            decision = router.decide(self.problem, devices.live_device(query), explicit, key[1], lengths=lengths)
             self._decisions[key] = decision
         return decision
 

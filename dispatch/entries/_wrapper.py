@@ -20,7 +20,7 @@ import torch
 
 from backends import BoundedCache, get_backend
 
-from .. import autotune, checks, choice, nvfp4, ops, policy, router
+from .. import autotune, checks, choice, devices, nvfp4, ops, policy, router
 from ..checks import (FP8_DTYPES, OUT_DTYPES, PosMode, Q_DTYPES, Scale, Spec, bad, block_table_from_pages,
                       check_indptr_values, check_scale, cumsum0, fold_scale, need_finite, need_heads, need_index,
                       need_int, need_out, need_query, need_sinks, need_soft_cap, need_tensor, need_window,
@@ -266,7 +266,7 @@ class PrefillWrapper:
 
     def _device_desc(self):
         if self._desc is None:  # the workspace's device, fixed for the wrapper's life
-            self._desc = router.live_device(torch.empty(0, device=self._device))  # it reads a tensor's device
+            self._desc = devices.live_device(torch.empty(0, device=self._device))  # it reads a tensor's device
         return self._desc
 
     def _kv_shape(self) -> tuple:
