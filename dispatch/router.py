@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
+import torch
+
 import backends
 import capability_db
 from backends import BackendRejected, BoundedCache, DeviceDesc, Reason, defect_reason, defects_for, get_backend
@@ -425,8 +427,13 @@ def run(planned: Planned, batch: AttentionBatch) -> Planned:
 
 def batch_lengths(batch: AttentionBatch) -> autotune.Lengths:
     """The batch's per-request query and key lengths, read from the device (a decision that times)."""
-    qo = batch.qo_indptr.tolist()
-    return [b - a for a, b in zip(qo[:-1], qo[1:])], batch.kv_lens.tolist()
+    return lengths_of(batch.qo_indptr, batch.kv_lens)
+
+
+def lengths_of(qo_indptr: torch.Tensor, kv_lens: torch.Tensor) -> autotune.Lengths:
+    """Per-request query lengths (from the indptr) and key lengths, as host lists."""
+    qo = qo_indptr.tolist()
+    return [b - a for a, b in zip(qo[:-1], qo[1:])], kv_lens.tolist()
 
 
 def clear_caches() -> None:

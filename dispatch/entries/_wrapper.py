@@ -239,8 +239,7 @@ class PrefillWrapper:
         """The plan's per-request query and key lengths (what a decision that times is timed on)."""
         p = self._plan
         host = p.host_indices or {"qo_indptr": p.qo_indptr, "kv_lens": p.kv_lens}
-        qo = host["qo_indptr"].tolist()
-        return [b - a for a, b in zip(qo[:-1], qo[1:])], host["kv_lens"].tolist()
+        return router.lengths_of(host["qo_indptr"], host["kv_lens"])
 
     def _plan_batch(self) -> AttentionBatch:
         """The batch a backend plans from in plan(): the plan's index tensors and sizes, and
