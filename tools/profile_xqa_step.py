@@ -1,0 +1,159 @@
+"""Where an xqa decode step's host time goes when the batch changes every step (a GPU machine).
+
+    python -m tools.profile_xqa_step --steps 200 --layers 4 [--seed N]
+
+A step is a new batch (1-256 requests of 100-2300 keys, page ids drawn from a pool) called once per
+layer, as an engine's decode step calls ``xqa_batch_decode_with_kv_cache``. Sides: FlashInfer's own
+call, ours under auto, ours with each backend forced (``dispatch.use_backend``). Per side: host ms of
+each call of the step (p50), host and GPU ms per step (p50; the GPU's by CUDA events around the step).
+Then, for native-triton, the parts of a new batch's first call timed apart on the same batches: our
+layer alone (the backend's run replaced by nothing), the native plan of new sizes, its run on a plan
+made before (the general launch), and the launcher made for repeats. The seed is drawn at run time
+and printed unless given.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+import dispatch
+
+PAGES, PAGE, HQ, HKV, D = 20000, 16, 32, 8, 128
+
+
+def steps_of(seed: int, n: int) -> list[tuple]:
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        b = rng.randint(1, 256)
+        lens = [rng.randint(100, 2300) for _ in range(b)]
+        width = max(-(-k // PAGE) for k in lens)
+        table = torch.randint(0, PAGES, (b, width), dtype=torch.int32, device="cuda")
+        out.append((b, table, torch.tensor(lens, dtype=torch.int32, device="cuda"), max(lens)))
+    return out
+
+
+def p50(values) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def run_side(call, steps: list, layers: int) -> dict:
+    """Host ms of each call of a step and per step, GPU ms per step (p50 over the steps)."""
+    per_call = [[] for _ in range(layers)]
+    host, gpu = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for step in steps:
+        torch.cuda.synchronize()
+        start.record()
+        t0 = time.perf_counter()
+        for layer in range(layers):
+            t = time.perf_counter()
+            call(step)
+            per_call[layer].append((time.perf_counter() - t) * 1e3)
+        host.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end))
+    return dict(calls=[p50(c) for c in per_call], host=p50(host), gpu=p50(gpu))
+
+
+def native_parts(make_call, steps: list) -> dict:
+    """native-triton's parts of a new batch's first call (ms, p50), on the steps given."""
+    from backends import get_backend
+    from dispatch import router
+
+    native = get_backend("native-triton")
+    captured = []
+    real_run = router.run
+
+    def spy(planned, batch):
+        captured.append((planned, batch))
+        return real_run(planned, batch)
+
+    def nothing(planned, batch):
+        return planned
+
+    parts = {"our layer": [], "plan of new sizes": [], "run on a made plan": [], "launcher": []}
+    with dispatch.use_backend("native-triton"):
+        for step in steps:  # batches not called before: each takes a new lane
+            router.run = nothing
+            try:
+                t = time.perf_counter()
+                make_call(step)
+                parts["our layer"].append((time.perf_counter() - t) * 1e3)
+            finally:
+                router.run = real_run
+            router.run = spy
+            try:
+                make_call(step)  # the plan and batch of this step, for the backend's parts
+            finally:
+                router.run = real_run
+            planned, batch = captured.pop()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fresh = native.plan(planned.plan.problem, batch)
+            parts["plan of new sizes"].append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            native.run(fresh, batch)
+            parts["run on a made plan"].append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            native.launcher(fresh, batch)
+            parts["launcher"].append((time.perf_counter() - t) * 1e3)
+            torch.cuda.synchronize()
+    return {name: p50(v) for name, v in parts.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--backends", nargs="*", default=["native-triton", "xqa"])
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
+    print(f"seed {seed}; {torch.cuda.get_device_name()}; {args.steps} steps x {args.layers} calls")
+    cache = torch.randn(PAGES, 2, PAGE, HKV, D, dtype=torch.bfloat16, device="cuda")
+    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+    q = torch.randn(256, HQ, D, dtype=torch.bfloat16, device="cuda")
+    warm, steps = steps_of(seed + 1, args.steps), steps_of(seed, args.steps)
+
+    def call_with(lib):
+        def call(step):
+            b, table, seq, longest = step
+            lib.xqa_batch_decode_with_kv_cache(q[:b], cache, ws, table, seq, longest, D ** -0.5)
+        return call
+
+    sides = {"ours, auto": (call_with(dispatch), None)}
+    sides.update({f"ours, {name}": (call_with(dispatch), name) for name in args.backends})
+    try:
+        import flashinfer.decode
+        sides["flashinfer"] = (call_with(flashinfer.decode), None)
+    except ImportError as exc:
+        print(f"flashinfer: not importable ({exc})")
+    print("| side | host ms per call of the step (p50) | host ms per step | GPU ms per step |")
+    print("|---|---|---|---|")
+    for name, (call, forced) in sides.items():
+        try:
+            if forced:
+                with dispatch.use_backend(forced):
+                    run_side(call, warm, args.layers)
+                    row = run_side(call, steps, args.layers)
+            else:
+                run_side(call, warm, args.layers)
+                row = run_side(call, steps, args.layers)
+        except Exception as exc:  # noqa: BLE001 - a side that cannot run is reported, the rest go on
+            print(f"| {name} | failed: {type(exc).__name__}: {str(exc)[:160]} | | |")
+            continue
+        calls = " / ".join(f"{c:.3f}" for c in row["calls"])
+        print(f"| {name} | {calls} | {row['host']:.3f} | {row['gpu']:.3f} |")
+    parts = native_parts(call_with(dispatch), steps_of(seed + 2, 100))  # batches not called before
+    print("native-triton, a new batch's first call in parts (ms, p50): "
+          + "; ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
