@@ -329,14 +329,14 @@ class FlashInferPrefill(Provider):
     def _single_op(self, problem, batch) -> Any:
         """FlashInfer's compiled single-prefill op and its fixed arguments, prepared once per
         problem (not paying FlashInfer's Python layer and an out copy per call), or None to use
-        the public function (fp8, or a FlashInfer version whose op takes other arguments). A
+        the public function (fp8, NVFP4, or a FlashInfer version whose op takes other arguments). A
         custom mask is packed per call with FlashInfer's own ``packbits``, as its public function
         does (H200, single 1 x 31 x 203 with a mask: 67 us of host time through that function
         against FlashInfer's own 37.5, bench-random-150-seed-2591390485-cuda-from-48). The module
         is loaded here either way: a first use compiles it, and a compile that fails is then a
         plan-time refusal the router hands over, not an error in mid-call."""
         prefill = self.loaded().module
-        if problem.q_dtype.startswith("float8") or not fi_internal.checked(self.version()):
+        if problem.q_dtype.startswith("float8") or problem.kv_nvfp4 or not fi_internal.checked(self.version()):
             return None
         masked = problem.mask == "custom"
         try:
@@ -365,6 +365,9 @@ class FlashInferPrefill(Provider):
         kw["sm_scale"] = scale
         if problem.mask == "custom":
             kw["custom_mask"] = batch.custom_mask.view(batch.q.shape[0], batch.k.shape[0])
+        if problem.kv_nvfp4:  # the scale factors in K's physical layout, as the bytes FlashInfer's tests pass
+            kw["kv_cache_sf"] = tuple((sf.transpose(0, 1) if layout == "HND" else sf).view(torch.uint8)
+                                      for sf in (batch.k_sf, batch.v_sf))
         res = self.loaded().module.single_prefill_with_kv_cache(
             batch.q, k, v, kv_layout=layout, backend=self.kind, return_lse=batch.lse is not None, **kw)
         out, lse = res if batch.lse is not None else (res, None)

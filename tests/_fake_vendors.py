@@ -16,6 +16,7 @@ import types
 
 import torch
 
+from backends.native.nvfp4 import dequantize
 from dispatch.checks import unpack_bits
 from dispatch.benchmark.oracle import packbits_little
 from dispatch.benchmark.vendors import attend, make_batch, make_problem, reference, to_device
@@ -263,9 +264,13 @@ def _single_prefill(rec):
     """FlashInfer's single-request prefill (0.5.3 keywords); returns fresh out (and base-2 lse)."""
     def single_prefill_with_kv_cache(q, k, v, custom_mask=None, causal=False, kv_layout="NHD",
                                      pos_encoding_mode="NONE", sm_scale=None, window_left=-1, logits_soft_cap=None,
-                                     rope_scale=None, rope_theta=None, backend="auto", return_lse=False):
+                                     rope_scale=None, rope_theta=None, backend="auto", return_lse=False,
+                                     kv_cache_sf=None):
         rec.add("single_prefill", q=q, k=k, kv_layout=kv_layout, backend=backend, sm_scale=sm_scale,
-                causal=causal, window_left=window_left, custom_mask=custom_mask)
+                causal=causal, window_left=window_left, custom_mask=custom_mask, kv_cache_sf=kv_cache_sf)
+        if kv_cache_sf is not None:  # FlashInfer >= 0.6.18: NVFP4 K/V (uint8) with their scale-factor bytes
+            assert k.dtype == v.dtype == torch.uint8 and all(sf.dtype == torch.uint8 for sf in kv_cache_sf)
+            k, v = (dequantize(x, sf) for x, sf in zip((k, v), kv_cache_sf))
         if kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
         o, l = attend(q.float(), k.float(), v.float(), scale=sm_scale, lo=window_left if window_left >= 0 else None,

@@ -307,8 +307,9 @@ def test_paged_refusals_name_the_argument_before_any_kernel():
 
 # -- capability data ---------------------------------------------------------------------------------
 def test_capability_data_names_who_serves_nvfp4():
-    """On an H100: reference and native-triton accept NVFP4 K/V; each vendor backend's refusal says what
-    would serve them (FlashInfer 0.7.2's fa2 through its own API, XQA only on SM12x)."""
+    """On an H100: reference, native-triton and fa2 (FlashInfer's single prefill, from 0.6.18; not its
+    wrappers: their kv_cache_sf is not forwarded) accept NVFP4 K/V; each other vendor backend's refusal
+    says what would serve them (XQA only on SM12x)."""
     problem = AttentionProblem(entry="single_prefill_with_kv_cache", phase="prefill", kv_storage="dense",
                                kv_layout="NHD", num_qo_heads=8, num_kv_heads=2, head_dim_qk=128, head_dim_vo=128,
                                q_dtype="bfloat16", kv_dtype="uint8", out_dtype="bfloat16", causal=True)
@@ -317,12 +318,19 @@ def test_capability_data_names_who_serves_nvfp4():
     assert backend_caps("native-triton").check(problem, h100) == []
     why = {name: " ".join(str(r) for r in backend_caps(name).check(problem, h100))
            for name in ("fa2", "fa3", "cudnn", "trtllm-gen", "xqa", "torch-flash")}
+    assert why.pop("fa2") == ""
     assert all("kv_dtype='uint8'" in text for text in why.values()), why
+    fi_fa2 = next(p for p in backend_caps("fa2").providers if p.module == "flashinfer")
+    paged = AttentionProblem(**{**problem.__dict__, "entry": "BatchPrefillWithPagedKVCacheWrapper.run",
+                                "kv_storage": "paged", "page_size": 16})
+    assert fi_fa2.limits(problem.facts(), "0.7.2") == []
+    assert "kv_dtype" in " ".join(str(r) for r in fi_fa2.limits(problem.facts(), "0.6.14"))
+    assert "kv_cache_sf on the single-request path only" in " ".join(
+        str(r) for r in fi_fa2.limits(paged.facts(), "0.7.2"))
     decode = AttentionProblem(**{**problem.__dict__, "entry": "xqa_batch_decode_with_kv_cache", "phase": "decode",
                                  "kv_storage": "paged", "page_size": 16})
     assert backend_caps("native-triton").check(decode, h100) == []
     assert "SM12x GPUs only" in " ".join(str(r) for r in backend_caps("xqa").check(decode, h100))
-    assert "FlashInfer 0.7.2's fa2 serves it" in why["fa2"]
     assert "SM12x GPUs only" in why["xqa"]
     assert "Blackwell (sm_100+)" in why["trtllm-gen"]
     odd = AttentionProblem(**{**problem.__dict__, "head_dim_qk": 72, "head_dim_vo": 72})

@@ -288,6 +288,32 @@ def test_flashinfer_single_request_kernel_for_dense(fakes, layout):
     assert rec.last("single_prefill_op")["sm_scale"] == 0.5
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_flashinfer_single_prefill_takes_nvfp4_with_its_scale_factors(fakes, layout):
+    """NVFP4 K/V (FlashInfer >= 0.6.18's fa2): FlashInfer's public single prefill with kv_cache_sf, the
+    scale factors as their bytes in K's physical layout, the answer the fp64 oracle's over the
+    dequantized cache; FlashInfer 0.6.14's fa2 refuses the dtype."""
+    from dispatch.benchmark.oracle import reference_of_batch
+    from dispatch.inputs import Case, make_batch as random_batch
+
+    rec, install = fakes
+    install(flashinfer=True, new_api=True, version="0.7.2")
+    p = make_problem(kv_storage="dense", kv_layout=layout, causal=True, kv_dtype="uint8", q_dtype="float16",
+                     out_dtype="float16", head_dim_qk=64, head_dim_vo=64)
+    batch = random_batch(Case("nvfp4", p, (6,), (11,)), "cpu", seed=5)
+    fa2 = get_backend("fa2")
+    fa2.run(fa2.plan(p, batch), batch)
+    call = rec.last("single_prefill")
+    sf_k = call["kv_cache_sf"][0]
+    assert sf_k.dtype == torch.uint8 and sf_k.shape[0] == (2 if layout == "HND" else 11)
+    assert call["kv_layout"] == layout
+    ref, _ = reference_of_batch(p, batch)
+    err = (batch.out.double() - ref).norm() / ref.norm()
+    assert not torch.isnan(batch.out).any() and err < BF16_BAND, err
+    install(flashinfer=True, new_api=True, version="0.6.14")
+    assert any(r.field == "kv_dtype" for r in fa2.providers[1].limits(p))
+
+
 def test_flashinfer_single_request_kernel_packs_a_custom_mask_per_call(fakes):
     """A custom mask takes the compiled op too (not FlashInfer's Python function and an out copy):
     packed little-endian by FlashInfer's packbits on every call, as its public function does, in
