@@ -76,7 +76,8 @@ def native_parts(make_call, steps: list) -> dict:
     def nothing(planned, batch):
         return planned
 
-    parts = {"our layer": [], "plan of new sizes": [], "run on a made plan": [], "launcher": []}
+    parts = {"our layer": [], "plan of new sizes": [], "run on a made plan": [], "launcher": [],
+             "launcher's call": [], "repeats met": []}
     with dispatch.use_backend("native-triton"):
         for step in steps:  # batches not called before: each takes a new lane
             router.run = nothing
@@ -91,6 +92,9 @@ def native_parts(make_call, steps: list) -> dict:
                 make_call(step)  # the plan and batch of this step, for the backend's parts
             finally:
                 router.run = real_run
+            if not captured:  # the batch's shapes and longest length met a lane before: a repeat
+                parts["repeats met"].append(1.0)
+                continue
             planned, batch = captured.pop()
             torch.cuda.synchronize()
             t = time.perf_counter()
@@ -100,10 +104,15 @@ def native_parts(make_call, steps: list) -> dict:
             native.run(fresh, batch)
             parts["run on a made plan"].append((time.perf_counter() - t) * 1e3)
             t = time.perf_counter()
-            native.launcher(fresh, batch)
+            launch = native.launcher(fresh, batch)
             parts["launcher"].append((time.perf_counter() - t) * 1e3)
+            if launch is not None:
+                t = time.perf_counter()
+                launch(batch)
+                parts["launcher's call"].append((time.perf_counter() - t) * 1e3)
             torch.cuda.synchronize()
-    return {name: p50(v) for name, v in parts.items()}
+    met = len(parts.pop("repeats met"))
+    return {**{name: p50(v) for name, v in parts.items()}, "steps that met a lane": met}
 
 
 def main(argv=None) -> int:

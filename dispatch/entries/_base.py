@@ -554,13 +554,17 @@ class Lane:
             planned = self.proof.planned(batch, self.explicit)
             if self.proof.keeps(planned):
                 self.planned = planned
+        if self.ran and not self.asked and planned is self.planned and not _capturing(batch.q):
+            # asked on the lane's first repeat, after a run of its plan, never inside a CUDA-graph
+            # capture (a launcher may allocate what it fixes: the capture's replays run what it
+            # recorded); the repeat itself takes it (an engine's second layer: a run and then a
+            # launcher would cost both)
+            self.asked = True
+            self.fast = get_backend(planned.backend).launcher(planned.plan, batch)
+            if self.fast is not None:
+                return self.launch(batch)
         ran = router.run(planned, batch)
-        if ran is self.planned and not self.asked:
-            # asked on the lane's first repeat, never inside a CUDA-graph capture (a launcher may
-            # allocate what it fixes): the capture's replays run what it recorded
-            if self.ran and not _capturing(batch.q):
-                self.asked = True
-                self.fast = get_backend(ran.backend).launcher(ran.plan, batch)
+        if ran is self.planned:
             self.ran = True
         return remember(ran)
 
