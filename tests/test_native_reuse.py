@@ -115,8 +115,8 @@ def test_native_plans_once_and_launches_repeats(gpu_like, counted, entry):
 
 def test_single_prefill_lanes_of_one_call_key_share_the_plan(gpu_like, counted):
     """Two key lengths of one size class share the call key's kept plan; each lane is served by the
-    plan of its own sizes (made once) and takes its own launcher on repeats (asked on the first and
-    launched from it on)."""
+    plan of its own sizes (the second derived from the first: one plan made) and takes its own
+    launcher on repeats (asked on the first and launched from it on)."""
     r = ragged(device=DEVICE)
     k, v = r["k"], r["v"]
     with dispatch.use_backend("native-triton"):
@@ -126,4 +126,4 @@ def test_single_prefill_lanes_of_one_call_key_share_the_plan(gpu_like, counted):
             expected, _ = oracle.batch_attention_fp64([q.double()], [k[:n].double()], [v[:n].double()],
                                                       sm_scale=r["head_dim"] ** -0.5, causal=True)
             assert (out.double() - expected).norm() / expected.norm() < BAND
-    assert counted == {"plan": 2, "launcher": 2, "launched": 6}
+    assert counted == {"plan": 1, "launcher": 2, "launched": 6}

@@ -246,6 +246,30 @@ def test_run_serves_a_larger_batch_with_the_plan_of_its_own_sizes():
     assert plan.others[tb.plan_facts(batch)].total_q_capacity == 6
 
 
+def test_a_decode_batch_of_other_sizes_shares_the_plans_launches():
+    """Decode steps (one query row a request; a new batch size and new lengths each step) are served by
+    plans derived from the kept one: its compiled launches (the grid given per call), a schedule and
+    scratch of their own; a split count of the other kernel variant (one split) gets a plan of its
+    own. Each matches the oracle."""
+    cfg = TileConfig(block_m=16, block_n=16, heads_per_program=2, num_warps=4, num_stages=1)
+    c = Case(phase="decode", page_size=4, hq=4, hkv=2, q_lens=(1, 1), kv_lens=(40, 23), causal=True)
+    kw, _, _ = build(c)
+    out = torch.empty((2, c.hq, c.dvo), device=DEVICE, dtype=torch.float16)
+    plan = BACKEND.plan(problem_of(c), AttentionBatch(out=out, lse=None, **kw), num_splits=3, config=cfg)
+    assert plan.num_splits == 3
+    for q_lens, kv_lens, derived in (((1, 1, 1), (70, 5, 33), True), ((1,), (9,), False), ((1, 1), (50, 61), True)):
+        step = replace(c, q_lens=q_lens, kv_lens=kv_lens)
+        kw2, dense_k, dense_v = build(step)
+        out2 = torch.full((len(q_lens), c.hq, c.dvo), float("nan"), device=DEVICE, dtype=torch.float16)
+        lse2 = torch.full((len(q_lens), c.hq), float("nan"), device=DEVICE)
+        batch = AttentionBatch(out=out2, lse=lse2, sm_scale=0.3, **kw2)
+        BACKEND.run(plan, batch)
+        assert_agrees_with_oracle(step, kw2, dense_k, dense_v, out2, lse2, sm_scale=0.3, causal=True)
+        served = plan.others[tb.plan_facts(batch)]
+        assert (served.attention is plan.attention) == derived and served.grid[1] == len(q_lens) * 2
+        assert served.num_splits * served.kv_chunk >= max(kv_lens)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run this file on the GPU host)")
 def test_cuda_graph_replay_equals_eager():
     c = Case(sinks=True, page_size=16, hq=8, hkv=2, tensor_scales=True, **LONG_DECODE)

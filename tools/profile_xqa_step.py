@@ -8,7 +8,8 @@ call, ours under auto, ours with each backend forced (``dispatch.use_backend``).
 each call of the step (p50), host and GPU ms per step (p50; the GPU's by CUDA events around the step).
 Then, for native-triton, the parts of a new batch's first call timed apart on the same batches: our
 layer alone (the backend's run replaced by nothing), the native plan of new sizes, its run on a plan
-made before (the general launch), and the launcher made for repeats. The seed is drawn at run time
+made before (the general launch), the launcher made for repeats and its call, and a plan of the previous
+step's serving this one (``plan_for``: derived from it). The seed is drawn at run time
 and printed unless given.
 """
 from __future__ import annotations
@@ -76,20 +77,18 @@ def native_parts(make_call, steps: list) -> dict:
     def nothing(planned, batch):
         return planned
 
-    parts = {"our layer": [], "plan of new sizes": [], "run on a made plan": [], "launcher": [],
-             "launcher's call": [], "repeats met": []}
+    previous = None
+    parts = {"our layer": [], "plan of new sizes": [], "plan_for of new sizes": [], "run on a made plan": [],
+             "launcher": [], "launcher's call": [], "repeats met": []}
     with dispatch.use_backend("native-triton"):
-        for step in steps:  # batches not called before: each takes a new lane
+        for step, other in zip(steps[::2], steps[1::2]):  # batches not called before: each takes a new lane
             router.run = nothing
             try:
                 t = time.perf_counter()
                 make_call(step)
                 parts["our layer"].append((time.perf_counter() - t) * 1e3)
-            finally:
-                router.run = real_run
-            router.run = spy
-            try:
-                make_call(step)  # the plan and batch of this step, for the backend's parts
+                router.run = spy
+                make_call(other)  # the plan and batch of a step, for the backend's parts
             finally:
                 router.run = real_run
             if not captured:  # the batch's shapes and longest length met a lane before: a repeat
@@ -97,8 +96,12 @@ def native_parts(make_call, steps: list) -> dict:
                 continue
             planned, batch = captured.pop()
             torch.cuda.synchronize()
+            if previous is not None:  # the previous step's plan serving this batch: derived, as the entries do
+                t = time.perf_counter()
+                native.plan_for(previous, batch)
+                parts["plan_for of new sizes"].append((time.perf_counter() - t) * 1e3)
             t = time.perf_counter()
-            fresh = native.plan(planned.plan.problem, batch)
+            fresh = previous = native.plan(planned.plan.problem, batch)
             parts["plan of new sizes"].append((time.perf_counter() - t) * 1e3)
             t = time.perf_counter()
             native.run(fresh, batch)

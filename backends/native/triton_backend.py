@@ -144,8 +144,10 @@ class NativeTritonBackend(Backend):
         others = plan.others if plan.others is not None else {}
         found = others.get(facts)
         if found is None:
-            num_splits, config, fixup = plan.overrides
-            found = self.plan(plan.problem, batch, num_splits=num_splits, config=config, fixup=fixup)
+            found = _derived(plan, others, batch, facts)
+            if found is None:
+                num_splits, config, fixup = plan.overrides
+                found = self.plan(plan.problem, batch, num_splits=num_splits, config=config, fixup=fixup)
             if len(others) >= MAX_OTHERS:
                 others.pop(next(iter(others)))
             others[facts] = found
@@ -249,6 +251,41 @@ FIXUP_TILE = dict(num_stages=1, block_n=32)
 FIXUP_CHUNK = 1 << 30  # a fix-up plan's one split: every key of any request (int32 with a window's offset)
 
 
+def _derived(plan: TritonPlan, others: dict, batch: AttentionBatch, facts: tuple) -> Optional[TritonPlan]:
+    """The plan of ``batch`` made from a plan of the same call key whose tile and query blocks it shares
+    (same query rows per request, same GPU: an engine's decode steps), or None. Only the schedule
+    depends on the batch there (grid, split count, keys per split, scratch): the compiled launches,
+    whose grid is given per call, and the problem's buffers are shared, so a new batch costs the
+    split rule and its scratch, not a plan."""
+    if facts[1] != plan.facts[1] or facts[4] != plan.facts[4]:
+        return None
+    num_splits, config, fixup = plan.overrides
+    cfg, problem = plan.config, plan.problem
+    if cfg.kernel != "general" or cfg.fused_merge or (config is None and _plain_candidate(problem)):
+        return None  # the plain kernel's, or a choice between kernels that reads the batch (split_when_underfilled)
+    m_blocks = plan.grid[0]
+    if fixup:
+        splits, chunk = 1, FIXUP_CHUNK
+    elif num_splits:
+        span = split_span(problem, batch, cfg)
+        splits, chunk = splits_of_chunk(span, chunk_keys(span, num_splits, cfg.block_n))
+    else:
+        splits, chunk = choose_splits(problem, batch, cfg, m_blocks, batch.q.device)
+    model = next((p for p in (plan, *others.values()) if (p.num_splits > 1) == (splits > 1)), None)
+    if model is None:
+        return None  # the other kernel variant (split or not): a plan of its own
+    derived = replace(model, grid=(m_blocks, batch.batch_size * problem.num_kv_heads * (problem.gqa_group //
+                                                                                       cfg.heads_per_program), splits),
+                      num_splits=splits, kv_chunk=chunk, total_q_capacity=batch.total_q, facts=facts, others=None)
+    if splits > 1:
+        derived.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
+                                     dtype=torch.float32, device=plan.device)
+        derived.part_lse = torch.empty((splits, batch.total_q, problem.num_qo_heads), dtype=torch.float32,
+                                       device=plan.device)
+    derived.fixed_ints = ((problem.window_left, chunk, problem.num_kv_heads), _part_strides(derived))
+    return derived
+
+
 def fixup_refusal(problem: AttentionProblem) -> str:
     """Why a fix-up plan cannot serve ``problem`` ('' when it can). The kernel bounds each row's logit at
     the row's own position, which every decode row sees (causal or one query, any window); RoPE would
@@ -304,11 +341,16 @@ PLAIN_PREFILL_STORAGE = ("paged",)
 PLAIN_PREFILL_ROPE_STAGES = 3
 
 
+def _plain_candidate(problem: AttentionProblem) -> bool:
+    """Whether choose_config may give ``problem`` the plain kernel (at large query tiles)."""
+    return bool(PLAIN_PREFILL and problem.phase == "prefill" and problem.kv_storage in PLAIN_PREFILL_STORAGE
+                and not plain_reasons(problem))
+
+
 def choose_config(problem: AttentionProblem, max_q_len: int, device: torch.device) -> TileConfig:
     """Tile shapes by phase and head dim (measured on the H100; the reasons are beside each tile)."""
     cfg = _general_config(problem, max_q_len)
-    if (PLAIN_PREFILL and problem.phase == "prefill" and problem.kv_storage in PLAIN_PREFILL_STORAGE
-            and cfg.block_m >= 128 and not plain_reasons(problem)):
+    if cfg.block_m >= 128 and _plain_candidate(problem):
         plain = dict(PLAIN_PREFILL)
         if problem.pos_encoding == "ROPE_LLAMA":
             plain["num_stages"] = PLAIN_PREFILL_ROPE_STAGES
@@ -700,16 +742,20 @@ def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
     direct = device.type == "cuda" and not interpreting()
     plan.attention = KernelLaunch(tk._attn_fwd, plan.grid, tuple(plan.constexprs.values()),
                                   dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), device, direct)
-    part_strides = (0,) * 5
-    if plan.num_splits > 1:
-        part_strides = (*plan.part_o.stride()[:3], *plan.part_lse.stride()[:2])
     if plan.num_splits > 1 and not plan.constexprs["MERGE_BLOCK_S"]:
         # one tile of MAX_SPLITS partials, masked, whatever the split count: the count changes with the
         # batch every step, and a tile per count would compile a merge variant on the request path
         merge_consts = (p.head_dim_vo, plan.constexprs["BLOCK_DV"], MAX_SPLITS, p.has_sinks)
         plan.merge = KernelLaunch(tk._merge_splits, (plan.total_q_capacity, p.num_qo_heads), merge_consts,
                                   dict(num_warps=4), device, direct)
-    plan.fixed_ints = ((p.window_left, plan.kv_chunk, p.num_kv_heads), part_strides)
+    plan.fixed_ints = ((p.window_left, plan.kv_chunk, p.num_kv_heads), _part_strides(plan))
+
+
+def _part_strides(plan: TritonPlan) -> tuple:
+    """The split buffers' strides the kernels take: part_o's first three, part_lse's first two."""
+    if plan.num_splits > 1:
+        return (*plan.part_o.stride()[:3], *plan.part_lse.stride()[:2])
+    return (0,) * 5
 
 
 _CHECKED_ORDER: set = set()
@@ -764,9 +810,9 @@ def _launch(plan: TritonPlan, batch: AttentionBatch) -> None:
     batch = _readable_indices(batch)
     head, ints, flags = _attention_args(plan, batch)
     if plan.pointer_attention is not None and not _tma_ready(plan, batch):
-        plan.pointer_attention(head, ints, flags)
+        plan.pointer_attention(head, ints, flags, plan.grid)
     else:
-        plan.attention(head, ints, flags)
+        plan.attention(head, ints, flags, plan.grid)  # the plan's grid: launches are shared (_derived)
     if plan.merge is not None:
         plan.merge(*_merge_args(plan, batch))
 
@@ -828,7 +874,7 @@ def _launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[AttentionBat
     """run's launches for exact repeats of ``batch``: everything but the tensors' addresses fixed now."""
     if plan.pointer_attention is not None:
         return _tma_launcher(plan, batch)
-    attention, get = _repeat(plan.attention, _ATTENTION_FIELDS, *_attention_args(plan, batch))
+    attention, get = _repeat(plan.attention, _ATTENTION_FIELDS, *_attention_args(plan, batch), plan.grid)
     if plan.merge is None:
         def launch(b: AttentionBatch) -> None:
             attention(get(b))
@@ -848,8 +894,8 @@ def _tma_launcher(plan: TritonPlan, batch: AttentionBatch) -> Callable[[Attentio
     """Exact repeats of a kv_tma plan: the strides are fixed, so only K's and V's addresses decide per
     call between the TMA kernel and its pointer twin (a descriptor needs a 16-byte aligned base)."""
     args = _attention_args(plan, batch)
-    tma, get = _repeat(plan.attention, _ATTENTION_FIELDS, *args)
-    pointer, _ = _repeat(plan.pointer_attention, _ATTENTION_FIELDS, *args)
+    tma, get = _repeat(plan.attention, _ATTENTION_FIELDS, *args, plan.grid)
+    pointer, _ = _repeat(plan.pointer_attention, _ATTENTION_FIELDS, *args, plan.grid)
     if not _tma_ready(plan, batch):
         tma = pointer
 
