@@ -233,11 +233,11 @@ class Proof:
         # plan is always kept, and is never made inside a CUDA-graph capture
         self.wrapper = wrapper
 
-    def decision(self, query: torch.Tensor, explicit, batch=None) -> router.Decision:
+    def decision(self, query: torch.Tensor, explicit, batch=None, strict: Optional[bool] = None) -> router.Decision:
         # a function entry's call inside a CUDA-graph capture is decided again (only backends a graph
         # can hold); a wrapper's plan decided already, with its use_cuda_graph. ``batch``: the call's,
         # whose lengths a decision that times (a warm-up's new bucket) is timed on
-        key = (explicit, policy.strict_mode(),
+        key = (explicit, policy.strict_mode() if strict is None else strict,
                self.wrapper is None and query.is_cuda and torch.cuda.is_current_stream_capturing())
         decision = self._decisions.get(key)
         if decision is None:
@@ -247,9 +247,13 @@ class Proof:
         return decision
 
     def keep(self, planned: router.Planned) -> router.Planned:
-        """Keep a plan made before the first call (a wrapper's plan()) for its decision's key."""
+        """Keep a plan made before the first call (a wrapper's plan()) for its decision's key, and
+        its decision for the runs of that explicit choice and strict mode (a wrapper's decision is
+        its plan's: its runs' key never counts a capture), so a first run decides nothing again."""
         d = planned.decision
         self._planned[(d.explicit, d.strict, d.chosen)] = planned
+        if self.wrapper is not None:
+            self._decisions.setdefault((d.explicit, d.strict, False), d)
         return planned
 
     def keeps(self, planned: router.Planned) -> bool:
@@ -257,9 +261,9 @@ class Proof:
         d = planned.decision
         return self._planned.get((d.explicit, d.strict, d.chosen)) is planned
 
-    def planned(self, batch, explicit) -> router.Planned:
+    def planned(self, batch, explicit, strict: Optional[bool] = None) -> router.Planned:
         """The backend's plan: kept per call key when it reads nothing a later call could change."""
-        decision = self.decision(batch.q, explicit, batch)
+        decision = self.decision(batch.q, explicit, batch, strict)
         key = (decision.explicit, decision.strict, decision.chosen)  # a capture's decision may choose another
         planned = self._planned.get(key)
         if planned is None:
@@ -523,8 +527,9 @@ class Lane:
 
     __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked", "ran", "kept")
 
-    def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace):
-        self.proof, self.explicit, self.strict, self.sizes = proof, explicit, policy.strict_mode(), sizes
+    def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace, strict: Optional[bool] = None):
+        self.proof, self.explicit, self.sizes = proof, explicit, sizes
+        self.strict = policy.strict_mode() if strict is None else strict  # the mode its key was made in
         # kept views of its tensors (backends._device.kept_views' store) once kept under its lane key,
         # which proves their dtype, device, shape and strides on every call that finds it
         self.kept: Optional[dict] = None
@@ -551,7 +556,7 @@ class Lane:
             if is_dry():
                 decision = self.proof.decision(batch.q, self.explicit)
                 return remember(router.Planned(decision, decision.chosen, None))
-            planned = self.proof.planned(batch, self.explicit)
+            planned = self.proof.planned(batch, self.explicit, self.strict)
             if self.proof.keeps(planned):
                 self.planned = planned
         if self.ran and not self.asked and planned is self.planned and not _capturing(batch.q):
@@ -612,7 +617,7 @@ class Declaration:
         # plain value, every tensor's dtype, device, shape and strides, the explicit choice and strict
         # mode. None for a CPU query while CPU value checks are on, under ATTN_DISPATCH_VALIDATE=full,
         # or in a dry run (explain). Inline (a repeat's frames count): the latest form's compiled match.
-        query, key = values[0], None
+        query, key, strict = values[0], None, None
         if type(query) is _TENSOR and not ((CPU_VALUE_CHECKS and query.is_cpu) or _DRY.get() or full_validation()):
             strict = policy.strict_mode()
             forms = self.forms
@@ -633,7 +638,7 @@ class Declaration:
         size = self.size_class(args)
         proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
                                     lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs)
-        found = Lane(proof, explicit, self.sizes(args, derived))
+        found = Lane(proof, explicit, self.sizes(args, derived), strict)
         if key is not None:
             found.kept = {}
             calls.lanes.put(key, found)
