@@ -270,6 +270,26 @@ def test_a_decode_batch_of_other_sizes_shares_the_plans_launches():
         assert served.num_splits * served.kv_chunk >= max(kv_lens)
 
 
+def test_a_plan_of_other_query_rows_lends_no_launches():
+    """A batch of other query rows gets a plan of its own tile; a later batch of the first plan's query rows
+    whose split count differs from it is not derived from that plan of other rows (its tile would not fit
+    the grid): it gets its own, as a fresh plan would (plans only, nothing launched)."""
+    c = Case(storage="ragged", q_lens=(1, 1), kv_lens=(400, 230))
+    kw, _, _ = build(c)
+    plan = BACKEND.plan(problem_of(c), AttentionBatch(out=torch.empty((2, c.hq, c.dvo), device=DEVICE), lse=None,
+                                                      **kw), num_splits=3)
+
+    def batch_of(q_lens, kv_lens):
+        kw2, _, _ = build(replace(c, q_lens=q_lens, kv_lens=kv_lens))
+        return AttentionBatch(out=torch.empty((sum(q_lens), c.hq, c.dvo), device=DEVICE), lse=None, **kw2)
+    long = BACKEND.plan_for(plan, batch_of((40, 40), (41, 45)))
+    short = batch_of((1, 1, 1), (9, 5, 7))
+    served = BACKEND.plan_for(plan, short)
+    assert plan.num_splits > 1 and long.num_splits == served.num_splits == 1 and long.config != plan.config
+    assert served.attention is not long.attention and served.config == plan.config
+    assert served.grid == BACKEND.plan(plan.problem, short, num_splits=3).grid
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run this file on the GPU host)")
 def test_cuda_graph_replay_equals_eager():
     c = Case(sinks=True, page_size=16, hq=8, hkv=2, tensor_scales=True, **LONG_DECODE)

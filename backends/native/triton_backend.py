@@ -271,7 +271,8 @@ def _derived(plan: TritonPlan, others: dict, batch: AttentionBatch, facts: tuple
         splits, chunk = splits_of_chunk(span, chunk_keys(span, num_splits, cfg.block_n))
     else:
         splits, chunk = choose_splits(problem, batch, cfg, m_blocks, batch.q.device)
-    model = next((p for p in (plan, *others.values()) if (p.num_splits > 1) == (splits > 1)), None)
+    model = next((p for p in (plan, *others.values()) if (p.num_splits > 1) == (splits > 1)
+                  and p.facts[1] == facts[1] and p.facts[4] == facts[4] and p.config == cfg), None)
     if model is None:
         return None  # the other kernel variant (split or not): a plan of its own
     derived = replace(model, grid=(m_blocks, batch.batch_size * problem.num_kv_heads * (problem.gqa_group //
