@@ -56,32 +56,6 @@ def on_device_launch(device: DeviceLike, launch: Callable[[Any], None]) -> Calla
     return launch_on_device
 
 
-def outside_graph_pools(make: Callable[[], Any], device: DeviceLike) -> Any:
-    """``make()``, whose device tensors a cache keeps past the call, allocated outside any memory pool
-    that routes the current stream. torch.compile's CUDA graphs (mode="reduce-overhead") run a compiled
-    function's first call on a stream of their own whose allocations go to the graph's pool, and then
-    refuse a live tensor of that pool that is not an output of the graph ("tensors in the cudagraph
-    pool not tracked as outputs"): on a stream other than the device's default one, outside a
-    capture, ``make`` runs on the default stream, the current stream waits for it and each tensor
-    made is recorded as used on the current stream (its memory is not reused before that stream's
-    work with it is done). On the default stream, on the CPU or inside a capture: ``make()`` as it is."""
-    device = torch.device(device) if not isinstance(device, torch.device) else device
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return make()
-    current = torch.cuda.current_stream(device)
-    default = torch.cuda.default_stream(device)
-    if current == default or torch.cuda.is_current_stream_capturing():
-        return make()
-    default.wait_stream(current)
-    with torch.cuda.stream(default):
-        made = make()
-    current.wait_stream(default)
-    for t in made if isinstance(made, tuple) else (made,):
-        if isinstance(t, torch.Tensor) and t.is_cuda:
-            t.record_stream(current)
-    return made
-
-
 _KEPT_VIEWS: dict = {}  # (id(tensor), what) -> (the tensor's facts, its weak reference, the views)
 _SEEN: dict = {}  # (id(tensor), what) -> a weak reference to the tensor met there once (nothing kept)
 _SEEN_MAX = 1024

@@ -20,8 +20,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from backends._device import outside_graph_pools
-
 log = logging.getLogger("attn_dispatch")
 
 CHECKED_VERSIONS = ("0.5.3", "0.7.2")
@@ -63,11 +61,9 @@ def single_prefill_op(prefill: Any, kind: str, problem: Any, q_dtype, kv_dtype, 
         kind, q_dtype, kv_dtype, out_dtype, problem.head_dim_qk, problem.head_dim_vo,
         prefill.PosEncodingMode[problem.pos_encoding].value, problem.window_left >= 0,
         problem.logits_soft_cap > 0, False).run
-    tmp = outside_graph_pools(lambda: prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024,
-                                                             device), device)
-    alibi = None  # FlashInfer's own call passes slopes for ALiBi only
-    if problem.pos_encoding == "ALIBI":
-        alibi = outside_graph_pools(lambda: prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, device), device)
+    tmp = prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024, device)
+    # FlashInfer's own call passes slopes for ALiBi only (a cached buffer is one more kept tensor)
+    alibi = prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, device) if problem.pos_encoding == "ALIBI" else None
     mask = (prefill.MaskMode.CUSTOM if masked else
             prefill.MaskMode.CAUSAL if problem.causal else prefill.MaskMode.NON_CAUSAL).value
     layout_value = prefill.TensorLayout[layout].value

@@ -28,7 +28,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
-from backends import BoundedCache, kept_views, outside_graph_pools
+from backends import BoundedCache, kept_views
 
 from .problem import dtype_name
 
@@ -185,10 +185,9 @@ def uniform_indptr(batch: int, step: int, device) -> torch.Tensor:
     t = _ARANGE_CACHE.get(key)
     if t is None:
         if step > 0:
-            t = outside_graph_pools(lambda: torch.arange(0, (batch + 1) * step, step, dtype=torch.int32,
-                                                         device=device), key[2])
+            t = torch.arange(0, (batch + 1) * step, step, dtype=torch.int32, device=device)
         else:
-            t = outside_graph_pools(lambda: torch.zeros(batch + 1, dtype=torch.int32, device=device), key[2])
+            t = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         _ARANGE_CACHE.put(key, t)
     return t
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from backends._device import device_key, on_device, on_device_launch, outside_graph_pools
+from backends._device import device_key, on_device, on_device_launch
 from backends._numerics import alibi_slopes
 from backends.base import Backend, DeviceDesc, Reason, import_reason
 from backends.native._launch import KernelLaunch, interpreting
@@ -185,16 +185,16 @@ class NativeTritonBackend(Backend):
         plan = TritonPlan(problem, cfg, grid, splits, chunk, batch.total_q,
                           _constexprs(problem, cfg, splits, fixup), device_key(device))
         if splits > 1:
-            plan.part_o, plan.part_lse = _split_buffers(problem, splits, batch.total_q, device)
+            plan.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
+                                      dtype=torch.float32, device=device)
+            plan.part_lse = torch.empty((splits, batch.total_q, problem.num_qo_heads), dtype=torch.float32,
+                                        device=device)
         if plan.constexprs["MERGE_BLOCK_S"]:
-            plan.split_count = outside_graph_pools(
-                lambda: torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=device), device)
+            plan.split_count = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=device)
         if problem.pos_encoding == "ALIBI":
-            plan.alibi = outside_graph_pools(lambda: torch.tensor(alibi_slopes(problem.num_qo_heads),
-                                                                  dtype=torch.float32, device=device), device)
+            plan.alibi = torch.tensor(alibi_slopes(problem.num_qo_heads), dtype=torch.float32, device=device)
         if problem.pos_encoding == "ROPE_LLAMA":
-            plan.rope_freq = outside_graph_pools(
-                lambda: rope_frequencies(problem, plan.constexprs["BLOCK_HALF"]).to(device), device)
+            plan.rope_freq = rope_frequencies(problem, plan.constexprs["BLOCK_HALF"]).to(device)
         _plan_launches(plan, device)
         return plan
 
@@ -279,7 +279,10 @@ def _derived(plan: TritonPlan, others: dict, batch: AttentionBatch, facts: tuple
                                                                                        cfg.heads_per_program), splits),
                       num_splits=splits, kv_chunk=chunk, total_q_capacity=batch.total_q, facts=facts, others=None)
     if splits > 1:
-        derived.part_o, derived.part_lse = _split_buffers(problem, splits, batch.total_q, plan.device)
+        derived.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
+                                     dtype=torch.float32, device=plan.device)
+        derived.part_lse = torch.empty((splits, batch.total_q, problem.num_qo_heads), dtype=torch.float32,
+                                       device=plan.device)
     derived.fixed_ints = ((problem.window_left, chunk, problem.num_kv_heads), _part_strides(derived))
     return derived
 
@@ -643,8 +646,7 @@ def _plain_plan(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfi
         plan.pointer_attention = KernelLaunch(kernel, grid, pointer, options, device, direct)
     plan.fixed_ints = ((m_blocks, batch.batch_size, problem.num_kv_heads), (0,) * 5)
     if problem.pos_encoding == "ROPE_LLAMA":
-        plan.rope_freq = outside_graph_pools(lambda: rope_frequencies(problem, problem.head_dim_qk // 2).to(device),
-                                             device)
+        plan.rope_freq = rope_frequencies(problem, problem.head_dim_qk // 2).to(device)
     return plan
 
 
@@ -748,14 +750,6 @@ def _plan_launches(plan: TritonPlan, device: torch.device) -> None:
         plan.merge = KernelLaunch(tk._merge_splits, (plan.total_q_capacity, p.num_qo_heads), merge_consts,
                                   dict(num_warps=4), device, direct)
     plan.fixed_ints = ((p.window_left, plan.kv_chunk, p.num_kv_heads), _part_strides(plan))
-
-
-def _split_buffers(problem: AttentionProblem, splits: int, total_q: int, device: torch.device) -> tuple:
-    """(part_o, part_lse) of a split plan: fp32 partial outputs and LSEs, kept by the plan (so made
-    outside a CUDA-graph pool, outside_graph_pools)."""
-    return outside_graph_pools(lambda: (
-        torch.empty((splits, total_q, problem.num_qo_heads, problem.head_dim_vo), dtype=torch.float32, device=device),
-        torch.empty((splits, total_q, problem.num_qo_heads), dtype=torch.float32, device=device)), device)
 
 
 def _part_strides(plan: TritonPlan) -> tuple:
