@@ -104,6 +104,29 @@ def test_repeats_take_the_launcher(gpu_like, counting_launcher, entry):
     assert torch.equal(checked, repeat)
 
 
+def test_after_a_repeated_batch_a_new_one_takes_its_launcher_on_its_first_call(gpu_like, counting_launcher):
+    """An engine's decode steps: each new batch is called once per layer. Once a batch repeated, the next
+    new batch asks for its launcher on its first call and launches through it; a stream whose batches
+    are each called once (none repeated) never builds one."""
+    c = paged()
+    args, kw = xqa_args(c)
+
+    def call(rows, bound=0):  # the first ``rows`` requests, max_seq_len raised by ``bound``: a new lane
+        q, table, seq = args[0][:rows], args[3][:rows], args[4][:rows]
+        return dispatch.xqa_batch_decode_with_kv_cache(q, args[1], args[2], table, seq, args[5] + bound, *args[6:],
+                                                       **kw)
+    rows = len(c["kv_lens"])
+    for n in range(1, rows + 1):
+        call(n)
+    assert counting_launcher == {"built": 0, "launched": 0, "reject": 0}
+    call(rows)
+    assert counting_launcher == {"built": 1, "launched": 1, "reject": 0}
+    expected = call(1, bound=1).clone()  # a lane never called before
+    assert counting_launcher == {"built": 2, "launched": 2, "reject": 0}
+    _base.CPU_VALUE_CHECKS = True  # the checked path on the same data
+    assert torch.equal(call(1, bound=1), expected)
+
+
 def test_a_launcher_refusal_is_handed_back_to_the_router(gpu_like, counting_launcher):
     c = paged()
     w = paged_wrapper(c)

@@ -523,12 +523,15 @@ class Lane:
     """What a lane key proves: the proof of its call key, the explicit choice and strict mode of
     the key, the sizes the batch is built from, the backend's plan once it is known to be reusable, and the
     backend's launcher for repeats once the lane repeats (``Backend.launcher``): a serving stream's
-    new batches each make a lane that is called once, and a launcher nobody calls is host time lost."""
+    new batches each make a lane that is called once, and a launcher nobody calls is host time lost.
+    ``early``: the lane before it repeated (an engine's step calls each new batch once per layer), so
+    this one asks for its launcher on its first call, when its backend can give one without a run."""
 
-    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked", "ran", "kept")
+    __slots__ = ("proof", "explicit", "strict", "sizes", "planned", "fast", "asked", "ran", "kept", "early")
 
-    def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace, strict: Optional[bool] = None):
-        self.proof, self.explicit, self.sizes = proof, explicit, sizes
+    def __init__(self, proof: Proof, explicit, sizes: SimpleNamespace, strict: Optional[bool] = None,
+                 early: bool = False):
+        self.proof, self.explicit, self.sizes, self.early = proof, explicit, sizes, early
         self.strict = policy.strict_mode() if strict is None else strict  # the mode its key was made in
         # kept views of its tensors (backends._device.kept_views' store) once kept under its lane key,
         # which proves their dtype, device, shape and strides on every call that finds it
@@ -559,15 +562,16 @@ class Lane:
             planned = self.proof.planned(batch, self.explicit, self.strict)
             if self.proof.keeps(planned):
                 self.planned = planned
-        if self.ran and not self.asked and planned is self.planned and not _capturing(batch.q):
-            # asked on the lane's first repeat, after a run of its plan, never inside a CUDA-graph
-            # capture (a launcher may allocate what it fixes: the capture's replays run what it
-            # recorded); the repeat itself takes it (an engine's second layer: a run and then a
-            # launcher would cost both)
+        if (self.ran or self.early) and not self.asked and planned is self.planned and not _capturing(batch.q):
+            # asked on the lane's first repeat, after a run of its plan (or on its first call when
+            # ``early``), never inside a CUDA-graph capture (a launcher may allocate what it fixes:
+            # the capture's replays run what it recorded); the call itself takes it (an engine's
+            # second layer: a run and then a launcher would cost both)
             self.asked = True
             self.fast = get_backend(planned.backend).launcher(planned.plan, batch)
             if self.fast is not None:
                 return self.launch(batch)
+            self.asked = self.ran  # declined before any run (a launcher recorded by a run): asked again then
         ran = router.run(planned, batch)
         if ran is self.planned:
             self.ran = True
@@ -638,7 +642,10 @@ class Declaration:
         size = self.size_class(args)
         proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
                                     lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs)
-        found = Lane(proof, explicit, self.sizes(args, derived), strict)
+        # a kept lane after one that repeated asks for its launcher early; an unkept one (checked on
+        # every call) never builds one
+        early = key is not None and calls.latest[1] is not None and calls.latest[1].asked
+        found = Lane(proof, explicit, self.sizes(args, derived), strict, early)
         if key is not None:
             found.kept = {}
             calls.lanes.put(key, found)
