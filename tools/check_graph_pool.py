@@ -1,0 +1,72 @@
+"""Where torch.compile's CUDA graphs (mode="reduce-overhead") let a custom op keep a tensor it made on its
+first call (a GPU machine).
+
+    python -m tools.check_graph_pool
+
+A kept tensor made inside the graphs' warm-up is refused afterwards ("tensors in the cudagraph pool not
+tracked as outputs"), which is what ``single_prefill_with_kv_cache`` in a compiled custom op meets while
+our caches (index ranges, FlashInfer's single-prefill buffer, native plans' buffers) allocate on its
+first call. One process per way of allocating the kept tensor: as it is, under the device's default
+stream, and inside a ``torch.cuda.MemPool`` of its own; each prints whether its warm-up ran on the
+default stream and whether the compiled function then ran (OK) or was refused (FAILED).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = r'''
+import sys
+import torch
+
+KEPT = []
+mode = sys.argv[1]
+torch.library.define(f"graph_pool_check::op_{mode}", "(Tensor q) -> Tensor")
+
+
+@torch.library.impl(f"graph_pool_check::op_{mode}", "cuda")
+def _impl(q):
+    if not KEPT:
+        current, default = torch.cuda.current_stream(), torch.cuda.default_stream()
+        print(mode, "first call on the default stream:", current == default, flush=True)
+        if mode == "as-is":
+            KEPT.append(torch.empty(1 << 20, device="cuda"))
+        elif mode == "default-stream":
+            with torch.cuda.stream(default):
+                KEPT.append(torch.empty(1 << 20, device="cuda"))
+            current.wait_stream(default)
+        else:
+            pool = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(pool):
+                KEPT.append(torch.empty(1 << 20, device="cuda"))
+            KEPT.append(pool)
+    return q * 2
+
+
+@torch.library.register_fake(f"graph_pool_check::op_{mode}")
+def _fake(q):
+    return torch.empty_like(q)
+
+
+op = getattr(torch.ops.graph_pool_check, f"op_{mode}")
+compiled = torch.compile(lambda q: op(q), mode="reduce-overhead", fullgraph=True)
+try:
+    for _ in range(3):
+        compiled(torch.randn(8, device="cuda"))
+    torch.cuda.synchronize()
+    print(mode, "OK", flush=True)
+except Exception as exc:  # noqa: BLE001 - the refusal is the finding
+    print(mode, "FAILED:", str(exc).splitlines()[0][:160], flush=True)
+'''
+
+
+def main() -> int:
+    for mode in ("as-is", "default-stream", "mem-pool"):
+        done = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=300)
+        lines = [line for line in done.stdout.splitlines() if line.startswith(mode)]
+        print("\n".join(lines) or f"{mode}: no output (rc {done.returncode}): {done.stderr[-300:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
