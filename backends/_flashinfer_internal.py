@@ -63,7 +63,8 @@ def single_prefill_op(prefill: Any, kind: str, problem: Any, q_dtype, kv_dtype, 
         problem.logits_soft_cap > 0, False).run
     tmp = prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024, device)
     # FlashInfer's own call passes slopes for ALiBi only (a cached buffer is one more kept tensor)
-    alibi = prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, device) if problem.pos_encoding == "ALIBI" else None
+    alibi = (prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, device) if problem.pos_encoding == "ALIBI"
+             else None)
     mask = (prefill.MaskMode.CUSTOM if masked else
             prefill.MaskMode.CAUSAL if problem.causal else prefill.MaskMode.NON_CAUSAL).value
     layout_value = prefill.TensorLayout[layout].value
