@@ -6,9 +6,12 @@ first call (a GPU machine).
 A kept tensor made inside the graphs' warm-up is refused afterwards ("tensors in the cudagraph pool not
 tracked as outputs"), which is what ``single_prefill_with_kv_cache`` in a compiled custom op meets while
 our caches (index ranges, FlashInfer's single-prefill buffer, native plans' buffers) allocate on its
-first call. One process per way of allocating the kept tensor: as it is, under the device's default
-stream, and inside a ``torch.cuda.MemPool`` of its own; each prints whether its warm-up ran on the
-default stream and whether the compiled function then ran (OK) or was refused (FAILED).
+first call. torch's CUDA-graph trees route every allocation of the warm-up's *thread* to their pool
+(torch/_inductor/cudagraph_trees.py ``_use_cuda_memory_pool_manager``:
+``_cuda_beginAllocateCurrentThreadToPool``), so moving the allocation to another stream does not escape
+it. One process per way of allocating the kept tensor: as it is, on another thread, and inside a
+``torch.cuda.MemPool`` of its own (whether a pool entered later takes precedence); each prints whether
+the compiled function then ran (OK) or was refused (FAILED).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import sys
 
 SCRIPT = r'''
 import sys
+import threading
 import torch
 
 KEPT = []
@@ -27,14 +31,12 @@ torch.library.define(f"graph_pool_check::op_{mode}", "(Tensor q) -> Tensor")
 @torch.library.impl(f"graph_pool_check::op_{mode}", "cuda")
 def _impl(q):
     if not KEPT:
-        current, default = torch.cuda.current_stream(), torch.cuda.default_stream()
-        print(mode, "first call on the default stream:", current == default, flush=True)
         if mode == "as-is":
             KEPT.append(torch.empty(1 << 20, device="cuda"))
-        elif mode == "default-stream":
-            with torch.cuda.stream(default):
-                KEPT.append(torch.empty(1 << 20, device="cuda"))
-            current.wait_stream(default)
+        elif mode == "other-thread":
+            worker = threading.Thread(target=lambda: KEPT.append(torch.empty(1 << 20, device="cuda")))
+            worker.start()
+            worker.join()
         else:
             pool = torch.cuda.MemPool()
             with torch.cuda.use_mem_pool(pool):
@@ -61,7 +63,7 @@ except Exception as exc:  # noqa: BLE001 - the refusal is the finding
 
 
 def main() -> int:
-    for mode in ("as-is", "default-stream", "mem-pool"):
+    for mode in ("as-is", "other-thread", "mem-pool"):
         done = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=300)
         lines = [line for line in done.stdout.splitlines() if line.startswith(mode)]
         print("\n".join(lines) or f"{mode}: no output (rc {done.returncode}): {done.stderr[-300:]}")
