@@ -84,6 +84,13 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
         if entry[0] == facts:
             return entry[2]
         store.pop(key, None)  # changed in place: its old views must not keep the old memory alive
+    if store is not _KEPT_VIEWS:
+        # a new lane's store: the views kept process-wide for this tensor (every fact checked there:
+        # a wrapper's plan makes new lanes every step over the same cache), kept in the lane's too
+        shared = _KEPT_VIEWS.get(key)
+        if shared is not None and shared[0] == (facts, t.dtype, t.device, t.shape, t.stride()):
+            _keep(store, key, facts, t, shared[2])
+            return shared[2]
     views = make(t)
     seen = _SEEN.pop(key, None)
     if seen is None or seen() is not t:
@@ -92,12 +99,18 @@ def kept_views(t: torch.Tensor, what: Any, make: Callable[[torch.Tensor], tuple]
         _SEEN[key] = weakref.ref(t)
         return views
     views = tuple(map(_without_base, views))
+    _keep(store, key, facts, t, views)
+    if store is not _KEPT_VIEWS:  # and process-wide, for the next lanes over this tensor
+        _keep(_KEPT_VIEWS, key, (facts, t.dtype, t.device, t.shape, t.stride()), t, views)
+    return views
 
+
+def _keep(store: dict, key: tuple, facts: Any, t: torch.Tensor, views: tuple) -> None:
+    """Keep ``views`` of ``t`` in ``store`` until ``t`` dies (its weak reference drops the entry)."""
     def forget(ref, key=key, store=store) -> None:
         if store.get(key, (None, None))[1] is ref:
             store.pop(key, None)  # pop: another thread may have replaced or dropped it meanwhile
     store[key] = (facts, weakref.ref(t, forget), views)
-    return views
 
 
 def _without_base(view: torch.Tensor) -> torch.Tensor:

@@ -71,13 +71,17 @@ def test_a_callers_store_checks_the_pointer_and_drops_with_the_cache():
     cache = torch.randn(6, 2, 4, 3, 8)
     for _ in range(3):
         k, v = cache_halves(cache, "NHD", store)
-    assert k._base is None and len(store) == 1  # kept in the caller's store, not the shared one:
-    assert (id(cache), "NHD") not in _device._KEPT_VIEWS
+    assert k._base is None and len(store) == 1  # kept in the caller's store, and process-wide for new lanes
+    assert _device._KEPT_VIEWS[(id(cache), "NHD")][2][0] is k
+    lane = {}  # a new lane over the same cache: the views kept before, no new ones
+    assert cache_halves(cache, "NHD", lane)[0] is k and len(lane) == 1
     other = torch.randn(6, 2, 4, 3, 8)
     cache.set_(other)  # the same object and shape, another memory
     k2, v2 = cache_halves(cache, "NHD", store)
     assert torch.equal(k2, other[:, 0]) and torch.equal(v2, other[:, 1])
     assert k2.data_ptr() == other.data_ptr() != k.data_ptr()
+    key = (id(cache), "NHD")
     del k, v, k2, v2, cache
     gc.collect()
-    assert not store  # the cache died: its kept views (and memory) with it
+    assert not store and not lane  # the cache died: its kept views (and memory) with it, in every store
+    assert key not in _device._KEPT_VIEWS
