@@ -12,7 +12,7 @@ import importlib
 
 import capability_db
 
-from ._device import BoundedCache, kept_views
+from ._device import BoundedCache, kept_views, made_to_keep
 from ._numerics import alibi_slopes
 from .base import Backend, BackendRejected, DeviceDesc, Reason
 
@@ -55,4 +55,4 @@ def defect_reason(defect, version: str) -> Reason:
 
 
 __all__ = ["Backend", "BackendRejected", "BoundedCache", "DeviceDesc", "Reason", "REGISTRY", "alibi_slopes",
-           "defect_reason", "defects_for", "get_backend", "installed_defects", "kept_views"]
+           "defect_reason", "defects_for", "get_backend", "installed_defects", "kept_views", "made_to_keep"]

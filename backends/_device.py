@@ -12,6 +12,7 @@ import contextlib
 import threading
 import weakref
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Hashable, Iterator, Optional, Union
 
 import torch
@@ -119,6 +120,47 @@ def _without_base(view: torch.Tensor) -> torch.Tensor:
         view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
 
 
+def made_to_keep(make: Callable[[], Any], device: DeviceLike) -> Any:
+    """``make()``, whose device tensors a cache keeps past the call, made where no CUDA-graph pool
+    claims them. Why: torch.compile's CUDA graphs (mode="reduce-overhead") warm up on a side stream
+    with every allocation of the warming thread routed into their pool; a tensor kept from there is
+    refused after the warm-up ("not tracked as outputs"), and a later replay would write over it.
+    The routing is per thread, so on a side stream outside a capture ``make`` runs on a helper
+    thread (on the device's default stream, finished before it returns; a later free waits for the
+    side stream). On the default stream, inside a capture (where an allocation must stay in the
+    capturing graph's pool) and on the CPU it runs here. ``make`` passes its device explicitly and
+    reads no context variable (another thread runs it)."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_initialized():  # nothing on a GPU yet: no graph either
+        return make()
+    side = torch.cuda.current_stream(device)
+    if side == torch.cuda.default_stream(device) or torch.cuda.is_current_stream_capturing():
+        return make()
+    made = _helper().submit(_made_and_finished, make, device).result()
+    for t in (made if isinstance(made, tuple) else (made,)):
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            t.record_stream(side)
+    return made
+
+
+def _made_and_finished(make: Callable[[], Any], device: torch.device) -> Any:
+    made = make()
+    torch.cuda.default_stream(device).synchronize()  # what ``make`` launched is done before the side stream reads it
+    return made
+
+
+_HELPER: list = []
+
+
+def _helper():
+    """The one thread ``made_to_keep`` hands its work to (made on first use)."""
+    with _HELPER_LOCK:
+        if not _HELPER:
+            _HELPER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="attn-dispatch-keep"))
+        return _HELPER[0]
+
+
+_HELPER_LOCK = threading.Lock()
 _NO_SWITCH = contextlib.nullcontext()  # reusable: nullcontext keeps no state
 _CURRENT_GPU = getattr(torch._C, "_cuda_getDevice", None)  # absent from CPU-only builds
 

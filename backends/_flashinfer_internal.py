@@ -1,8 +1,8 @@
 """The only module that touches FlashInfer's private API, pinned to the versions it was read in.
 
 What is private here: the underscored attributes a wrapper's plan() stores (``_plan_info``, the
-index buffers, ``_cached_module``), FlashInfer's private buffer caches (``_get_cache_buf``,
-``_get_cache_alibi_slopes_buf``) and its internal kernel entry points (``get_single_prefill_module``,
+index buffers, ``_cached_module``), FlashInfer's private ALiBi slopes cache
+(``_get_cache_alibi_slopes_buf``) and its internal kernel entry points (``get_single_prefill_module``,
 ``get_xqa_module``, ``gen_xqa_module``, ``block_sparse_indices_to_vector_sparse_offsets``) with
 the positional argument lists of their compiled ops. Why touch them at all: FlashInfer's public
 run() rebuilds the compiled op's argument list on every call, which costs more host time than the
@@ -33,7 +33,9 @@ WRAPPER_ATTRIBUTES = (
     "_token_pos_in_items_len", "_token_pos_in_items_ptr", "_use_cuda_graph", "_vector_sparse_indices_buffer",
     "_vector_sparse_indptr_buffer", "_window_left", "_workspace_size")
 # flashinfer.prefill's private module functions
-MODULE_FUNCTIONS = ("_get_cache_alibi_slopes_buf", "_get_cache_buf")
+MODULE_FUNCTIONS = ("_get_cache_alibi_slopes_buf",)
+# the single-prefill op's scratch (flashinfer/utils.py SINGLE_KERNEL_TMP_SIZE in 0.7.2; 0.5.3 cached as much)
+SINGLE_PREFILL_SCRATCH_BYTES = 32 * 1024 * 1024
 
 _UNCHECKED_LOGGED: set = set()
 
@@ -61,7 +63,6 @@ def single_prefill_op(prefill: Any, kind: str, problem: Any, q_dtype, kv_dtype, 
         kind, q_dtype, kv_dtype, out_dtype, problem.head_dim_qk, problem.head_dim_vo,
         prefill.PosEncodingMode[problem.pos_encoding].value, problem.window_left >= 0,
         problem.logits_soft_cap > 0, False).run
-    tmp = prefill._get_cache_buf("single_prefill_with_kv_cache_tmp", 32 * 1024 * 1024, device)
     # FlashInfer's own call passes slopes for ALiBi only (a cached buffer is one more kept tensor)
     alibi = (prefill._get_cache_alibi_slopes_buf(problem.num_qo_heads, device) if problem.pos_encoding == "ALIBI"
              else None)
@@ -72,6 +73,9 @@ def single_prefill_op(prefill: Any, kind: str, problem: Any, q_dtype, kv_dtype, 
                                            problem.rope_theta)
 
     def run(q, k, v, out, lse, packed, sm_scale: float) -> None:
+        # made per call, as FlashInfer 0.7.2's own call makes it: a buffer kept from a first call made
+        # inside torch.compile's CUDA-graph warm-up would live in the graphs' pool, where it is refused
+        tmp = torch.empty(SINGLE_PREFILL_SCRATCH_BYTES, dtype=torch.uint8, device=q.device)
         op(q, k, v, tmp, out, lse, mask, layout_value, window, packed, alibi, cap, sm_scale, None, None, None,
            rope_scale, rope_theta)
 

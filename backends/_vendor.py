@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from backends._device import device_key
+from backends._device import device_key, made_to_keep
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
 VENDOR_ERRORS = (RuntimeError, ValueError, NotImplementedError, AssertionError, KeyError, TypeError)
@@ -183,7 +183,7 @@ def workspace(tag: str, device: torch.device, nbytes: int, zeroed: bool) -> torc
     buf = _workspaces.get(key)
     if buf is None or buf.numel() < nbytes:
         alloc = torch.zeros if zeroed else torch.empty
-        buf = _workspaces[key] = alloc(nbytes, dtype=torch.uint8, device=device)
+        buf = _workspaces[key] = made_to_keep(lambda: alloc(nbytes, dtype=torch.uint8, device=key[1]), key[1])
     return buf
 
 

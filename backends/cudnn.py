@@ -69,7 +69,7 @@ from typing import Any, Optional
 import torch
 
 from backends import _cudnn_internal as cudnn_internal, _numerics, _vendor
-from backends._device import BoundedCache, device_key, kept_views, on_device, on_device_launch
+from backends._device import BoundedCache, device_key, kept_views, made_to_keep, on_device, on_device_launch
 from backends.base import Backend, BackendRejected, Reason, import_reason
 
 log = logging.getLogger("attn_dispatch")
@@ -745,7 +745,7 @@ class CudnnBackend(Backend):
             reason = Reason("cudnn graph", f"{type(exc).__name__}: {str(exc).strip()[:300]}",
                             "a graph this cuDNN build supports", SRC_CFE)
             raise BackendRejected(self.name, [reason]) from exc
-        workspace = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+        workspace = made_to_keep(lambda: torch.empty(max(size, 1), dtype=torch.uint8, device=device), device)
         seconds = time.perf_counter() - start
         log.info("attn_dispatch: cudnn built a graph in %.3f s (workspace %d B) for %s", seconds, size, key)
         return GraphEntry(graph, workspace, seconds, *executor(graph, key, workspace))

@@ -28,7 +28,7 @@ from typing import Any, Literal, Optional, Sequence, Union
 import torch
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
-from backends import BoundedCache, kept_views
+from backends import BoundedCache, kept_views, made_to_keep
 
 from .problem import dtype_name
 
@@ -184,12 +184,14 @@ def uniform_indptr(batch: int, step: int, device) -> torch.Tensor:
     key = (batch, step, torch.device(device))
     t = _ARANGE_CACHE.get(key)
     if t is None:
-        if step > 0:
-            t = torch.arange(0, (batch + 1) * step, step, dtype=torch.int32, device=device)
-        else:
-            t = torch.zeros(batch + 1, dtype=torch.int32, device=device)
-        _ARANGE_CACHE.put(key, t)
+        t = _ARANGE_CACHE.put(key, made_to_keep(lambda: _steps(batch, step, key[2]), key[2]))
     return t
+
+
+def _steps(batch: int, step: int, device: torch.device) -> torch.Tensor:
+    if step > 0:
+        return torch.arange(0, (batch + 1) * step, step, dtype=torch.int32, device=device)
+    return torch.zeros(batch + 1, dtype=torch.int32, device=device)
 
 
 # -- scales -----------------------------------------------------------------------------------
@@ -540,12 +542,18 @@ def _defaults_of(spec: type) -> tuple[dict, dict]:
 
 # -- shared by several specs ---------------------------------------------------------------------
 def paged_kv_spec(kv_cache, layout, allow_squeezed, name="kv_cache") -> SimpleNamespace:
-    k, v, squeezed = split_kv(kv_cache, name, allow_squeezed)
-    kn, vn = paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
-    if kn.shape[:3] != vn.shape[:3]:
-        raise bad(name, kv_cache, "K and V caches with the same (pages, page_size, num_kv_heads)")
-    if k.dtype != v.dtype or k.device != v.device:
-        raise bad(name, kv_cache, "K and V caches of one dtype on one device")
+    if type(kv_cache) is torch.Tensor and kv_cache.dim() == 5 and kv_cache.shape[1] == 2:
+        # the common cache, every call of every layer: its halves' kept views (one tensor's halves
+        # share its dtype, device and shape)
+        kn, vn = cache_halves(kv_cache, layout)
+        k, squeezed = kn, False
+    else:
+        k, v, squeezed = split_kv(kv_cache, name, allow_squeezed)
+        kn, vn = paged_nhd(k, layout, squeezed), paged_nhd(v, layout, squeezed)
+        if kn.shape[:3] != vn.shape[:3]:
+            raise bad(name, kv_cache, "K and V caches with the same (pages, page_size, num_kv_heads)")
+        if k.dtype != v.dtype or k.device != v.device:
+            raise bad(name, kv_cache, "K and V caches of one dtype on one device")
     pages, page_size, hkv, _ = kn.shape
     return SimpleNamespace(k=kn, v=vn, pages=pages, page_size=page_size, hkv=hkv, dqk=kn.shape[3],
                            dvo=vn.shape[3], kv_dtype=k.dtype, squeezed=squeezed, layout=layout)

@@ -286,7 +286,6 @@ def _single_prefill_internals(prefill, rec):
     prefill.MaskMode = enum.Enum("MaskMode", {"NON_CAUSAL": 0, "CAUSAL": 1, "CUSTOM": 2})
     prefill.TensorLayout = enum.Enum("TensorLayout", {"NHD": 0, "HND": 1})
     prefill.PosEncodingMode = enum.Enum("PosEncodingMode", {"NONE": 0, "ROPE_LLAMA": 1, "ALIBI": 2})
-    prefill._get_cache_buf = lambda name, nbytes, device: torch.empty(nbytes, dtype=torch.uint8, device=device)
     prefill._get_cache_alibi_slopes_buf = lambda heads, device: torch.zeros(heads, device=device)
 
     def packbits(x, bitorder="big"):

@@ -25,12 +25,15 @@ import torch
 
 KEPT = []
 mode = sys.argv[1]
-torch.library.define(f"graph_pool_check::op_{mode}", "(Tensor q) -> Tensor")
+name = "op_" + mode.replace("-", "_")  # an op's name takes no hyphen
+torch.library.define(f"graph_pool_check::{name}", "(Tensor q) -> Tensor")
 
 
-@torch.library.impl(f"graph_pool_check::op_{mode}", "cuda")
+@torch.library.impl(f"graph_pool_check::{name}", "cuda")
 def _impl(q):
     if not KEPT:
+        print(mode, "first call: on the default stream:", torch.cuda.current_stream() == torch.cuda.default_stream(),
+              "capturing:", torch.cuda.is_current_stream_capturing(), flush=True)
         if mode == "as-is":
             KEPT.append(torch.empty(1 << 20, device="cuda"))
         elif mode == "other-thread":
@@ -45,12 +48,12 @@ def _impl(q):
     return q * 2
 
 
-@torch.library.register_fake(f"graph_pool_check::op_{mode}")
+@torch.library.register_fake(f"graph_pool_check::{name}")
 def _fake(q):
     return torch.empty_like(q)
 
 
-op = getattr(torch.ops.graph_pool_check, f"op_{mode}")
+op = getattr(torch.ops.graph_pool_check, name)
 compiled = torch.compile(lambda q: op(q), mode="reduce-overhead", fullgraph=True)
 try:
     for _ in range(3):

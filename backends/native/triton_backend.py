@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from backends._device import device_key, on_device, on_device_launch
+from backends._device import device_key, made_to_keep, on_device, on_device_launch
 from backends._numerics import alibi_slopes
 from backends.base import Backend, DeviceDesc, Reason, import_reason
 from backends.native._launch import KernelLaunch, interpreting
@@ -184,17 +184,8 @@ class NativeTritonBackend(Backend):
         grid = (m_blocks, batch.batch_size * problem.num_kv_heads * (group // hpp), splits)
         plan = TritonPlan(problem, cfg, grid, splits, chunk, batch.total_q,
                           _constexprs(problem, cfg, splits, fixup), device_key(device))
-        if splits > 1:
-            plan.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
-                                      dtype=torch.float32, device=device)
-            plan.part_lse = torch.empty((splits, batch.total_q, problem.num_qo_heads), dtype=torch.float32,
-                                        device=device)
-        if plan.constexprs["MERGE_BLOCK_S"]:
-            plan.split_count = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=device)
-        if problem.pos_encoding == "ALIBI":
-            plan.alibi = torch.tensor(alibi_slopes(problem.num_qo_heads), dtype=torch.float32, device=device)
-        if problem.pos_encoding == "ROPE_LLAMA":
-            plan.rope_freq = rope_frequencies(problem, plan.constexprs["BLOCK_HALF"]).to(device)
+        plan.part_o, plan.part_lse, plan.split_count, plan.alibi, plan.rope_freq = made_to_keep(
+            lambda: _plan_buffers(plan, batch.total_q), device)
         _plan_launches(plan, device)
         return plan
 
@@ -279,12 +270,31 @@ def _derived(plan: TritonPlan, others: dict, batch: AttentionBatch, facts: tuple
                                                                                        cfg.heads_per_program), splits),
                       num_splits=splits, kv_chunk=chunk, total_q_capacity=batch.total_q, facts=facts, others=None)
     if splits > 1:
-        derived.part_o = torch.empty((splits, batch.total_q, problem.num_qo_heads, problem.head_dim_vo),
-                                     dtype=torch.float32, device=plan.device)
-        derived.part_lse = torch.empty((splits, batch.total_q, problem.num_qo_heads), dtype=torch.float32,
-                                       device=plan.device)
+        derived.part_o, derived.part_lse = made_to_keep(lambda: _split_buffers(derived, batch.total_q), plan.device)
     derived.fixed_ints = ((problem.window_left, chunk, problem.num_kv_heads), _part_strides(derived))
     return derived
+
+
+def _split_buffers(plan: TritonPlan, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel's partial outputs and LSEs for ``rows`` query rows (a plan keeps them)."""
+    problem, splits = plan.problem, plan.num_splits
+    return (torch.empty((splits, rows, problem.num_qo_heads, problem.head_dim_vo), dtype=torch.float32,
+                        device=plan.device),
+            torch.empty((splits, rows, problem.num_qo_heads), dtype=torch.float32, device=plan.device))
+
+
+def _plan_buffers(plan: TritonPlan, rows: int) -> tuple:
+    """A general-kernel plan's buffers (part_o, part_lse, split_count, alibi, rope_freq; None where the
+    plan has no use for one), which it keeps."""
+    problem, device = plan.problem, plan.device
+    part_o, part_lse = _split_buffers(plan, rows) if plan.num_splits > 1 else (None, None)
+    split_count = (torch.zeros(plan.grid[0] * plan.grid[1], dtype=torch.int32, device=device)
+                   if plan.constexprs["MERGE_BLOCK_S"] else None)
+    alibi = (torch.tensor(alibi_slopes(problem.num_qo_heads), dtype=torch.float32, device=device)
+             if problem.pos_encoding == "ALIBI" else None)
+    rope_freq = (rope_frequencies(problem, plan.constexprs["BLOCK_HALF"]).to(device)
+                 if problem.pos_encoding == "ROPE_LLAMA" else None)
+    return part_o, part_lse, split_count, alibi, rope_freq
 
 
 def fixup_refusal(problem: AttentionProblem) -> str:
@@ -646,7 +656,7 @@ def _plain_plan(problem: AttentionProblem, batch: AttentionBatch, cfg: TileConfi
         plan.pointer_attention = KernelLaunch(kernel, grid, pointer, options, device, direct)
     plan.fixed_ints = ((m_blocks, batch.batch_size, problem.num_kv_heads), (0,) * 5)
     if problem.pos_encoding == "ROPE_LLAMA":
-        plan.rope_freq = rope_frequencies(problem, problem.head_dim_qk // 2).to(device)
+        plan.rope_freq = made_to_keep(lambda: rope_frequencies(problem, problem.head_dim_qk // 2).to(device), device)
     return plan
 
 
