@@ -58,7 +58,12 @@ NAME_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 def size_class(batch: int, max_q: int, max_kv: int) -> tuple[int, int, int]:
     """A problem's size class: each size rounded up to a power of two (1 stays 1), so that one
     decision serves every call of similar shape and a serving loop makes a few dozen at most."""
-    return tuple(1 << max(int(n) - 1, 0).bit_length() for n in (batch, max_q, max_kv))
+    return (_power_of_two(batch), _power_of_two(max_q), _power_of_two(max_kv))
+
+
+def _power_of_two(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def class_middle(sizes: tuple[int, ...]) -> tuple[int, ...]:

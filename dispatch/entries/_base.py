@@ -177,6 +177,7 @@ def tensor_facts(t: torch.Tensor, vary: tuple[int, ...] = ROWS) -> tuple:
 
 
 _PLAIN = (bool, int, float, str, torch.dtype, _Unset, type(None))
+_PLAIN_TYPES = frozenset(_PLAIN)  # a type's membership in one hash (the keys' hot loops)
 
 
 class _NothingVaries(dict):
@@ -189,7 +190,7 @@ NOTHING_VARIES: Mapping[str, tuple] = _NOTHING_VARIES  # a Declaration's vary wh
 
 
 def value_facts(value: Any, vary: tuple[int, ...] = ROWS) -> Hashable:
-    if type(value) in _PLAIN:  # the type too: True and 1 are equal keys otherwise
+    if type(value) in _PLAIN_TYPES:  # the type too: True and 1 are equal keys otherwise
         return (type(value), value)
     if isinstance(value, torch.Tensor):
         return tensor_facts(value, vary)
@@ -209,7 +210,7 @@ def call_key(entry: str, args: Mapping[str, Any], vary: Optional[Mapping[str, tu
         vary = _NOTHING_VARIES
     for name, value in args.items():
         kind = type(value)
-        if kind in _PLAIN:  # inlined value_facts: the common case on the hot path
+        if kind in _PLAIN_TYPES:  # inlined value_facts: the common case on the hot path
             parts.append(kind if name in per_call else (kind, value))
         elif kind is torch.Tensor:
             parts.append(tensor_facts(value, vary.get(name, ROWS)))
@@ -361,10 +362,11 @@ def values_every_call(device: torch.device) -> bool:
 
 
 def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build: Callable,
-            proofs: BoundedCache = PROOFS):
+            proofs: BoundedCache = PROOFS, values: Optional[bool] = None):
     """(proof, spec, derived). A new key: the full spec (every check, device reads included)
     and its proof (``build``). A known key: the spec's size checks, plus its value checks for CPU
-    tensors or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold)."""
+    tensors or under ATTN_DISPATCH_VALIDATE=full (the key proves the static checks still hold);
+    ``values``: whether they run, when the caller knows already (``values_every_call``)."""
     proof = proofs.get(key)
     if proof is None:
         spec, derived = validate_typed(spec_cls, args)
@@ -372,7 +374,7 @@ def checked(spec_cls: type, args: dict, key: Optional[tuple], query: Any, build:
         proofs.put(key, proof)
         return proof, spec, derived
     # A known key proves ``query`` is a tensor (its facts are in the key).
-    spec, derived = spec_cls.fast(args, values=values_every_call(query.device))
+    spec, derived = spec_cls.fast(args, values=values_every_call(query.device) if values is None else values)
     return proof, spec, derived
 
 
@@ -389,15 +391,13 @@ def _facts(value: Any):
     kind = type(value)
     if kind is _TENSOR:
         return (value.dtype, value.device, value.shape, value.stride())
-    if kind in _PLAIN:
+    if kind in _PLAIN_TYPES:
         return (kind, value)
     if kind is tuple or kind is list:
         inner = tuple(_facts(v) for v in value)
         return None if None in inner else (kind,) + inner
     return None
 
-
-_PLAIN_TYPES = frozenset(_PLAIN)
 
 
 def lanes_open(query: torch.Tensor) -> bool:
@@ -509,7 +509,7 @@ def form_kinds(values: tuple) -> tuple:
 def size_key(batch: Any, max_q: Any, max_kv: Any) -> Optional[tuple]:
     """The size class of a call (``size_class``), or None while a size is not a positive int (an
     invalid call: its checks name the argument). It joins the call key and the problem."""
-    if all(type(n) is int and n > 0 for n in (batch, max_q, max_kv)):
+    if type(batch) is int and type(max_q) is int and type(max_kv) is int and min(batch, max_q, max_kv) > 0:
         return size_class(batch, max_q, max_kv)
     return None
 
@@ -640,8 +640,10 @@ class Declaration:
         if calls.fixed:
             args.update(calls.fixed)
         size = self.size_class(args)
+        # a lane key was made: neither CPU value checks nor ATTN_DISPATCH_VALIDATE=full are in force
         proof, _, derived = checked(self.spec, args, self.call_key(args, size), values[0],
-                                    lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs)
+                                    lambda spec, d: calls.proof(self.problem(spec, d, size or ())), calls.proofs,
+                                    values=False if key is not None else None)
         # a kept lane after one that repeated asks for its launcher early; an unkept one (checked on
         # every call) never builds one
         early = key is not None and calls.latest[1] is not None and calls.latest[1].asked
