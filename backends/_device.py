@@ -150,6 +150,7 @@ def _made_and_finished(make: Callable[[], Any], device: torch.device) -> Any:
 
 
 _HELPER: list = []
+_HELPER_LOCK = threading.Lock()
 
 
 def _helper():
@@ -160,7 +161,6 @@ def _helper():
         return _HELPER[0]
 
 
-_HELPER_LOCK = threading.Lock()
 _NO_SWITCH = contextlib.nullcontext()  # reusable: nullcontext keeps no state
 _CURRENT_GPU = getattr(torch._C, "_cuda_getDevice", None)  # absent from CPU-only builds
 

@@ -399,7 +399,6 @@ def _facts(value: Any):
     return None
 
 
-
 def lanes_open(query: torch.Tensor) -> bool:
     """Whether a call with this query tensor may take a lane: not a CPU query while CPU value checks
     are on, not under ATTN_DISPATCH_VALIDATE=full, not a dry run (explain)."""
