@@ -4,14 +4,16 @@ first call (a GPU machine).
     python -m tools.check_graph_pool
 
 A kept tensor made inside the graphs' warm-up is refused afterwards ("tensors in the cudagraph pool not
-tracked as outputs"), which is what ``single_prefill_with_kv_cache`` in a compiled custom op meets while
-our caches (index ranges, FlashInfer's single-prefill buffer, native plans' buffers) allocate on its
-first call. torch's CUDA-graph trees route every allocation of the warm-up's *thread* to their pool
+tracked as outputs"), which is what ``single_prefill_with_kv_cache`` in a compiled custom op met while
+our caches (index ranges, FlashInfer's single-prefill buffer, native plans' buffers) allocated on its
+first call; they now make what they keep through ``backends._device.made_to_keep``, the way this check
+found. torch's CUDA-graph trees route every allocation of the warm-up's *thread* to their pool
 (torch/_inductor/cudagraph_trees.py ``_use_cuda_memory_pool_manager``:
 ``_cuda_beginAllocateCurrentThreadToPool``), so moving the allocation to another stream does not escape
 it. One process per way of allocating the kept tensor: as it is, on another thread, and inside a
 ``torch.cuda.MemPool`` of its own (whether a pool entered later takes precedence); each prints whether
-the compiled function then ran (OK) or was refused (FAILED).
+its first call ran on the default stream and inside a capture, then whether the compiled function ran
+(OK) or was refused (FAILED).
 """
 from __future__ import annotations
 
