@@ -6,7 +6,8 @@ New batches shaped like a continuous-batching step (8-64 requests, 90% decoding 
 chunk of 17-512; 100-2000 keys each; page ids drawn from a shuffled pool), each planned and run 4 times
 through both wrappers. Prints per side the p50 of plan(), the first run after it and the later runs;
 FlashInfer's compiled plan alone (its module's plan, timed inside its own plan()); the CUDA runtime
-calls and aten operators per plan of each side (torch.profiler); our plan's functions under cProfile.
+calls and aten operators per plan of each side (torch.profiler); our plan's functions under cProfile,
+and the slowest plans over SLOW_MS alone.
 The seed is drawn at run time and printed unless given.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import dispatch
 
 PAGES, PAGE, HQ, HKV, D = 20000, 16, 32, 8, 128
+SLOW_MS = 1.5  # a plan this slow is profiled alone too
 
 
 def batches(seed: int, n: int) -> list[tuple]:
@@ -120,12 +122,22 @@ def main(argv=None) -> int:
     for name, wrapper in sides.items():
         print(f"-- {name}: per plan")
         runtime_calls(wrapper, items[:50])
-    profile = cProfile.Profile()
-    profile.enable()
+    together, slow = pstats.Stats(), []
     for item in items:
+        profile = cProfile.Profile()
+        t = time.perf_counter()
+        profile.enable()
         plan(sides["ours"], item)
-    profile.disable()
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(r"(dispatch|backends)/", args.top)
+        profile.disable()
+        ms = (time.perf_counter() - t) * 1e3
+        together.add(profile)
+        if ms > SLOW_MS:
+            slow.append((ms, len(item[0]) - 1, profile))
+    together.sort_stats("cumulative").print_stats(r"(dispatch|backends)/", args.top)
+    print(f"plans over {SLOW_MS} ms: {len(slow)} of {len(items)}")
+    for ms, requests, profile in sorted(slow, key=lambda s: -s[0])[:3]:
+        print(f"-- a plan of {requests} requests: {ms:.2f} ms")
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
     return 0
 
 

@@ -9,12 +9,15 @@ each call of the step (p50), host and GPU ms per step (p50; the GPU's by CUDA ev
 Then, for native-triton, the parts of a new batch's first call timed apart on the same batches: our
 layer alone (the backend's run replaced by nothing), the native plan of new sizes, its run on a plan
 made before (the general launch), the launcher made for repeats and its call, and a plan of the previous
-step's serving this one (``plan_for``: derived from it). The seed is drawn at run time
-and printed unless given.
+step's serving this one (``plan_for``: derived from it). ``--profile N``: N steps of new batches under
+auto, the first call of each by function (cProfile, own time), the slowest first calls alone, then each
+step's CUDA runtime calls and aten operators (torch.profiler). The seed is drawn at run time and printed unless given.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import random
 import statistics
 import time
@@ -120,12 +123,53 @@ def native_parts(make_call, steps: list) -> dict:
     return {**{name: p50(v) for name, v in parts.items()}, "steps that met a lane": met}
 
 
+SLOW_MS = 1.0  # a first call this slow is profiled alone too
+
+
+def profiled_first_calls(make_call, steps: list, layers: int, top: int) -> None:
+    """Steps of new batches under auto: the first call of each by our functions' own time (cProfile),
+    the slowest first calls over SLOW_MS alone (cumulative), then each step's CUDA runtime calls and
+    aten operators (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    together, slow, half = pstats.Stats(), [], len(steps) // 2
+    for i, step in enumerate(steps[:half]):
+        profiler = cProfile.Profile()
+        t = time.perf_counter()
+        profiler.enable()
+        make_call(step)
+        profiler.disable()
+        ms = (time.perf_counter() - t) * 1e3
+        together.add(profiler)
+        if ms > SLOW_MS:
+            slow.append((ms, i, step[0], profiler))
+        for _ in range(layers - 1):
+            make_call(step)
+    torch.cuda.synchronize()
+    together.sort_stats("tottime").print_stats(top)
+    print(f"first calls over {SLOW_MS} ms: {len(slow)} of {half}")
+    for ms, i, requests, profiler in sorted(slow, key=lambda s: -s[0])[:3]:
+        print(f"-- step {i}, {requests} requests: {ms:.2f} ms")
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for step in steps[half:]:
+            for _ in range(layers):
+                make_call(step)
+    torch.cuda.synchronize()
+    count = len(steps) - half
+    rows = [(e.key, e.count / count, e.cpu_time_total / count) for e in prof.key_averages()
+            if e.key.startswith(("cuda", "aten::"))]
+    for key, n, us in sorted(rows, key=lambda r: -r[2])[:top]:
+        print(f"  {key:42s} {n:6.2f} a step {us:8.1f} us")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--backends", nargs="*", default=["native-triton", "xqa"])
+    parser.add_argument("--profile", type=int, default=0, help="profile the first calls of this many new batches")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
     print(f"seed {seed}; {torch.cuda.get_device_name()}; {args.steps} steps x {args.layers} calls")
@@ -166,6 +210,8 @@ def main(argv=None) -> int:
     parts = native_parts(call_with(dispatch), steps_of(seed + 2, 100))  # batches not called before
     print("native-triton, a new batch's first call in parts (ms, p50): "
           + "; ".join(f"{k} {v:.3f}" for k, v in parts.items()))
+    if args.profile:
+        profiled_first_calls(call_with(dispatch), steps_of(seed + 3, args.profile), args.layers, 30)
     return 0
 
 
