@@ -138,6 +138,8 @@ class ChoiceTable:
     bandwidth_ratio: float = 1.0  # this GPU's peak bandwidth / the table's GPU's (1: its own table)
     compute_ratio: float = 1.0
     scaling: str = ""  # "" for a GPU's own table; else how it was scaled to this GPU (explain shows it)
+    # (table key, grid point) -> its parsed cell: a new size class reads up to eight cells, most read before
+    parsed: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def source(self) -> str:
@@ -147,12 +149,13 @@ class ChoiceTable:
         """(backend -> expected GPU ms of the class ``sizes``, the point read, rounded); {} without a
         key. Between grid points, log2 ms is interpolated (trilinear in log2 sizes); at a corner that
         left a backend out, it counts as ``keep_within`` times that corner's fastest."""
-        cells = self.data["keys"].get(key_of(problem))
+        key = key_of(problem)
+        cells = self.data["keys"].get(key)
         point = point_of(problem, sizes, of_class)
         shown = tuple(max(1, round(n)) for n in point)
         if cells is None:
             return {}, shown
-        cells_at = [(self._cell(cells, corner), weight) for corner, weight in corners(problem, point)]
+        cells_at = [(self._cell(key, cells, corner), weight) for corner, weight in corners(problem, point)]
         cells_at = [(times, weight) for times, weight in cells_at if times]
         total = sum(weight for _, weight in cells_at)
         names = {name for times, _ in cells_at for name in times}
@@ -164,9 +167,14 @@ class ChoiceTable:
             out[name] = self._adjusted(problem, name, 2.0 ** log2_ms)
         return out, shown
 
-    def _cell(self, cells: dict, corner: Sizes) -> dict[str, float]:
-        words = cells.get(",".join(map(str, corner)), "").split()
-        return {self.data["backends"][int(i)]: float(t) for i, t in zip(words[::2], words[1::2])}
+    def _cell(self, key: str, cells: dict, corner: Sizes) -> dict[str, float]:
+        """The times at one grid point of a key (read-only: shared by every lookup of that point)."""
+        found = self.parsed.get((key, corner))
+        if found is None:
+            words = cells.get(",".join(map(str, corner)), "").split()
+            found = {self.data["backends"][int(i)]: float(t) for i, t in zip(words[::2], words[1::2])}
+            self.parsed[(key, corner)] = found
+        return found
 
     def _adjusted(self, problem: AttentionProblem, name: str, ms: float) -> float:
         """The problem's other facts' factors, then this GPU's scaling above the launch floor."""
