@@ -386,17 +386,30 @@ class FlashInferPrefill(Provider):
         return (self.kind in ("fa2", "fa3") and version.startswith(RECORDED_RUN_VERSIONS)
                 and fi_internal.checked(version) and fi_internal.recordable(w, self.kind))
 
-    def _public_run(self, state: FiState, q, k, v, out, lse) -> None:
+    @staticmethod
+    def _scale_factors(problem, state: FiState, batch) -> Optional[tuple]:
+        """An NVFP4 cache's (k_sf, v_sf) as FlashInfer's run() takes them: the scale bytes in the
+        cache's physical layout (its tests pass uint8); None for any other cache."""
+        if batch.k_sf is None:
+            return None
+        k_sf, v_sf = _vendor.physical_kv(problem, batch.k_sf, batch.v_sf)[:2] if state.paged else (batch.k_sf,
+                                                                                                   batch.v_sf)
+        return k_sf.view(torch.uint8), v_sf.view(torch.uint8)
+
+    def _public_run(self, state: FiState, q, k, v, out, lse, kv_sf: Optional[tuple] = None) -> None:
         """FlashInfer's own run(); the first after a plan of a RECORDED_RUN_VERSIONS wrapper
-        records its op's arguments, and later runs call the op (``state.direct``)."""
+        records its op's arguments, and later runs call the op (``state.direct``). An NVFP4 cache's
+        scale factors go with every call (``recorded_run`` keeps no op that took them)."""
         w = state.wrapper
         kv = ((k, v),) if state.paged else (k, v)
+        kw = dict(out=out, lse=lse, return_lse=lse is not None)
+        if kv_sf is not None:
+            kw["kv_cache_sf"] = kv_sf
         if not state.record:
-            w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None)
+            w.run(q, *kv, **kw)
             return
         state.record = False
-        op, calls = fi_internal.record_run(w, "paged_run" if state.paged else "ragged_run",
-                                           lambda: w.run(q, *kv, out=out, lse=lse, return_lse=lse is not None))
+        op, calls = fi_internal.record_run(w, "paged_run" if state.paged else "ragged_run", lambda: w.run(q, *kv, **kw))
         if len(calls) == 1:
             plan_time = fi_internal.plan_time_tensor_ids(self.loaded().module, w, q.shape[1], q.device)
             state.direct = recorded_run(op, calls[0], (q, k, v, out, lse), plan_time)
@@ -433,12 +446,11 @@ class FlashInferPrefill(Provider):
             self._apply_plan(state)  # another plan used the wrapper meanwhile, or the scale changed
         out = _vendor.writable(batch.out)
         lse = _vendor.writable(batch.lse)
+        k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
         if state.direct is not None:
-            k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
             state.direct(batch.q, k, v, out, lse)
         else:
-            k, v = _vendor.physical_kv(problem, batch.k, batch.v)[:2] if state.paged else (batch.k, batch.v)
-            self._public_run(state, batch.q, k, v, out, lse)
+            self._public_run(state, batch.q, k, v, out, lse, self._scale_factors(problem, state, batch))
         _vendor.write_back(batch.out, out)
         _vendor.write_back(batch.lse, lse)
         _vendor.apply_out_scale(batch.out, batch.out_scale)

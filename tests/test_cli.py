@@ -532,7 +532,7 @@ DTYPE_CELLS = {  # backend -> (KV dtype cell, Out dtype cell)
     "xqa": ("fp16, bf16, e4m3; = q_dtype (if kv_dtype=fp16/bf16); e4m3 (if out_dtype=e4m3)",
             "fp16, bf16, e4m3; = q_dtype (if out_dtype=fp16/bf16)"),
     "fa3": ("fp16, bf16, e4m3; = q_dtype", "bf16 (if q_dtype=e4m3); = q_dtype (if q_dtype=fp16/bf16)"),
-    "fa2": ("fp16, bf16, e4m3, e5m2, uint8", "= q_dtype"),  # flash_attn's K/V = Q, NVFP4 single only: provider limits
+    "fa2": ("fp16, bf16, e4m3, e5m2, uint8", "= q_dtype"),  # flash_attn's K/V = Q, NVFP4 FlashInfer's: provider limits
     "torch-flash": ("fp16, bf16; = q_dtype", "= q_dtype"),
 }
 

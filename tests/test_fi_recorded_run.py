@@ -35,14 +35,15 @@ class Fake07Wrapper:
     def plan(self, *args, sm_scale=None, **kwargs) -> None:
         self._sm_scale, self._plan_info = sm_scale, [len(self.ops), 2]
 
-    def run(self, q, *kv, out=None, lse=None, return_lse=False):
+    def run(self, q, *kv, out=None, lse=None, return_lse=False, kv_cache_sf=None):
         self.public_runs += 1
+        self.scale_factors = kv_cache_sf
         k, v = kv[0] if self.paged else kv
         q = q.double() if self.cast_q else q
         scratch = torch.empty(2) if self.fresh_buffer else None
         args = [self._float_workspace_buffer, self._int_workspace_buffer, self._plan_info, q, k, v,
                 self._qo_indptr_buf, self._kv_indptr_buf, out, lse, 1, 0, -1, True, scratch,
-                alibi_slopes(q.shape[1], q.device), 0.0, self._sm_scale]
+                alibi_slopes(q.shape[1], q.device), 0.0, self._sm_scale, *(kv_cache_sf or ())]
         getattr(self._cached_module, "paged_run" if self.paged else "ragged_run")(*args)
         return (out, lse) if return_lse else out
 
@@ -58,7 +59,8 @@ def provider_at(monkeypatch, version: str) -> FlashInferPrefill:
 def call(with_lse: bool = True) -> SimpleNamespace:
     q = torch.randn(2, 4, 8)
     return SimpleNamespace(q=q, k=torch.randn(3, 2, 8), v=torch.randn(3, 2, 8), out=torch.full_like(q, float("nan")),
-                           lse=torch.full((2, 4), float("nan")) if with_lse else None, sm_scale=0.3, out_scale=1.0)
+                           lse=torch.full((2, 4), float("nan")) if with_lse else None, sm_scale=0.3, out_scale=1.0,
+                           k_sf=None, v_sf=None)
 
 
 def planned(provider, wrapper) -> FiState:
@@ -160,3 +162,25 @@ def test_a_device_scale_inside_a_capture_is_handed_on(monkeypatch):
     with pytest.raises(BackendRejected, match="sm_scale"):
         provider.run(PROBLEM, state, batch)
     assert wrapper.ops == []
+
+
+@pytest.mark.parametrize("paged,layout", [(True, "NHD"), (True, "HND"), (False, "NHD")])
+def test_nvfp4_scale_factors_go_with_every_run_in_the_caches_layout(monkeypatch, paged, layout):
+    """An NVFP4 cache: FlashInfer's run() takes the call's scale factors (kv_cache_sf, uint8 bytes in the
+    cache's physical layout: our logical NHD views transposed back for HND), on every run; no op that
+    took one call's scale factors is kept for the next."""
+    provider, wrapper = provider_at(monkeypatch, "0.7.2"), Fake07Wrapper(paged)
+    state = planned(provider, wrapper)
+    problem = SimpleNamespace(kv_layout=layout if paged else "NHD")
+    for _ in range(3):
+        batch = call()
+        pages = (3, 2, 4) if paged else (3, 2)  # (pages, page, heads) logical NHD views, or (tokens, heads)
+        batch.k, batch.v = (torch.randint(0, 255, (*pages, 4), dtype=torch.uint8) for _ in range(2))
+        batch.k_sf, batch.v_sf = (torch.randn(*pages, 1).to(torch.float8_e4m3fn) for _ in range(2))
+        provider.run(problem, state, batch)
+        k_sf, v_sf = wrapper.scale_factors
+        want = [t.permute(0, 2, 1, 3) if paged and layout == "HND" else t for t in (batch.k_sf, batch.v_sf)]
+        assert k_sf.dtype == v_sf.dtype == torch.uint8
+        assert [t.data_ptr() for t in (k_sf, v_sf)] == [t.data_ptr() for t in want]
+        assert [t.shape for t in (k_sf, v_sf)] == [t.shape for t in want]
+    assert wrapper.public_runs == 3 and state.direct is None

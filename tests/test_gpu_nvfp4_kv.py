@@ -89,9 +89,10 @@ def _paged_ref(q, real, ids, indptr, kv_layout, batch, qo_len, kv_len, hkv, d, c
     return torch.cat(outs)
 
 
-def _planned(kv_layout, batch, qo_len, ids, indptr, last, hq, hkv, d, page, causal, dtype, **kw):
-    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=DEV), kv_layout,
-                                                     backend="native-triton", **kw)
+def _planned(kv_layout, batch, qo_len, ids, indptr, last, hq, hkv, d, page, causal, dtype, backend="native-triton",
+             **kw):
+    w = dispatch.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV), kv_layout,
+                                                     backend=backend, **kw)
     qo = torch.arange(batch + 1, dtype=torch.int32) * qo_len
     w.plan(qo.to(DEV), indptr.to(DEV), ids.to(DEV), last.to(DEV), hq, hkv, d, page, causal=causal, q_data_type=dtype,
            kv_data_type=torch.uint8)
@@ -115,6 +116,23 @@ def test_paged_wrapper_nvfp4_matches_fp64(kv_layout, batch, qo_len, kv_len, page
     _check(out.cpu(), _paged_ref(q, real, ids, indptr, kv_layout, batch, qo_len, kv_len, hkv, d, causal), dtype)
 
 
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_paged_wrapper_fa2_nvfp4_matches_fp64(kv_layout):
+    """backend="fa2": FlashInfer's fa2 wrapper with the scale factors forwarded to its run(), each run's
+    own (two runs, new scale factors in new tensors), against the oracle over the dequantized cache."""
+    batch, qo_len, kv_len, page, hq, hkv, d, dtype = 4, 64, 700, 16, 8, 2, 128, torch.float16
+    cache, sf, real, ids, indptr, last = _paged(kv_layout, batch, kv_len, page, hkv, d)
+    w = _planned(kv_layout, batch, qo_len, ids, indptr, last, hq, hkv, d, page, True, dtype, backend="fa2")
+    q = torch.randn(batch * qo_len, hq, d, device=DEV).to(dtype)
+    for _ in range(2):
+        sf = quantize(torch.randn(sf.shape[:-1] + (d,), device=DEV))[1]
+        out = torch.full((batch * qo_len, hq, d), float("nan"), device=DEV, dtype=dtype)
+        w.run(q, cache, k_scale=K_SCALE, v_scale=V_SCALE, kv_cache_sf=sf, out=out)
+        assert w.decision.chosen == "fa2"
+        _check(out.cpu(), _paged_ref(q, dequantize_fp64(cache, sf), ids, indptr, kv_layout, batch, qo_len, kv_len, hkv,
+                                     d, True), dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_ragged_wrapper_nvfp4_matches_fp64(dtype):
     """FlashInfer's test_batch_prefill_with_ragged_kv_cache_nvfp4 form: one (tokens, 2, Hkv, D/16) scale tensor."""
@@ -131,6 +149,14 @@ def test_ragged_wrapper_nvfp4_matches_fp64(dtype):
     ref = torch.cat([attention_fp64(q[b * qo_len:(b + 1) * qo_len].cpu(), real[r, 0] * K_SCALE, real[r, 1] * V_SCALE,
                                     sm_scale=1 / math.sqrt(d), causal=True)[0] for b, r in enumerate(rows)])
     _check(out.cpu(), ref, dtype)
+    if dtype == torch.float16:  # FlashInfer's fa2 ragged wrapper, the scale factors forwarded to its run()
+        fa2 = dispatch.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=DEV),
+                                                            backend="fa2")
+        fa2.plan(qo, (torch.arange(batch + 1, dtype=torch.int32) * kv_len).to(DEV), hq, hkv, d, causal=True,
+                 q_data_type=dtype, kv_data_type=torch.uint8)
+        out = fa2.run(q, packed[:, 0], packed[:, 1], k_scale=K_SCALE, v_scale=V_SCALE, kv_cache_sf=sf)
+        assert fa2.decision.chosen == "fa2"
+        _check(out.cpu(), ref, dtype)
 
 
 def test_xqa_entry_nvfp4_decode_matches_fp64():

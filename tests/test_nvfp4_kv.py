@@ -307,9 +307,9 @@ def test_paged_refusals_name_the_argument_before_any_kernel():
 
 # -- capability data ---------------------------------------------------------------------------------
 def test_capability_data_names_who_serves_nvfp4():
-    """On an H100: reference, native-triton and fa2 (FlashInfer's single prefill, from 0.6.18; not its
-    wrappers: their kv_cache_sf is not forwarded) accept NVFP4 K/V; each other vendor backend's refusal
-    says what would serve them (XQA only on SM12x)."""
+    """On an H100: reference, native-triton and fa2 (FlashInfer's single prefill and its wrappers, from
+    0.6.18) accept NVFP4 K/V; each other vendor backend's refusal says what would serve them (XQA only
+    on SM12x)."""
     problem = AttentionProblem(entry="single_prefill_with_kv_cache", phase="prefill", kv_storage="dense",
                                kv_layout="NHD", num_qo_heads=8, num_kv_heads=2, head_dim_qk=128, head_dim_vo=128,
                                q_dtype="bfloat16", kv_dtype="uint8", out_dtype="bfloat16", causal=True)
@@ -325,8 +325,8 @@ def test_capability_data_names_who_serves_nvfp4():
                                 "kv_storage": "paged", "page_size": 16})
     assert fi_fa2.limits(problem.facts(), "0.7.2") == []
     assert "kv_dtype" in " ".join(str(r) for r in fi_fa2.limits(problem.facts(), "0.6.14"))
-    assert "kv_cache_sf on the single-request path only" in " ".join(
-        str(r) for r in fi_fa2.limits(paged.facts(), "0.7.2"))
+    assert fi_fa2.limits(paged.facts(), "0.7.2") == []
+    assert "kv_dtype" in " ".join(str(r) for r in fi_fa2.limits(paged.facts(), "0.6.14"))
     decode = AttentionProblem(**{**problem.__dict__, "entry": "xqa_batch_decode_with_kv_cache", "phase": "decode",
                                  "kv_storage": "paged", "page_size": 16})
     assert backend_caps("native-triton").check(decode, h100) == []
