@@ -11,7 +11,8 @@ layer alone (the backend's run replaced by nothing), the native plan of new size
 made before (the general launch), the launcher made for repeats and its call, and a plan of the previous
 step's serving this one (``plan_for``: derived from it). ``--profile N``: N steps of new batches under
 auto, the first call of each by function (cProfile, own time), the slowest first calls alone, then each
-step's CUDA runtime calls and aten operators (torch.profiler). The seed is drawn at run time and printed unless given.
+step's CUDA runtime calls and aten operators (torch.profiler). The seed is drawn at run time and
+printed unless given.
 """
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--backends", nargs="*", default=["native-triton", "xqa"])
-    parser.add_argument("--profile", type=int, default=0, help="profile the first calls of this many new batches")
+    parser.add_argument("--profile", type=int, default=0, help="steps of new batches whose first calls are profiled")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2 ** 32)
     print(f"seed {seed}; {torch.cuda.get_device_name()}; {args.steps} steps x {args.layers} calls")
