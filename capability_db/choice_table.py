@@ -139,6 +139,7 @@ class ChoiceTable:
     compute_ratio: float = 1.0
     scaling: str = ""  # "" for a GPU's own table; else how it was scaled to this GPU (explain shows it)
     # (table key, grid point) -> its parsed cell: a new size class reads up to eight cells, most read before
+    # (bounded by the table's own cells)
     parsed: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
